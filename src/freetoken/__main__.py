@@ -1,0 +1,3 @@
+from freetoken.cli.app import main
+
+main()

@@ -1,0 +1,1 @@
+"""Command-line interface. Importing this package must not import torch."""

@@ -1,0 +1,190 @@
+"""What `run` does once its options are parsed: load the engine, answer once or chat."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from freetoken.errors import FreeTokenError
+
+if TYPE_CHECKING:
+    from freetoken.runtime.engine import Engine
+    from freetoken.runtime.sampling import SamplingParams
+    from freetoken.runtime.sequence import GenerationStats, TokenEvent
+
+FALLBACK_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    model: str
+    raw: bool
+    system: str | None
+    max_tokens: int
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    seed: int | None
+    stop: tuple[str, ...]
+    device: str
+    dtype: str
+    moe_backend: str
+    as_json: bool
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def load_engine(opts: RunOptions) -> Engine:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    from freetoken.runtime.demo import is_random_model
+    from freetoken.runtime.engine import build_engine
+    from freetoken.runtime.model_ref import resolve_model
+
+    err = _stderr()
+    if opts.model == "demo" and not opts.as_json:
+        err.print("[dim]preparing the demo model…[/dim]")
+    path = resolve_model(opts.model)
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err,
+        transient=True,
+        disable=opts.as_json or not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("loading weights", total=None)
+        engine = build_engine(
+            path,
+            opts.device,
+            opts.dtype,
+            opts.moe_backend,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    if not opts.as_json:
+        if is_random_model(path):
+            err.print(
+                f"[yellow]note:[/yellow] {path.name} has random weights: the text is noise; "
+                "it shows the engine running."
+            )
+        err.print(f"[dim]{path} · {engine.device} · {engine.dtype} · moe backend {engine.backend}[/dim]")
+    return engine
+
+
+def sampling_params(opts: RunOptions, engine: Engine) -> SamplingParams:
+    from freetoken.runtime.sampling import SamplingParams, generation_defaults
+
+    defaults = {**FALLBACK_SAMPLING, **generation_defaults(engine.engine_config.model_path)}
+    return SamplingParams(
+        temperature=opts.temperature if opts.temperature is not None else float(defaults["temperature"]),
+        top_p=opts.top_p if opts.top_p is not None else float(defaults.get("top_p", 1.0)),
+        top_k=opts.top_k if opts.top_k is not None else int(defaults.get("top_k", 0)),
+        seed=opts.seed,
+        max_tokens=opts.max_tokens,
+        stop=opts.stop,
+    )
+
+
+def stats_line(stats: GenerationStats) -> str:
+    return (
+        f"{stats.prompt_tokens} prompt tokens ({stats.cached_tokens} cached) · "
+        f"{stats.completion_tokens} generated · prefill {stats.prefill_tok_s:.1f} tok/s · "
+        f"decode {stats.decode_tok_s:.1f} tok/s · first token {stats.ttft_s * 1000:.0f} ms"
+    )
+
+
+def _stream(events: Any, echo: bool) -> tuple[str, TokenEvent]:
+    parts = []
+    last = None
+    for event in events:
+        parts.append(event.text)
+        if echo and event.text:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        last = event
+    assert last is not None and last.stats is not None
+    return "".join(parts), last
+
+
+def _messages(opts: RunOptions, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return ([{"role": "system", "content": opts.system}] if opts.system else []) + history
+
+
+def run_once(opts: RunOptions, prompt: str) -> None:
+    if not prompt.strip():
+        raise FreeTokenError("empty prompt: pass --prompt TEXT or pipe text on stdin")
+    engine = load_engine(opts)
+    params = sampling_params(opts, engine)
+    if opts.raw:
+        ids = engine.tokenizer.encode(prompt)
+    else:
+        text = engine.tokenizer.apply_chat_template(
+            _messages(opts, [{"role": "user", "content": prompt}]), add_generation_prompt=True
+        )
+        ids = engine.tokenizer.encode(text)
+    text, last = _stream(engine.generate(ids, params), echo=not opts.as_json)
+    assert last.stats is not None
+    if opts.as_json:
+        doc = {
+            "model": str(engine.engine_config.model_path),
+            "device": str(engine.device),
+            "dtype": str(engine.dtype).removeprefix("torch."),
+            "moe_backend": engine.backend,
+            "text": text,
+            "finish_reason": last.finish_reason,
+            "stats": last.stats.as_dict(),
+        }
+        print(json.dumps(doc, ensure_ascii=False))
+        return
+    sys.stdout.write("\n")
+    _stderr().print(f"[dim]{stats_line(last.stats)}[/dim]")
+
+
+def split_reasoning(text: str) -> dict[str, str]:
+    """An answer as a history message: text before `</think>` is reasoning, the rest is content."""
+    head, sep, tail = text.partition("</think>")
+    if not sep:
+        return {"content": text.strip()}
+    return {"reasoning_content": head.replace("<think>", "").strip(), "content": tail.strip()}
+
+
+def run_chat(opts: RunOptions) -> None:
+    engine = load_engine(opts)
+    params = sampling_params(opts, engine)
+    err = _stderr()
+    err.print("[dim]chat: /reset clears the history, /exit (or Ctrl-D) quits, Ctrl-C stops an answer[/dim]")
+    history: list[dict[str, Any]] = []
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            sys.stdout.write("\n")
+            return
+        command = line.strip()
+        if not command:
+            continue
+        if command in ("/exit", "/quit", "/bye"):
+            return
+        if command == "/reset":
+            history.clear()
+            err.print("[dim]history cleared[/dim]")
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            text, last = _stream(engine.chat(_messages(opts, history), params), echo=True)
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")
+            err.print("[dim]answer stopped[/dim]")
+            history.pop()
+            continue
+        history.append({"role": "assistant", **split_reasoning(text)})
+        sys.stdout.write("\n")
+        assert last.stats is not None
+        err.print(f"[dim]{stats_line(last.stats)}[/dim]")

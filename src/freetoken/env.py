@@ -1,0 +1,21 @@
+"""The one module that reads environment variables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def home_dir() -> Path:
+    """Cache root: `$FREETOKEN_HOME`, else `$XDG_CACHE_HOME/freetoken`, else ~/.cache/freetoken."""
+    explicit = os.environ.get("FREETOKEN_HOME")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "freetoken"
+
+
+def models_dir() -> Path:
+    """Where generated models (the demo) live."""
+    return home_dir() / "models"

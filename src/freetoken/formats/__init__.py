@@ -1,0 +1,1 @@
+"""Checkpoint readers and writers, tensor-name tables, quant codecs."""

@@ -1,0 +1,242 @@
+"""Random-weight Qwen3-MoE models of any shape, written as ordinary HF folders; the built-in `demo`.
+
+Weights are drawn from a fixed seed per tensor name, so the same spec always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from freetoken.env import models_dir
+from freetoken.runtime.demo_tokenizer import write_demo_tokenizer
+
+MARKER = "freetoken_model.json"  # present in generated folders: says the weights are random
+DEMO_NAME = "demo-v1"
+
+
+@dataclass(frozen=True)
+class RandomModelSpec:
+    num_layers: int = 4
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    num_heads: int = 8
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    num_experts: int = 32
+    num_experts_per_tok: int = 4
+    moe_intermediate_size: int = 128
+    vocab_size: int | None = None  # None: exactly the demo tokenizer's vocabulary
+    max_position_embeddings: int = 8192
+    rope_theta: float = 1_000_000.0
+    norm_topk_prob: bool = True
+    mlp_only_layers: tuple[int, ...] = ()
+    decoder_sparse_step: int = 1
+    tie_word_embeddings: bool = False
+    dtype: str = "bfloat16"
+    seed: int = 0
+    init_std: float = 0.02
+
+
+DEMO_SPEC = RandomModelSpec()
+# The shape GPU benchmarks use: Qwen3-30B-A3B (about 30.5B parameters, 57 GiB in bf16).
+QWEN3_30B_A3B_SPEC = RandomModelSpec(
+    num_layers=48,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_heads=32,
+    num_kv_heads=4,
+    head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    vocab_size=151936,
+    max_position_embeddings=40960,
+    rope_theta=1_000_000.0,
+)
+
+
+def hf_config(spec: RandomModelSpec, vocab_size: int, eos_id: int, pad_id: int) -> dict:
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+        "attention_bias": False,
+        "num_experts": spec.num_experts,
+        "num_experts_per_tok": spec.num_experts_per_tok,
+        "moe_intermediate_size": spec.moe_intermediate_size,
+        "norm_topk_prob": spec.norm_topk_prob,
+        "decoder_sparse_step": spec.decoder_sparse_step,
+        "mlp_only_layers": list(spec.mlp_only_layers),
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "dtype": spec.dtype,
+    }
+
+
+def tensor_plan(spec: RandomModelSpec, vocab_size: int) -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor of the checkpoint, in HF's naming (experts one by one), in file order."""
+    h, d, i, mi = spec.hidden_size, spec.head_dim, spec.intermediate_size, spec.moe_intermediate_size
+    plan = [("model.embed_tokens.weight", (vocab_size, h))]
+    for layer in range(spec.num_layers):
+        p = f"model.layers.{layer}"
+        plan += [
+            (f"{p}.input_layernorm.weight", (h,)),
+            (f"{p}.post_attention_layernorm.weight", (h,)),
+            (f"{p}.self_attn.q_proj.weight", (spec.num_heads * d, h)),
+            (f"{p}.self_attn.k_proj.weight", (spec.num_kv_heads * d, h)),
+            (f"{p}.self_attn.v_proj.weight", (spec.num_kv_heads * d, h)),
+            (f"{p}.self_attn.o_proj.weight", (h, spec.num_heads * d)),
+            (f"{p}.self_attn.q_norm.weight", (d,)),
+            (f"{p}.self_attn.k_norm.weight", (d,)),
+        ]
+        is_moe = layer not in spec.mlp_only_layers and (layer + 1) % spec.decoder_sparse_step == 0
+        if is_moe:
+            plan.append((f"{p}.mlp.gate.weight", (spec.num_experts, h)))
+            for e in range(spec.num_experts):
+                q = f"{p}.mlp.experts.{e}"
+                plan += [
+                    (f"{q}.gate_proj.weight", (mi, h)),
+                    (f"{q}.up_proj.weight", (mi, h)),
+                    (f"{q}.down_proj.weight", (h, mi)),
+                ]
+        else:
+            plan += [
+                (f"{p}.mlp.gate_proj.weight", (i, h)),
+                (f"{p}.mlp.up_proj.weight", (i, h)),
+                (f"{p}.mlp.down_proj.weight", (h, i)),
+            ]
+    plan.append(("model.norm.weight", (h,)))
+    if not spec.tie_word_embeddings:
+        plan.append(("lm_head.weight", (vocab_size, h)))
+    return plan
+
+
+def random_tensor(
+    name: str, shape: tuple[int, ...], spec: RandomModelSpec, dtype: torch.dtype
+) -> torch.Tensor:
+    if len(shape) == 1:  # norms start at one, as trained models roughly do
+        return torch.ones(shape, dtype=dtype)
+    gen = torch.Generator().manual_seed((spec.seed << 32) ^ zlib.crc32(name.encode()))
+    return (torch.randn(shape, generator=gen) * spec.init_std).to(dtype)
+
+
+def write_random_model(
+    out_dir: Path,
+    spec: RandomModelSpec = DEMO_SPEC,
+    shard_bytes: int = 4 << 30,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """Write an HF folder (config, generation config, tokenizer, safetensors shards) for `spec`.
+
+    The folder appears atomically: it is assembled beside `out_dir` and renamed into place.
+    """
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        tok_vocab = write_demo_tokenizer(tmp)
+        vocab = max(spec.vocab_size or tok_vocab, tok_vocab)
+        tok = json.loads((tmp / "tokenizer.json").read_text(encoding="utf-8"))
+        ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+        eos, pad = ids["<|im_end|>"], ids["<|endoftext|>"]
+        dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[spec.dtype]
+        (tmp / "config.json").write_text(json.dumps(hf_config(spec, vocab, eos, pad), indent=2) + "\n")
+        generation = {
+            "eos_token_id": [eos, pad],
+            "pad_token_id": pad,
+            "do_sample": True,
+            "temperature": 0.7,
+            "top_p": 0.8,
+            "top_k": 20,
+        }
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        (tmp / MARKER).write_text(json.dumps({"random_weights": True, "spec": asdict(spec)}, indent=2) + "\n")
+        _write_shards(tmp, tensor_plan(spec, vocab), spec, dtype, shard_bytes, progress)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _write_shards(
+    folder: Path,
+    plan: list[tuple[str, tuple[int, ...]]],
+    spec: RandomModelSpec,
+    dtype: torch.dtype,
+    shard_bytes: int,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    sizes = [itemsize * _numel(shape) for _, shape in plan]
+    shards: list[list[int]] = [[]]
+    filled = 0
+    for index, size in enumerate(sizes):
+        if shards[-1] and filled + size > shard_bytes:
+            shards.append([])
+            filled = 0
+        shards[-1].append(index)
+        filled += size
+    total, done = sum(sizes), 0
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors" for n in range(len(shards))]
+    )
+    weight_map = {}
+    for file_name, members in zip(names, shards, strict=True):
+        tensors = {}
+        for index in members:
+            name, shape = plan[index]
+            tensors[name] = random_tensor(name, shape, spec, dtype)
+            weight_map[name] = file_name
+            done += sizes[index]
+            if progress is not None:
+                progress(done, total)
+        save_file(tensors, str(folder / file_name), metadata={"format": "pt"})
+        del tensors
+    if len(shards) > 1:
+        index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index_doc, indent=2) + "\n")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n
+
+
+def is_random_model(model_dir: Path) -> bool:
+    return (Path(model_dir) / MARKER).exists()
+
+
+def ensure_demo_model(spec: RandomModelSpec = DEMO_SPEC) -> Path:
+    """The built-in demo model, created on first use under the FreeToken cache folder."""
+    path = models_dir() / DEMO_NAME
+    if not (path / "config.json").exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_random_model(path, spec)
+    return path

@@ -1,0 +1,217 @@
+"""Engine: build once; `add_request` / `step` / `generate`.
+
+One sequence runs at a time (batching arrives with the server); its KV cache is kept between requests,
+so a request that extends the previous conversation only prefills what is new.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from freetoken.errors import FreeTokenError
+from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
+from freetoken.runtime.config import EngineConfig, ModelConfig, load_model_config
+from freetoken.runtime.devices import resolve_device, resolve_dtype
+from freetoken.runtime.kv.cache import KVCache
+from freetoken.runtime.models import get_architecture
+from freetoken.runtime.moe.executor import build_executor, resolve_backend
+from freetoken.runtime.sampling import Sampler, SamplingParams
+from freetoken.runtime.sequence import GenerationStats, Sequence, TokenEvent
+from freetoken.runtime.stopping import StopStrings
+from freetoken.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from freetoken.runtime.weights import ProgressFn, load_weights
+
+
+@dataclass
+class Request:
+    id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    sampler: Sampler
+    detok: IncrementalDetokenizer
+    stops: StopStrings
+    stop_ids: frozenset[int]
+    output_ids: list[int] = field(default_factory=list)
+    next_token: int | None = None  # sampled, not yet fed to the model
+    cached_tokens: int = 0
+    t_start: float = 0.0
+    t_first: float = 0.0
+    finished: bool = False
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, progress: ProgressFn | None = None) -> None:
+        self.engine_config = config
+        path = Path(config.model_path)
+        if not path.is_dir():
+            raise FreeTokenError(f"{path}: model folder not found")
+        self.config: ModelConfig = load_model_config(path)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.backend = resolve_backend(config.moe_backend, self.device)
+        self.tokenizer = Tokenizer.from_dir(path)
+        arch = get_architecture(self.config.architecture)
+        with torch.device("meta"):
+            model = arch.build_model(self.config).to(self.dtype)
+        model.to_empty(device=self.device)
+        model.tie_weights()
+        with SafetensorsCheckpoint(path) as ckpt:
+            self.pool = load_weights(model, self.config, ckpt, arch.expert_naming, self.dtype, progress)
+        self.executor = build_executor(self.backend, self.pool, self.device)
+        model.attach_executor(self.executor)
+        self.model = model.eval()
+        self.max_seq_len = min(
+            config.max_seq_len or self.config.max_position_embeddings, self.config.max_position_embeddings
+        )
+        self.stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
+        self._sequence: Sequence | None = None
+        self._queue: deque[Request] = deque()
+        self._next_id = 0
+
+    # -- sequences -------------------------------------------------------------------------------------------
+
+    def new_sequence(self) -> Sequence:
+        cfg = self.config
+        kv = KVCache(
+            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device, self.max_seq_len
+        )
+        return Sequence(kv)
+
+    @torch.inference_mode()
+    def forward(self, seq: Sequence, ids: list[int], all_logits: bool = False) -> torch.Tensor:
+        """Append `ids` to `seq` and return logits [T, V] (all_logits) or [1, V] for the last position."""
+        if seq.kv.length + len(ids) > self.max_seq_len:
+            raise FreeTokenError(
+                f"sequence of {seq.kv.length + len(ids)} tokens exceeds the context of {self.max_seq_len}"
+            )
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
+        logits = self.model(tokens, seq.kv, all_logits=all_logits)
+        seq.kv.advance(len(ids))
+        seq.token_ids.extend(ids)
+        return logits
+
+    # -- requests --------------------------------------------------------------------------------------------
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        if not prompt_ids:
+            raise FreeTokenError("empty prompt")
+        if len(prompt_ids) >= self.max_seq_len:
+            raise FreeTokenError(
+                f"prompt of {len(prompt_ids)} tokens leaves no room in the context of {self.max_seq_len}"
+            )
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.stop_ids)
+        request = Request(
+            id=self._next_id,
+            prompt_ids=list(prompt_ids),
+            params=params,
+            sampler=Sampler(params),
+            detok=self.tokenizer.detokenizer(),
+            stops=StopStrings(params.stop),
+            stop_ids=stop_ids,
+        )
+        self._next_id += 1
+        self._queue.append(request)
+        return request.id
+
+    def has_work(self) -> bool:
+        return bool(self._queue)
+
+    def step(self) -> list[TokenEvent]:
+        """One forward pass for the request at the head of the queue: its prefill, or one decode step."""
+        if not self._queue:
+            return []
+        request = self._queue[0]
+        event = self._prefill(request) if request.next_token is None else self._decode(request)
+        if event.finished:
+            self._queue.popleft()
+        return [event]
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[TokenEvent]:
+        """Run one request to completion, yielding its tokens as they come; the last event has stats."""
+        request_id = self.add_request(prompt_ids, params)
+        try:
+            while self._queue:
+                for event in self.step():
+                    if event.request_id == request_id:
+                        yield event
+                        if event.finished:
+                            return
+        finally:
+            self.abort(request_id)
+
+    def abort(self, request_id: int) -> None:
+        """Drop a request (finished or not); the KV it wrote stays reusable as a prefix."""
+        self._queue = deque(r for r in self._queue if r.id != request_id)
+
+    def chat(
+        self, messages: list[dict[str, Any]], params: SamplingParams, **template_kwargs: Any
+    ) -> Iterator[TokenEvent]:
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
+        return self.generate(self.tokenizer.encode(prompt), params)
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _prefill(self, request: Request) -> TokenEvent:
+        request.t_start = time.perf_counter()
+        seq = self._sequence
+        if seq is None:
+            seq = self._sequence = self.new_sequence()
+        reuse = min(seq.common_prefix(request.prompt_ids), len(request.prompt_ids) - 1)
+        seq.truncate(reuse)
+        request.cached_tokens = reuse
+        logits = self.forward(seq, request.prompt_ids[reuse:])
+        return self._accept(request, request.sampler(logits[-1]), first=True)
+
+    def _decode(self, request: Request) -> TokenEvent:
+        assert self._sequence is not None and request.next_token is not None
+        logits = self.forward(self._sequence, [request.next_token])
+        return self._accept(request, request.sampler(logits[-1]), first=False)
+
+    def _accept(self, request: Request, token: int, first: bool) -> TokenEvent:
+        now = time.perf_counter()
+        if first:
+            request.t_first = now
+        request.output_ids.append(token)
+        reason = None
+        if token in request.stop_ids:
+            reason, text = "stop", ""
+        else:
+            text = request.stops.push(request.detok.push(token))
+            if request.stops.stopped:
+                reason = "stop"
+            elif len(request.output_ids) >= request.params.max_tokens or (
+                self._sequence is not None and self._sequence.kv.length + 1 >= self.max_seq_len
+            ):
+                reason = "length"
+        if reason is None:
+            request.next_token = token
+            return TokenEvent(request.id, token, text)
+        if not request.stops.stopped:
+            text += request.stops.push(request.detok.flush()) + request.stops.flush()
+        request.finished = True
+        stats = GenerationStats(
+            prompt_tokens=len(request.prompt_ids),
+            cached_tokens=request.cached_tokens,
+            completion_tokens=len(request.output_ids),
+            prefill_s=request.t_first - request.t_start,
+            decode_s=now - request.t_first,
+            ttft_s=request.t_first - request.t_start,
+        )
+        return TokenEvent(request.id, token, text, finish_reason=reason, stats=stats)
+
+
+def build_engine(
+    model_path: Path | str,
+    device: str = "auto",
+    dtype: str = "auto",
+    moe_backend: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+) -> Engine:
+    return Engine(EngineConfig(Path(model_path), device, dtype, moe_backend), progress)

@@ -1,0 +1,1 @@
+"""Key/value caches."""

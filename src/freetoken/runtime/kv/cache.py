@@ -1,0 +1,71 @@
+"""Contiguous per-sequence KV cache for full-attention layers, grown by doubling.
+
+Layout per layer: k, v [KVH, capacity, D]. Positions [0, length) are valid; a forward of T tokens at
+`start == length` writes [start, start + T) in every layer, then the caller advances `length`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_GROW_QUANTUM = 256
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_len: int,
+        initial_capacity: int = _GROW_QUANTUM,
+    ) -> None:
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = device
+        self.max_len = max_len
+        self.length = 0
+        self.capacity = 0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.reserve(min(initial_capacity, max_len))
+
+    def reserve(self, needed: int) -> None:
+        """Make room for `needed` positions, keeping [0, length)."""
+        if needed <= self.capacity:
+            return
+        if needed > self.max_len:
+            raise ValueError(f"sequence of {needed} tokens exceeds the context of {self.max_len}")
+        quantum = _GROW_QUANTUM
+        capacity = min(self.max_len, max(2 * self.capacity, -(-needed // quantum) * quantum))
+        shape = (self.num_kv_heads, capacity, self.head_dim)
+        k = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        v = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        for layer in range(len(self.k)):
+            k[layer][:, : self.length] = self.k[layer][:, : self.length]
+            v[layer][:, : self.length] = self.v[layer][:, : self.length]
+        self.k, self.v, self.capacity = k, v, capacity
+
+    def write(
+        self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [KVH, T, D] at [start, start + T) and return views of [0, start + T)."""
+        end = start + k.shape[1]
+        self.k[layer][:, start:end] = k
+        self.v[layer][:, start:end] = v
+        return self.k[layer][:, :end], self.v[layer][:, :end]
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def truncate(self, length: int) -> None:
+        """Forget positions >= length (the prefix before them stays valid)."""
+        self.length = min(self.length, max(0, length))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))

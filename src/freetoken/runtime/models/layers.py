@@ -1,0 +1,51 @@
+"""Building blocks shared by architectures: norms, attention over the KV cache, the dense SwiGLU MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32, scale in the input dtype (the order the reference uses, which matters in bf16).
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class SwiGLUMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [NH, T, D] for the last T positions of k, v [KVH, S, D] (S >= T) -> [T, NH * D].
+
+    Query i sits at absolute position S - T + i and sees keys [0, S - T + i].
+    """
+    t, s = q.shape[1], k.shape[1]
+    mask = None
+    causal = t > 1 and s == t
+    if t > 1 and s > t:
+        offset = s - t
+        mask = torch.arange(s, device=q.device)[None, :] <= (
+            torch.arange(t, device=q.device)[:, None] + offset
+        )
+    out = F.scaled_dot_product_attention(
+        q[None], k[None], v[None], attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
+    )  # [1, NH, T, D]
+    return out[0].transpose(0, 1).reshape(t, -1)

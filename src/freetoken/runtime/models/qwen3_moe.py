@@ -1,0 +1,198 @@
+"""Qwen3-MoE (`Qwen3MoeForCausalLM`): modules only; the loop lives in the engine.
+
+Tokens of one sequence are flat: hidden states are [T, H].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from freetoken.errors import FreeTokenError
+from freetoken.formats.tensor_names import QWEN3_MOE_EXPERTS
+from freetoken.runtime.config import ModelConfig, eos_ids, rope_from_hf
+from freetoken.runtime.kv.cache import KVCache
+from freetoken.runtime.models.base import Architecture
+from freetoken.runtime.models.layers import RMSNorm, SwiGLUMLP, causal_attention
+from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
+from freetoken.runtime.moe.executor import ExpertExecutor
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        h, d, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
+        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=bias)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)  # per head, before rope
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, start: int
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim)).transpose(0, 1)  # [NH, T, D]
+        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)).transpose(
+            0, 1
+        )  # [KVH, T, D]
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        k_all, v_all = kv.write(self.layer, start, k, v)  # [KVH, start + T, D]
+        return self.o_proj(causal_attention(q, k_all, v_all, self.head_dim**-0.5))
+
+
+class SparseMoeBlock(nn.Module):
+    """Softmax router, top-k, optional renormalisation; the experts themselves run in the executor."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.top_k = cfg.num_experts_per_tok
+        self.norm_topk_prob = cfg.norm_topk_prob
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.executor: ExpertExecutor | None = None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] -> topk_ids [T, K] int64, topk_weights [T, K] in x's dtype."""
+        logits = self.gate(x)  # [T, E]
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return ids, weights.to(logits.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.executor is not None, "attach an expert executor before the forward pass"
+        ids, weights = self.route(x)
+        return self.executor.forward(self.layer, x, ids, weights)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer)
+        self.mlp: nn.Module = (
+            SparseMoeBlock(cfg, layer)
+            if cfg.is_moe_layer(layer)
+            else SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size)
+        )
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, start: int
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Qwen3MoeForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def moe_blocks(self) -> list[SparseMoeBlock]:
+        return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, SparseMoeBlock)]
+
+    def attach_executor(self, executor: ExpertExecutor) -> None:
+        for block in self.moe_blocks():
+            block.executor = executor
+
+    def forward(self, input_ids: torch.Tensor, kv: KVCache, all_logits: bool = False) -> torch.Tensor:
+        """input_ids [T] continue the sequence cached in kv -> logits [T, V] (all) or [1, V] (last).
+
+        Writes positions [kv.length, kv.length + T) into the cache; the caller advances it.
+        """
+        start, t = kv.length, input_ids.shape[0]
+        kv.reserve(start + t)
+        x = self.model.embed_tokens(input_ids)  # [T, H]
+        positions = torch.arange(start, start + t, device=input_ids.device)
+        cos, sin = self.rotary(positions, x.dtype)  # [T, D]
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, kv, start)
+        if not all_logits:
+            x = x[-1:]
+        return self.lm_head(self.model.norm(x))
+
+
+def _require(raw: dict[str, Any], key: str, source: str) -> Any:
+    if key not in raw:
+        raise FreeTokenError(f"{source}: missing field {key!r}")
+    return raw[key]
+
+
+def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    hidden = int(_require(raw, "hidden_size", source))
+    heads = int(_require(raw, "num_attention_heads", source))
+    num_experts = raw.get("num_experts", raw.get("num_local_experts"))
+    if num_experts is None:
+        raise FreeTokenError(f"{source}: missing field 'num_experts' (or 'num_local_experts')")
+    act = raw.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise FreeTokenError(f"{source}: unsupported hidden_act {act!r}; supported: silu")
+    cfg = ModelConfig(
+        architecture="qwen3_moe",
+        vocab_size=int(_require(raw, "vocab_size", source)),
+        hidden_size=hidden,
+        intermediate_size=int(raw.get("intermediate_size", 0)),
+        num_layers=int(_require(raw, "num_hidden_layers", source)),
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope=rope_from_hf(raw, source),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+        num_experts=int(num_experts),
+        num_experts_per_tok=int(_require(raw, "num_experts_per_tok", source)),
+        moe_intermediate_size=int(_require(raw, "moe_intermediate_size", source)),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
+        mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        hidden_act="silu",
+        eos_token_ids=eos_ids(raw.get("eos_token_id")),
+        torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
+        raw=raw,
+    )
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise FreeTokenError(
+            f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads"
+        )
+    if not 0 < cfg.num_experts_per_tok <= cfg.num_experts:
+        raise FreeTokenError(f"{source}: num_experts_per_tok must be in [1, num_experts={cfg.num_experts}]")
+    dense_layers = [i for i in range(cfg.num_layers) if not cfg.is_moe_layer(i)]
+    if dense_layers and cfg.intermediate_size <= 0:
+        raise FreeTokenError(f"{source}: layers {dense_layers} are dense but 'intermediate_size' is missing")
+    return cfg
+
+
+ARCHITECTURE = Architecture(
+    name="qwen3_moe",
+    hf_classes=("Qwen3MoeForCausalLM",),
+    parse_config=parse_config,
+    build_model=Qwen3MoeForCausalLM,
+    expert_naming=QWEN3_MOE_EXPERTS,
+)

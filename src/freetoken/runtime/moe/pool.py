@@ -1,0 +1,93 @@
+"""Host expert pool: every expert of every MoE layer in host memory, the source of truth.
+
+Bank layout per MoE layer (the layout the offload cache copies from):
+  gate_up [E, 2I, H]  rows [0, I) are the gate projection, rows [I, 2I) the up projection
+  down    [E, H, I]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from freetoken.errors import FreeTokenError
+from freetoken.formats.tensor_names import ExpertTensor
+
+
+@dataclass
+class HostExpertPool:
+    layers: tuple[int, ...]
+    num_experts: int
+    hidden_size: int
+    intermediate_size: int
+    dtype: torch.dtype
+    gate_up: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E, 2I, H]
+    down: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E, H, I]
+    _filled: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)  # -> [E] bool
+
+    @classmethod
+    def allocate(
+        cls,
+        layers: tuple[int, ...],
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        dtype: torch.dtype,
+    ) -> HostExpertPool:
+        pool = cls(layers, num_experts, hidden_size, intermediate_size, dtype)
+        e, h, i = num_experts, hidden_size, intermediate_size
+        for layer in layers:
+            pool.gate_up[layer] = torch.empty(e, 2 * i, h, dtype=dtype)
+            pool.down[layer] = torch.empty(e, h, i, dtype=dtype)
+            for part in ("gate", "up", "down"):
+                pool._filled[(layer, part)] = torch.zeros(e, dtype=torch.bool)
+        return pool
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for bank in (self.gate_up, self.down) for t in bank.values())
+
+    @property
+    def expert_nbytes(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size * torch.empty(0, dtype=self.dtype).element_size()
+
+    def expected_shape(self, target: ExpertTensor) -> tuple[int, ...]:
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        per_expert = {"gate": (i, h), "up": (i, h), "down": (h, i)}
+        fused = {"gate_up": (e, 2 * i, h), "down": (e, h, i)}
+        return per_expert[target.part] if target.expert is not None else fused[target.part]
+
+    def _destination(self, target: ExpertTensor) -> torch.Tensor:
+        i = self.intermediate_size
+        if target.expert is None:
+            return self.gate_up[target.layer] if target.part == "gate_up" else self.down[target.layer]
+        if target.part == "down":
+            return self.down[target.layer][target.expert]
+        rows = slice(0, i) if target.part == "gate" else slice(i, 2 * i)
+        return self.gate_up[target.layer][target.expert, rows]
+
+    def write(self, target: ExpertTensor, name: str, tensor: torch.Tensor) -> None:
+        """Copy one checkpoint tensor into its place in the banks (converting dtype on the way)."""
+        if target.layer not in self.gate_up:
+            raise FreeTokenError(f"unexpected tensor {name}: layer {target.layer} has no experts")
+        if target.expert is not None and not 0 <= target.expert < self.num_experts:
+            raise FreeTokenError(f"unexpected tensor {name}: expert {target.expert} >= {self.num_experts}")
+        expected = self.expected_shape(target)
+        if tuple(tensor.shape) != expected:
+            raise FreeTokenError(f"tensor {name} has shape {list(tensor.shape)}, expected {list(expected)}")
+        self._destination(target).copy_(tensor)
+        parts = ("gate", "up") if target.part == "gate_up" else (target.part,)
+        for part in parts:
+            mask = self._filled[(target.layer, part)]
+            if target.expert is None:
+                mask.fill_(True)
+            else:
+                mask[target.expert] = True
+
+    def missing(self) -> list[str]:
+        """Describe every (layer, expert, part) never written, as '<layer>.<expert>.<part>'."""
+        out = []
+        for (layer, part), mask in self._filled.items():
+            out.extend(f"layer {layer} expert {e} {part}" for e in (~mask).nonzero().flatten().tolist())
+        return out

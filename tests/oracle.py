@@ -1,0 +1,56 @@
+"""The oracle side of the tests: tiny random transformers models saved to disk, and error measures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from freetoken.runtime.demo_tokenizer import write_demo_tokenizer
+
+TINY: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    moe_intermediate_size=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    mlp_only_layers=[1],
+    norm_topk_prob=True,
+    max_position_embeddings=1024,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+)
+
+
+def build_hf_model(folder: Path, seed: int = 0, std: float = 0.15, **overrides: Any) -> Any:
+    """Save a random transformers Qwen3MoeForCausalLM (plus the demo tokenizer) into `folder`.
+
+    Weights are redrawn with a large std so logits and routing are far from uniform: greedy choices
+    then have margins that rounding cannot flip, and different experts really get chosen.
+    """
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_demo_tokenizer(folder)
+    cfg = Qwen3MoeConfig(vocab_size=vocab, **{**TINY, **overrides})
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
+            else:
+                param.copy_(std * torch.randn(param.shape, generator=gen))
+    model.eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm())
