@@ -37,13 +37,14 @@ class RunOptions:
 
 
 def _stderr() -> Console:
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def load_engine(opts: RunOptions) -> Engine:
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
     from freetoken.runtime.demo import is_random_model
+    from freetoken.runtime.devices import dtype_name
     from freetoken.runtime.engine import build_engine
     from freetoken.runtime.model_ref import resolve_model
 
@@ -74,7 +75,9 @@ def load_engine(opts: RunOptions) -> Engine:
                 f"[yellow]note:[/yellow] {path.name} has random weights: the text is noise; "
                 "it shows the engine running."
             )
-        err.print(f"[dim]{path} · {engine.device} · {engine.dtype} · moe backend {engine.backend}[/dim]")
+        err.print(
+            f"[dim]{path} · {engine.device} · {dtype_name(engine.dtype)} · moe backend {engine.backend}[/dim]"
+        )
     return engine
 
 
@@ -118,6 +121,7 @@ def _messages(opts: RunOptions, history: list[dict[str, Any]]) -> list[dict[str,
 
 
 def run_once(opts: RunOptions, prompt: str) -> None:
+
     if not prompt.strip():
         raise FreeTokenError("empty prompt: pass --prompt TEXT or pipe text on stdin")
     engine = load_engine(opts)

@@ -136,7 +136,7 @@ def random_tensor(
 ) -> torch.Tensor:
     if len(shape) == 1:  # norms start at one, as trained models roughly do
         return torch.ones(shape, dtype=dtype)
-    gen = torch.Generator().manual_seed((spec.seed << 32) ^ zlib.crc32(name.encode()))
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{spec.seed}:{name}".encode()))
     return (torch.randn(shape, generator=gen) * spec.init_std).to(dtype)
 
 

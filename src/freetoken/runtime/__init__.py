@@ -1,0 +1,1 @@
+"""FreeToken runtime."""

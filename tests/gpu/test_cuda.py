@@ -1,0 +1,43 @@
+"""CUDA against CPU: same model, same logits. Skipped without a CUDA device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from freetoken.runtime.engine import build_engine
+from oracle import rel_err
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+PROMPT = [5, 77, 301, 12, 9, 250, 33, 401, 18, 2, 64, 111]
+
+
+@pytest.mark.parametrize("backend", ["fused", "cpu"])
+def test_cuda_logits_equal_cpu_fp32(tiny_model: tuple[Path, Any], backend: str) -> None:
+    cpu = build_engine(tiny_model[0], device="cpu", dtype="float32")
+    gpu = build_engine(tiny_model[0], device="cuda", dtype="float32", moe_backend=backend)
+    ids = list(PROMPT)
+    ref = cpu.forward(cpu.new_sequence(), ids, all_logits=True)
+    seq = gpu.new_sequence()
+    ours = gpu.forward(seq, ids, all_logits=True)
+    assert ours.device.type == "cuda"
+    assert rel_err(ours, ref) < 1e-4
+    cpu_seq = cpu.new_sequence()
+    cpu.forward(cpu_seq, ids)
+    for _ in range(8):
+        nxt = int(ref[-1].argmax())
+        ref, ours = cpu.forward(cpu_seq, [nxt]), gpu.forward(seq, [nxt])
+        assert rel_err(ours, ref) < 1e-4
+
+
+def test_cuda_bf16_close_to_cpu_fp32(tiny_model: tuple[Path, Any]) -> None:
+    cpu = build_engine(tiny_model[0], device="cpu", dtype="float32")
+    gpu = build_engine(tiny_model[0], device="cuda", dtype="bfloat16")
+    ref = cpu.forward(cpu.new_sequence(), PROMPT, all_logits=True)
+    assert rel_err(gpu.forward(gpu.new_sequence(), PROMPT, all_logits=True), ref) < 3e-2
