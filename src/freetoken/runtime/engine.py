@@ -75,6 +75,10 @@ class Engine:
         self._queue: deque[Request] = deque()
         self._next_id = 0
 
+    def reset(self) -> None:
+        """Forget the cached sequence: the next request prefills its whole prompt."""
+        self._sequence = None
+
     # -- sequences -------------------------------------------------------------------------------------------
 
     def new_sequence(self) -> Sequence:
