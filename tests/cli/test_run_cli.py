@@ -22,7 +22,7 @@ def invoke(*args: str, input: str | None = None) -> Any:
 
 
 def test_one_shot_json_on_the_demo() -> None:
-    result = invoke("run", "--prompt", "hello there", "--max-tokens", "5", "--temperature", "0", "--json")
+    result = invoke("run", "--prompt", "hello there", "-n", "5", "-t", "0", "--device", "cpu", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout.strip().splitlines()[-1])
     assert doc["stats"]["completion_tokens"] <= 5 and doc["finish_reason"] in ("length", "stop")

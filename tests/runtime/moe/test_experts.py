@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from freetoken.runtime.moe.cpu import CpuExecutor
-from freetoken.runtime.moe.experts import group_by_expert, grouped_experts, swiglu_expert
+from freetoken.runtime.moe.experts import gathered_experts, group_by_expert, grouped_experts, swiglu_expert
 from freetoken.runtime.moe.fused import FusedExecutor
 from freetoken.runtime.moe.pool import HostExpertPool
 
@@ -86,3 +86,12 @@ def test_pool_tracks_missing_experts() -> None:
     assert fused is not None and fused.expert is None
     pool.write(fused, "y", torch.zeros(2, 4, 4))
     assert not [m for m in pool.missing() if "gate" in m or "up" in m]
+
+
+def test_gathered_equals_grouped() -> None:
+    pool = make_pool()
+    for t in (1, 4):
+        x, ids, w = routed(t, seed=t)
+        banks = pool.gate_up[0], pool.down[0]
+        torch.testing.assert_close(gathered_experts(x, ids, w, *banks), grouped_experts(x, ids, w, *banks))
+        torch.testing.assert_close(gathered_experts(x, ids, w, *banks), naive(x, ids, w, pool, 0))

@@ -5,8 +5,12 @@ from __future__ import annotations
 import torch
 
 from freetoken.runtime.moe.executor import ExpertExecutor
-from freetoken.runtime.moe.experts import grouped_experts
+from freetoken.runtime.moe.experts import gathered_experts, grouped_experts
 from freetoken.runtime.moe.pool import HostExpertPool
+
+# Below this many (token, expert) pairs on an accelerator, gather weights instead of grouping tokens:
+# grouping reads the routing back to the host, a sync per layer.
+GATHER_MAX_PAIRS = 64
 
 
 class FusedExecutor(ExpertExecutor):
@@ -21,4 +25,7 @@ class FusedExecutor(ExpertExecutor):
     def forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
-        return grouped_experts(x, topk_ids, topk_weights, self.gate_up[layer], self.down[layer])
+        banks = self.gate_up[layer], self.down[layer]
+        if x.device.type != "cpu" and topk_ids.numel() <= GATHER_MAX_PAIRS:
+            return gathered_experts(x, topk_ids, topk_weights, *banks)
+        return grouped_experts(x, topk_ids, topk_weights, *banks)
