@@ -97,3 +97,11 @@ def test_help_and_version_import_no_torch(args: list[str]) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()
+
+
+def test_repo_id_not_in_the_local_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = invoke("run", "someone/some-model", "-p", "x")
+    assert result.exit_code == 1
+    assert "not in the local Hugging Face cache" in result.stderr

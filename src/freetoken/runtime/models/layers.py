@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class RMSNorm(nn.Module):
@@ -32,20 +33,34 @@ class SwiGLUMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+# cuDNN attention rebuilds its plan whenever the key length changes, which costs milliseconds of host
+# time per decode step; the other SDPA kernels do not.
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query per head against the whole cache: q [NH, 1, D], k, v [KVH, S, D] -> [1, NH * D]."""
+    nh, kvh, d = q.shape[0], k.shape[0], q.shape[-1]
+    qg = q.reshape(kvh, nh // kvh, d)  # [KVH, G, D]: the query heads that share one KV head
+    scores = torch.bmm(qg, k.transpose(1, 2)) * scale  # [KVH, G, S]
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    return torch.bmm(probs, v).reshape(1, nh * d)  # [KVH, G, D] -> [1, NH * D]
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q [NH, T, D] for the last T positions of k, v [KVH, S, D] (S >= T) -> [T, NH * D].
 
     Query i sits at absolute position S - T + i and sees keys [0, S - T + i].
     """
     t, s = q.shape[1], k.shape[1]
+    if t == 1:
+        return decode_attention(q, k, v, scale)
     mask = None
-    causal = t > 1 and s == t
-    if t > 1 and s > t:
-        offset = s - t
-        mask = torch.arange(s, device=q.device)[None, :] <= (
-            torch.arange(t, device=q.device)[:, None] + offset
-        )
-    out = F.scaled_dot_product_attention(
-        q[None], k[None], v[None], attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
-    )  # [1, NH, T, D]
+    if s > t:
+        rows = torch.arange(t, device=q.device)[:, None] + (s - t)  # absolute position of each query
+        mask = torch.arange(s, device=q.device)[None, :] <= rows
+    with sdpa_kernel(_SDPA_BACKENDS):
+        out = F.scaled_dot_product_attention(
+            q[None], k[None], v[None], attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+        )  # [1, NH, T, D]
     return out[0].transpose(0, 1).reshape(t, -1)
