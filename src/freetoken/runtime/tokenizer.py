@@ -6,7 +6,6 @@ chat_template.jinja, generation_config.json and config.json) without importing t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from freetoken.errors import FreeTokenError
 from freetoken.runtime.chat_template import render_chat_template
+from freetoken.runtime.config import read_json
 
 # Template variables the reference renderer fills from the tokenizer's named special tokens.
 NAMED_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -29,20 +29,8 @@ NAMED_SPECIAL_TOKENS: tuple[str, ...] = (
 _MAX_ID = 2**32 - 1  # `tokenizers` ids are u32; larger or negative ids would raise inside the library
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise FreeTokenError(f"cannot read {path}: {exc.strerror}") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FreeTokenError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise FreeTokenError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
-
-
 def _read_optional_json(path: Path) -> dict:
-    return _read_json(path) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}
 
 
 def _token_text(value: Any, field: str, path: Path) -> str | None:
@@ -117,7 +105,7 @@ class Tokenizer:
         legacy_map = path / "special_tokens_map.json"
         if "added_tokens_decoder" not in config and legacy_map.is_file():
             # Older saves keep special tokens in a separate file, which then overrides the config.
-            for name, value in _read_json(legacy_map).items():
+            for name, value in read_json(legacy_map).items():
                 if name in NAMED_SPECIAL_TOKENS:
                     special[name] = _token_text(value, name, legacy_map)
 
