@@ -26,7 +26,7 @@ def test_one_shot_json_on_the_demo() -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout.strip().splitlines()[-1])
     assert doc["stats"]["completion_tokens"] <= 5 and doc["finish_reason"] in ("length", "stop")
-    assert doc["moe_backend"] == "fused" and doc["device"] == "cpu"
+    assert doc["moe_backend"] == "cpu" and doc["device"] == "cpu"  # auto without CUDA
 
 
 def test_human_output_says_random_and_prints_speed() -> None:

@@ -77,14 +77,78 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """Expert placement choices (`--moe-*` flags). None means: decide from the machine."""
+
+    backend: str = "auto"
+    cache_size: int | None = None  # expert slots on the compute device
+    cache_ratio: float | None = None  # ... or a fraction of the pool
+    kv_reserve_tokens: int = 8192  # VRAM held back for the KV cache before sizing the slots
+    cpu_layers: str | None = None  # "3,7,11" ids, "4" the first four MoE layers, "0.25" a fraction
+    hybrid_max_fetch: int | None = None
+    cpu_threads: int | None = None
+    pcie_gbps: float | None = None  # B_P, until a measured profile exists
+    host_gbps: float | None = None  # B_H
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("--moe-cache-size", self.cache_size, lambda v: v >= 0),
+            ("--moe-cache-ratio", self.cache_ratio, lambda v: 0 < v <= 1),
+            ("--kv-reserve-tokens", self.kv_reserve_tokens, lambda v: v >= 0),
+            ("--moe-hybrid-max-fetch", self.hybrid_max_fetch, lambda v: v >= 1),
+            ("--moe-cpu-threads", self.cpu_threads, lambda v: v >= 1),
+            ("--moe-pcie-gbps", self.pcie_gbps, lambda v: v > 0),
+            ("--moe-host-gbps", self.host_gbps, lambda v: v > 0),
+        )
+        for flag, value, ok in checks:
+            if value is not None and not ok(value):
+                raise FreeTokenError(f"{flag} {value} is out of range")
+        if self.cache_size is not None and self.cache_ratio is not None:
+            raise FreeTokenError("give --moe-cache-size or --moe-cache-ratio, not both")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """What the user chose at the edge: where the model is and how to run it."""
 
     model_path: Path
     device: str = "auto"
     dtype: str = "auto"
-    moe_backend: str = "auto"
+    moe: MoeConfig = field(default_factory=MoeConfig)
     max_seq_len: int | None = None
+
+
+def parse_cpu_layers(spec: str | None, moe_layers: tuple[int, ...]) -> frozenset[int]:
+    """`--moe-cpu-layers`: ids with commas ("3,7,11" or "7,"), a count ("4": the first four MoE layers),
+    or a fraction ("0.25" of the MoE layers, the first ones)."""
+    if spec is None or not spec.strip():
+        return frozenset()
+    if not moe_layers:
+        raise FreeTokenError(f"--moe-cpu-layers {spec}: the model has no MoE layers")
+    text = spec.strip()
+    try:
+        if "," in text:
+            ids = [int(part) for part in text.split(",") if part.strip()]
+            unknown = [i for i in ids if i not in moe_layers]
+            if unknown:
+                raise FreeTokenError(
+                    f"--moe-cpu-layers {spec}: {unknown} are not MoE layers (those are {moe_layers[0]}.."
+                    f"{moe_layers[-1]})"
+                )
+            return frozenset(ids)
+        if "." in text:
+            fraction = float(text)
+            if not 0 <= fraction <= 1:
+                raise FreeTokenError(f"--moe-cpu-layers {spec}: a fraction must be in [0, 1]")
+            return frozenset(moe_layers[: round(fraction * len(moe_layers))])
+        count = int(text)
+    except ValueError:
+        raise FreeTokenError(
+            f"--moe-cpu-layers {spec!r}: expected ids '3,7,11', a count or a fraction"
+        ) from None
+    if not 0 <= count <= len(moe_layers):
+        raise FreeTokenError(f"--moe-cpu-layers {spec}: the model has {len(moe_layers)} MoE layers")
+    return frozenset(moe_layers[:count])
 
 
 def normalize_dtype(name: str) -> str:

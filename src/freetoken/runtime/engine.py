@@ -17,11 +17,13 @@ import torch
 
 from freetoken.errors import FreeTokenError
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
-from freetoken.runtime.config import EngineConfig, ModelConfig, load_model_config
+from freetoken.runtime.config import EngineConfig, ModelConfig, MoeConfig, load_model_config, parse_cpu_layers
 from freetoken.runtime.devices import resolve_device, resolve_dtype
 from freetoken.runtime.kv.cache import KVCache
+from freetoken.runtime.memory import plan_slots
 from freetoken.runtime.models import get_architecture
-from freetoken.runtime.moe.executor import build_executor, resolve_backend
+from freetoken.runtime.moe.counters import MoeCounters
+from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
 from freetoken.runtime.sampling import Sampler, SamplingParams
 from freetoken.runtime.sequence import GenerationStats, Sequence, TokenEvent
 from freetoken.runtime.stopping import StopStrings
@@ -55,7 +57,9 @@ class Engine:
         self.config: ModelConfig = load_model_config(path)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.backend = resolve_backend(config.moe_backend, self.device)
+        moe = config.moe
+        self.backend = resolve_backend(moe, self.device, bool(self.config.moe_layers))
+        cpu_layers = parse_cpu_layers(moe.cpu_layers, self.config.moe_layers)
         self.tokenizer = Tokenizer.from_dir(path)
         arch = get_architecture(self.config.architecture)
         with torch.device("meta"):
@@ -64,7 +68,22 @@ class Engine:
         model.tie_weights()
         with SafetensorsCheckpoint(path) as ckpt:
             self.pool = load_weights(model, self.config, ckpt, arch.expert_naming, self.dtype, progress)
-        self.executor = build_executor(self.backend, self.pool, self.device)
+        if self.device.type == "cuda":
+            self.pool.pin()
+        if moe.cpu_threads:
+            torch.set_num_threads(moe.cpu_threads)  # the host's compute budget, process-wide
+        self.moe_counters = MoeCounters(self.config.moe_layers)
+        self.num_slots = plan_slots(moe, self.backend, self.config, self.pool, self.device)
+        ctx = ExecutorContext(
+            pool=self.pool,
+            device=self.device,
+            moe=moe,
+            num_slots=self.num_slots,
+            num_experts_per_tok=self.config.num_experts_per_tok,
+            cpu_layers=cpu_layers,
+            counters=self.moe_counters,
+        )
+        self.executor = build_executor(self.backend, ctx)
         model.attach_executor(self.executor)
         self.model = model.eval()
         self.max_seq_len = min(
@@ -74,6 +93,10 @@ class Engine:
         self._sequence: Sequence | None = None
         self._queue: deque[Request] = deque()
         self._next_id = 0
+
+    def close(self) -> None:
+        """Stop the executor's worker threads."""
+        self.executor.close()
 
     def reset(self) -> None:
         """Forget the cached sequence: the next request prefills its whole prompt."""
@@ -217,5 +240,8 @@ def build_engine(
     dtype: str = "auto",
     moe_backend: str = "auto",
     progress: Callable[[int, int], None] | None = None,
+    **moe_options: Any,
 ) -> Engine:
-    return Engine(EngineConfig(Path(model_path), device, dtype, moe_backend), progress)
+    """Build an engine; `moe_options` are MoeConfig fields (cache_size, cache_ratio, cpu_layers, ...)."""
+    moe = MoeConfig(backend=moe_backend, **moe_options)
+    return Engine(EngineConfig(Path(model_path), device, dtype, moe), progress)

@@ -4,18 +4,37 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
 from freetoken.errors import FreeTokenError
+from freetoken.runtime.config import MoeConfig
+from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.pool import HostExpertPool
 
 # name -> "module:Class"; adding a backend is one file and one line here.
 MOE_BACKENDS: dict[str, str] = {
     "fused": "freetoken.runtime.moe.fused:FusedExecutor",
-    "cpu": "freetoken.runtime.moe.cpu:CpuExecutor",
+    "offload": "freetoken.runtime.moe.cached:OffloadExecutor",
+    "cpu": "freetoken.runtime.moe.cached:CpuMissExecutor",
+    "hybrid": "freetoken.runtime.moe.cached:HybridExecutor",
 }
 BACKEND_CHOICES = ("auto", *MOE_BACKENDS)
+CACHED_BACKENDS = ("offload", "cpu", "hybrid")
+
+
+@dataclass
+class ExecutorContext:
+    """Everything an executor is built from; made once by the engine."""
+
+    pool: HostExpertPool
+    device: torch.device
+    moe: MoeConfig
+    num_slots: int
+    num_experts_per_tok: int
+    cpu_layers: frozenset[int]
+    counters: MoeCounters
 
 
 class ExpertExecutor(ABC):
@@ -23,9 +42,11 @@ class ExpertExecutor(ABC):
 
     name: str
 
-    def __init__(self, pool: HostExpertPool, device: torch.device) -> None:
-        self.pool = pool
-        self.device = device
+    def __init__(self, ctx: ExecutorContext) -> None:
+        self.ctx = ctx
+        self.pool = ctx.pool
+        self.device = ctx.device
+        self.counters = ctx.counters
 
     @abstractmethod
     def forward(
@@ -33,17 +54,28 @@ class ExpertExecutor(ABC):
     ) -> torch.Tensor:
         """x [T, H] on the compute device, topk_ids/topk_weights [T, K] -> [T, H] on the compute device."""
 
+    def close(self) -> None:  # noqa: B027 - most executors own no threads
+        """Release worker threads; the executor is not used afterwards."""
 
-def resolve_backend(name: str, device: torch.device) -> str:
-    """`auto` picks what this issue's runtime has: experts beside the compute, on the compute device."""
-    if name == "auto":
-        return "fused"
-    if name not in MOE_BACKENDS:
+
+def resolve_backend(moe: MoeConfig, device: torch.device, has_moe_layers: bool) -> str:
+    """`auto`: no MoE layers -> fused; no CUDA -> cpu; else offload, or hybrid when the bandwidths
+    given say the CPU can take part (B_H > B_P)."""
+    name = moe.backend
+    if name not in BACKEND_CHOICES:
         raise FreeTokenError(f"unknown MoE backend {name!r}; choose one of: {', '.join(BACKEND_CHOICES)}")
-    return name
+    if name != "auto":
+        return name
+    if not has_moe_layers:
+        return "fused"
+    if device.type != "cuda":
+        return "cpu"
+    if moe.pcie_gbps and moe.host_gbps and moe.host_gbps > moe.pcie_gbps:
+        return "hybrid"
+    return "offload"
 
 
-def build_executor(name: str, pool: HostExpertPool, device: torch.device) -> ExpertExecutor:
-    module_name, _, class_name = MOE_BACKENDS[resolve_backend(name, device)].partition(":")
+def build_executor(name: str, ctx: ExecutorContext) -> ExpertExecutor:
+    module_name, _, class_name = MOE_BACKENDS[name].partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(pool, device)
+    return cls(ctx)

@@ -1,4 +1,8 @@
-"""Plain-torch expert math: the reference every expert kernel is tested against."""
+"""Plain-torch expert math: the reference every expert kernel is tested against.
+
+Routing arrays may hold -1 for (token, choice) pairs that another branch computes: those are skipped.
+Banks are indexed by whatever the ids name: expert ids into the pool, slot ids into the slot bank.
+"""
 
 from __future__ import annotations
 
@@ -15,18 +19,21 @@ def swiglu_expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) ->
 def group_by_expert(topk_ids: torch.Tensor) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor]]:
     """Deduplicate experts across tokens.
 
-    topk_ids [T, K] -> (experts, token_rows, slot_cols): for each distinct expert e (ascending), the rows
-    t and columns k with topk_ids[t, k] == e.
+    topk_ids [T, K] -> (experts, token_rows, slot_cols): for each distinct id e >= 0 (ascending), the rows
+    t and columns k with topk_ids[t, k] == e. Pairs holding -1 are left out.
     """
     flat = topk_ids.flatten()
     order = torch.argsort(flat, stable=True)
     experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
     k = topk_ids.shape[1]
-    rows, cols = [], []
-    for chunk in torch.split(order, counts.tolist()):
+    out_experts, rows, cols = [], [], []
+    for expert, chunk in zip(experts.tolist(), torch.split(order, counts.tolist()), strict=True):
+        if expert < 0:
+            continue
+        out_experts.append(expert)
         rows.append(chunk // k)
         cols.append(chunk % k)
-    return experts.tolist(), rows, cols
+    return out_experts, rows, cols
 
 
 def grouped_experts(
@@ -38,12 +45,14 @@ def grouped_experts(
 ) -> torch.Tensor:
     """Weighted sum of each token's routed experts.
 
-    x [T, H], topk_ids [T, K], topk_weights [T, K], gate_up_bank [E, 2I, H], down_bank [E, H, I] -> [T, H].
-    Banks and x must be on one device; every expert runs once for all tokens that chose it.
+    x [T, H], topk_ids [T, K] (any device; -1 = skip), topk_weights [T, K] on x's device,
+    gate_up_bank [E, 2I, H] and down_bank [E, H, I] on x's device -> [T, H].
+    Every expert runs once for all tokens that chose it.
     """
     out = torch.zeros_like(x)
     experts, rows, cols = group_by_expert(topk_ids)
     for expert, row, col in zip(experts, rows, cols, strict=True):
+        row, col = row.to(x.device), col.to(x.device)
         y = swiglu_expert(x[row], gate_up_bank[expert], down_bank[expert])  # [t, H]
         out.index_add_(0, row, (y * topk_weights[row, col, None]).to(out.dtype))
     return out
@@ -59,13 +68,33 @@ def gathered_experts(
     """The same sum as `grouped_experts`, without reading routing back to the host.
 
     Every (token, choice) pair gathers its expert's weights, so nothing waits on the device: the path for
-    a few tokens on an accelerator, where one host sync costs more than the gathers.
-    x [T, H], topk_ids/topk_weights [T, K] -> [T, H].
+    a few tokens on an accelerator, where one host sync costs more than the gathers. Pairs holding -1
+    contribute zero. x [T, H], topk_ids/topk_weights [T, K] on x's device -> [T, H].
     """
     t, k = topk_ids.shape
     flat = topk_ids.flatten()  # [T*K]
+    weights = torch.where(flat >= 0, topk_weights.flatten(), torch.zeros_like(topk_weights.flatten()))
+    flat = flat.clamp(min=0)
     xr = x.repeat_interleave(k, dim=0)[:, :, None]  # [T*K, H, 1]
     gate, up = torch.bmm(gate_up_bank[flat], xr)[:, :, 0].chunk(2, dim=-1)  # [T*K, I] each
     y = torch.bmm(down_bank[flat], (F.silu(gate) * up)[:, :, None])[:, :, 0]  # [T*K, H]
-    y = y * topk_weights.flatten()[:, None]
+    y = y * weights[:, None]
     return y.view(t, k, -1).sum(dim=1).to(x.dtype)
+
+
+# Below this many (token, expert) pairs on an accelerator, gather weights instead of grouping tokens:
+# grouping reads the routing back to the host, a sync per layer.
+GATHER_MAX_PAIRS = 64
+
+
+def routed_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    gate_up_bank: torch.Tensor,
+    down_bank: torch.Tensor,
+) -> torch.Tensor:
+    """Pick the gathered path for a few pairs on an accelerator, the grouped one otherwise."""
+    if x.device.type != "cpu" and topk_ids.device == x.device and topk_ids.numel() <= GATHER_MAX_PAIRS:
+        return gathered_experts(x, topk_ids, topk_weights, gate_up_bank, down_bank)
+    return grouped_experts(x, topk_ids, topk_weights, gate_up_bank, down_bank)

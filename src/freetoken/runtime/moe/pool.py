@@ -91,3 +91,18 @@ class HostExpertPool:
         for (layer, part), mask in self._filled.items():
             out.extend(f"layer {layer} expert {e} {part}" for e in (~mask).nonzero().flatten().tolist())
         return out
+
+    def pin(self) -> None:
+        """Page-lock the filled banks in place (cudaHostRegister), so fills are true async DMA.
+
+        Called once after loading, never before: pinning first would make every write go to locked
+        pages and would hold the memory before the checkpoint is known to be whole.
+        """
+        cudart = torch.cuda.cudart()
+        for bank in (self.gate_up, self.down):
+            for layer, tensor in bank.items():
+                if tensor.is_pinned():
+                    continue
+                code = cudart.cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
+                if int(code) != 0:  # registration refused (limits): fall back to a pinned copy
+                    bank[layer] = tensor.pin_memory()

@@ -1,0 +1,157 @@
+"""Backends over the global slot cache: `offload`, `cpu` and `hybrid`.
+
+Per MoE layer per step, with the routing read back once:
+  hits    experts already in a slot: computed on the device from the slot bank;
+  misses  m experts not resident, split by the mode:
+            offload  fetch all of them (the layers in --moe-cpu-layers compute them on the CPU)
+            cpu      compute all of them on the CPU (the slots keep their warm set)
+            hybrid   fetch q = clamp(round(m·B_P/B_H), 1, min(m, max_fetch)), the CPU takes m − q
+The CPU branch is launched first; fills run on the transfer stream while the hits compute; the fetched
+experts compute after the fills land; partial sums are added (an exact merge: each pair counted once).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from freetoken.runtime.moe.cpu_branch import CpuBranch
+from freetoken.runtime.moe.executor import ExecutorContext, ExpertExecutor
+from freetoken.runtime.moe.experts import GATHER_MAX_PAIRS, routed_experts
+from freetoken.runtime.moe.policy import choose_fetches, fetch_count
+from freetoken.runtime.moe.slot_bank import SlotBank
+from freetoken.runtime.moe.slot_cache import EMPTY, SlotCache
+
+
+class CachedExecutor(ExpertExecutor):
+    mode = "offload"
+
+    def __init__(self, ctx: ExecutorContext, warm: bool = True) -> None:
+        super().__init__(ctx)
+        pool = ctx.pool
+        self.cache = SlotCache(pool.layers, pool.num_experts, ctx.num_slots)
+        self.bank = SlotBank(pool, ctx.num_slots, ctx.device)
+        self.cpu = CpuBranch(pool, ctx.device)
+        gb = 1e9
+        self.pcie_bw = ctx.moe.pcie_gbps * gb if ctx.moe.pcie_gbps else None
+        self.host_bw = ctx.moe.host_gbps * gb if ctx.moe.host_gbps else None
+        if warm:
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Start with an equal share of every MoE layer resident (lowest expert ids), oldest first."""
+        layers = self.pool.layers
+        for slot in range(min(self.cache.num_slots, len(layers) * self.pool.num_experts)):
+            layer, expert = layers[slot % len(layers)], slot // len(layers)
+            self.cache.admit(layer, expert, slot)
+            self.bank.fill(slot, layer, expert)
+        self.bank.publish(self.cache.slot_of)
+        event = self.bank.fills_done()
+        if event is not None:
+            event.synchronize()
+
+    def fetch_budget(self, layer: int, misses: int) -> int:
+        """How many of this step's misses to fetch; the rest go to the CPU."""
+        if self.mode == "cpu" or layer in self.ctx.cpu_layers:
+            return 0
+        if self.mode == "offload":
+            return misses
+        return fetch_count(misses, self.pcie_bw, self.host_bw, self.ctx.moe.hybrid_max_fetch)
+
+    def forward(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        cache, row = self.cache, self.cache.row_of[layer]
+        ids = topk_ids.cpu().numpy()  # [T, K]: the one routing read-back of this layer step
+        weights = topk_weights.float().cpu().numpy()
+        experts, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+        inverse = inverse.reshape(ids.shape)
+        weight_sums = np.bincount(inverse.ravel(), weights=weights.ravel(), minlength=len(experts))
+        slots = cache.lookup(layer, experts)
+        hit = slots != EMPTY
+        cache.touch(slots[hit])
+        miss_idx = np.flatnonzero(~hit)
+        q = min(self.fetch_budget(layer, len(miss_idx)), len(miss_idx))
+        # Never evict this step's own experts; with more misses than free slots, the rest go to the CPU.
+        q = min(q, cache.num_slots - int(hit.sum()))
+        fetch = np.zeros(len(experts), dtype=bool)
+        fetch[miss_idx[choose_fetches(experts[miss_idx], counts[miss_idx], weight_sums[miss_idx], q)]] = True
+        on_cpu = ~hit & ~fetch
+
+        # 1. CPU branch first: it has the farthest to go.
+        partial = rows = None
+        if on_cpu.any():
+            pair_on_cpu = on_cpu[inverse]  # [T, K]
+            rows_np = np.flatnonzero(pair_on_cpu.any(axis=1))
+            rows = torch.from_numpy(rows_np)
+            cpu_ids = torch.from_numpy(np.where(pair_on_cpu, ids, -1)[rows_np])
+            partial = self.cpu.submit(layer, x, rows, cpu_ids, torch.from_numpy(weights[rows_np]))
+
+        # 2. Fills into the least recently demanded slots, on the transfer stream.
+        evictions = 0
+        if fetch.any():
+            victims = cache.victims(int(fetch.sum()), protected=slots[hit])
+            for slot, expert in zip(victims.tolist(), experts[fetch].tolist(), strict=True):
+                evictions += cache.admit(layer, expert, slot) is not None
+                self.bank.fill(slot, layer, expert)
+            self.bank.publish(cache.slot_of)
+        fills_done = self.bank.fills_done() if fetch.any() else None
+
+        # 3. Hits compute now (the table rows they read were published before), fetched ones after fills.
+        pair_hit = torch.from_numpy(hit[inverse]).to(x.device)
+        pair_fetch = torch.from_numpy(fetch[inverse]).to(x.device)
+        out = torch.zeros_like(x)
+        if hit.any():
+            out = out + self._from_slots(x, topk_ids, topk_weights, pair_hit, layer)
+        if fills_done is not None:
+            torch.cuda.current_stream(x.device).wait_event(fills_done)
+        if fetch.any():
+            out = out + self._from_slots(x, topk_ids, topk_weights, pair_fetch, layer)
+        if partial is not None:
+            assert rows is not None
+            out = self.cpu.merge(out, rows, partial)
+
+        counters = self.counters
+        if row == 0:
+            counters.tokens += x.shape[0]
+            counters.steps += 1
+        counters.add(
+            row,
+            hits=int(hit.sum()),
+            misses=len(miss_idx),
+            fills=int(fetch.sum()),
+            evictions=evictions,
+            cpu=int(on_cpu.sum()),
+        )
+        counters.last_q[row] = int(fetch.sum())
+        return out
+
+    def _from_slots(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        pairs: torch.Tensor,
+        layer: int,
+    ) -> torch.Tensor:
+        """Sum over the (token, choice) pairs in `pairs` [T, K] bool, computed from the slot bank."""
+        slot_ids = self.bank.table[self.cache.row_of[layer]][topk_ids].long()  # [T, K]
+        slot_ids = torch.where(pairs, slot_ids, torch.full_like(slot_ids, -1))
+        if x.device.type == "cpu" or topk_ids.numel() > GATHER_MAX_PAIRS:
+            slot_ids = slot_ids.cpu()  # grouping happens on the host anyway
+        return routed_experts(x, slot_ids, topk_weights, self.bank.gate_up, self.bank.down)
+
+    def close(self) -> None:
+        self.cpu.close()
+
+
+class OffloadExecutor(CachedExecutor):
+    name = mode = "offload"
+
+
+class CpuMissExecutor(CachedExecutor):
+    name = mode = "cpu"
+
+
+class HybridExecutor(CachedExecutor):
+    name = mode = "hybrid"

@@ -1,0 +1,66 @@
+"""The CPU branch: misses computed on the host from the pool, on a worker thread, beside the GPU.
+
+Per layer step: the rows of x routed to CPU experts go device-to-host into pinned staging, the worker
+computes them with the pool's banks, the main thread adds the result back. Staging is reused between
+steps: the next step's copies come after its routing read, which waits for this step's work.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from freetoken.runtime.moe.experts import grouped_experts
+from freetoken.runtime.moe.pool import HostExpertPool
+
+
+class CpuBranch:
+    def __init__(self, pool: HostExpertPool, device: torch.device) -> None:
+        self.pool = pool
+        self.device = device
+        self.pinned = device.type == "cuda"
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freetoken-cpu-experts")
+        self._x_host = torch.empty(0)
+        self._out_host = torch.empty(0)
+
+    def _staging(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._x_host.shape[0] < tokens:
+            shape = (max(tokens, 2 * self._x_host.shape[0], 8), self.pool.hidden_size)
+            self._x_host = torch.empty(shape, dtype=self.pool.dtype, pin_memory=self.pinned)
+            self._out_host = torch.empty(shape, dtype=self.pool.dtype, pin_memory=self.pinned)
+        return self._x_host[:tokens], self._out_host[:tokens]
+
+    def submit(
+        self, layer: int, x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> Future[torch.Tensor]:
+        """Start computing x[rows] with experts `ids` [R, K] (host, -1 = not mine), `weights` [R, K] (host).
+
+        Returns a future of the partial sums [R, H] on the host (pinned when CUDA is present).
+        """
+        x_host, out_host = self._staging(len(rows))
+        ready = None
+        if self.pinned:
+            x_host.copy_(x[rows.to(x.device)], non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            x_host.copy_(x[rows])
+        gate_up, down = self.pool.gate_up[layer], self.pool.down[layer]
+
+        def run() -> torch.Tensor:
+            if ready is not None:
+                ready.synchronize()
+            with torch.inference_mode():
+                out_host.copy_(grouped_experts(x_host, ids, weights.to(self.pool.dtype), gate_up, down))
+            return out_host
+
+        return self.worker.submit(run)
+
+    def merge(self, out: torch.Tensor, rows: torch.Tensor, partial: Future[torch.Tensor]) -> torch.Tensor:
+        """out [T, H] += the CPU partial sums at `rows`."""
+        result = partial.result().to(out.device, non_blocking=True)
+        return out.index_add(0, rows.to(out.device), result.to(out.dtype))
+
+    def close(self) -> None:
+        self.worker.shutdown(wait=True)

@@ -1,0 +1,38 @@
+"""q* = m·B_P/B_H and which misses are fetched."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from freetoken.runtime.moe.policy import choose_fetches, fetch_count
+
+
+def test_balanced_split() -> None:
+    assert fetch_count(8, 55e9, 94e9) == 5  # round(8 · 55/94) = round(4.68)
+    assert fetch_count(4, 25e9, 100e9) == 1
+
+
+def test_host_not_faster_than_pcie_fetches_everything() -> None:
+    assert fetch_count(6, 50e9, 40e9) == 6
+    assert fetch_count(6, 50e9, 50e9) == 6
+
+
+def test_at_least_one_fill_and_the_cap() -> None:
+    assert fetch_count(3, 1e9, 100e9) == 1  # round(0.03) would be 0
+    assert fetch_count(8, 90e9, 100e9, max_fetch=2) == 2
+    assert fetch_count(8, 50e9, 40e9, max_fetch=3) == 3
+    assert fetch_count(1, 90e9, 100e9, max_fetch=4) == 1
+
+
+def test_no_misses_or_no_pcie() -> None:
+    assert fetch_count(0, 55e9, 94e9) == 0
+    assert fetch_count(5, None, 94e9) == 0  # no accelerator link measured: all CPU
+
+
+def test_choose_prefers_tokens_then_weight() -> None:
+    misses = np.array([10, 11, 12, 13])
+    tokens = np.array([1, 3, 1, 3])
+    weights = np.array([0.9, 0.2, 0.5, 0.4])
+    assert misses[choose_fetches(misses, tokens, weights, 1)].tolist() == [13]
+    assert misses[choose_fetches(misses, tokens, weights, 3)].tolist() == [10, 11, 13]
+    assert not choose_fetches(misses, tokens, weights, 0).any()
