@@ -29,6 +29,18 @@ def test_one_shot_json_on_the_demo() -> None:
     assert doc["moe_backend"] == "cpu" and doc["device"] == "cpu"  # auto without CUDA
 
 
+def test_json_reports_expert_counters() -> None:
+    args = ["run", "-p", "hi", "-n", "6", "-t", "0", "--device", "cpu", "--json", "--moe-backend", "hybrid"]
+    result = invoke(*args, "--moe-cache-ratio", "0.25", "--moe-pcie-gbps", "25", "--moe-host-gbps", "90")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout.strip().splitlines()[-1])
+    assert doc["moe_backend"] == "hybrid" and doc["expert_slots"] == 32
+    experts = doc["experts"]
+    assert experts["tokens"] == doc["stats"]["prompt_tokens"] + doc["stats"]["completion_tokens"] - 1
+    totals = experts["totals"]
+    assert totals["fills"] + totals["cpu"] == totals["misses"] > 0
+
+
 def test_human_output_says_random_and_prints_speed() -> None:
     result = invoke("run", "-p", "hi", "-n", "4", "--seed", "0")
     assert result.exit_code == 0, result.output
@@ -70,6 +82,23 @@ def test_interactive_chat(monkeypatch: pytest.MonkeyPatch, tiny_model: tuple[Pat
         (["run", "demo", "-p", "x", "--moe-backend", "gpu-magic"], "unknown MoE backend 'gpu-magic'"),
         (["run", "demo", "-p", "x", "--dtype", "int3"], "unsupported dtype 'int3'"),
         (["run", "demo", "-p", "   "], "empty prompt"),
+        (
+            ["run", "demo", "-p", "x", "--moe-backend", "offload"],
+            "needs --moe-cache-size or --moe-cache-ratio",
+        ),
+        (
+            ["run", "demo", "-p", "x", "--moe-backend", "offload", "--moe-cache-size", "3"],
+            "below one layer's top-k",
+        ),
+        (["run", "demo", "-p", "x", "--moe-cache-size", "999"], "above the pool of 128 experts"),
+        (["run", "demo", "-p", "x", "--moe-cache-ratio", "1.5"], "--moe-cache-ratio 1.5 is out of range"),
+        (["run", "demo", "-p", "x", "--moe-cache-size", "-4"], "--moe-cache-size -4 is out of range"),
+        (["run", "demo", "-p", "x", "--moe-cpu-layers", "1,12"], "[12] are not MoE layers"),
+        (["run", "demo", "-p", "x", "--moe-cpu-layers", "nine"], "expected ids '3,7,11'"),
+        (
+            ["run", "demo", "-p", "x", "--moe-hybrid-max-fetch", "0"],
+            "--moe-hybrid-max-fetch 0 is out of range",
+        ),
     ],
 )
 def test_errors_are_one_line(args: list[str], message: str) -> None:

@@ -27,8 +27,44 @@ MoeBackendOpt = Annotated[
     str,
     typer.Option(
         "--moe-backend",
-        help="Where routed experts run: auto, fused (all experts on the compute device), "
-        "cpu (experts computed on the host from the expert pool).",
+        help="Where routed experts run: auto (cpu without CUDA, else offload, or hybrid when both "
+        "bandwidths are given and B_H > B_P), fused (every expert on the GPU), offload (misses fetched "
+        "into the GPU slot cache), cpu (misses computed on the CPU), hybrid (misses split by "
+        "q* = m·B_P/B_H).",
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of human output.")]
+CacheSizeOpt = Annotated[
+    int | None,
+    typer.Option("--moe-cache-size", help="Expert slots on the compute device (default: from free VRAM)."),
+]
+CacheRatioOpt = Annotated[
+    float | None,
+    typer.Option("--moe-cache-ratio", help="Expert slots as a fraction of the expert pool, in (0, 1]."),
+]
+KvReserveOpt = Annotated[
+    int,
+    typer.Option("--kv-reserve-tokens", help="Tokens of KV cache to keep VRAM for before sizing the slots."),
+]
+CpuLayersOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--moe-cpu-layers",
+        help="Layers whose misses compute on the CPU under offload: ids '3,7,11', a count '4' (the first "
+        "four MoE layers) or a fraction '0.25'.",
+    ),
+]
+MaxFetchOpt = Annotated[
+    int | None, typer.Option("--moe-hybrid-max-fetch", help="Most misses hybrid fetches per layer step.")
+]
+CpuThreadsOpt = Annotated[
+    int | None, typer.Option("--moe-cpu-threads", help="Threads for CPU expert compute (default: all cores).")
+]
+PcieOpt = Annotated[
+    float | None,
+    typer.Option("--moe-pcie-gbps", help="B_P, host-to-device expert bandwidth in GB/s (for hybrid)."),
+]
+HostOpt = Annotated[
+    float | None,
+    typer.Option("--moe-host-gbps", help="B_H, CPU expert compute bandwidth in GB/s (for hybrid)."),
+]

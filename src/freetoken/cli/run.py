@@ -8,7 +8,21 @@ from typing import Annotated
 import typer
 
 from freetoken.cli.errors import reports_errors
-from freetoken.cli.options import DeviceOpt, DtypeOpt, JsonOpt, ModelArg, MoeBackendOpt
+from freetoken.cli.options import (
+    CacheRatioOpt,
+    CacheSizeOpt,
+    CpuLayersOpt,
+    CpuThreadsOpt,
+    DeviceOpt,
+    DtypeOpt,
+    HostOpt,
+    JsonOpt,
+    KvReserveOpt,
+    MaxFetchOpt,
+    ModelArg,
+    MoeBackendOpt,
+    PcieOpt,
+)
 
 
 def stdin_is_terminal() -> bool:
@@ -54,11 +68,31 @@ def run(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     moe_backend: MoeBackendOpt = "auto",
+    moe_cache_size: CacheSizeOpt = None,
+    moe_cache_ratio: CacheRatioOpt = None,
+    kv_reserve_tokens: KvReserveOpt = 8192,
+    moe_cpu_layers: CpuLayersOpt = None,
+    moe_hybrid_max_fetch: MaxFetchOpt = None,
+    moe_cpu_threads: CpuThreadsOpt = None,
+    moe_pcie_gbps: PcieOpt = None,
+    moe_host_gbps: HostOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Generate text with a model: one answer for --prompt, or chat interactively."""
     from freetoken.cli.session import RunOptions, run_chat, run_once
+    from freetoken.runtime.config import MoeConfig
 
+    moe = MoeConfig(
+        backend=moe_backend,
+        cache_size=moe_cache_size,
+        cache_ratio=moe_cache_ratio,
+        kv_reserve_tokens=kv_reserve_tokens,
+        cpu_layers=moe_cpu_layers,
+        hybrid_max_fetch=moe_hybrid_max_fetch,
+        cpu_threads=moe_cpu_threads,
+        pcie_gbps=moe_pcie_gbps,
+        host_gbps=moe_host_gbps,
+    )
     opts = RunOptions(
         model=model,
         raw=raw,
@@ -71,7 +105,7 @@ def run(
         stop=tuple(stop or ()),
         device=device,
         dtype=dtype,
-        moe_backend=moe_backend,
+        moe=moe,
         as_json=as_json,
     )
     if prompt is None and stdin_is_terminal() and not as_json:

@@ -12,6 +12,7 @@ from rich.console import Console
 from freetoken.errors import FreeTokenError
 
 if TYPE_CHECKING:
+    from freetoken.runtime.config import MoeConfig
     from freetoken.runtime.engine import Engine
     from freetoken.runtime.sampling import SamplingParams
     from freetoken.runtime.sequence import GenerationStats, TokenEvent
@@ -32,7 +33,7 @@ class RunOptions:
     stop: tuple[str, ...]
     device: str
     dtype: str
-    moe_backend: str
+    moe: MoeConfig
     as_json: bool
 
 
@@ -43,10 +44,12 @@ def _stderr() -> Console:
 def load_engine(opts: RunOptions) -> Engine:
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
+    from freetoken.runtime.config import EngineConfig
     from freetoken.runtime.demo import is_random_model
     from freetoken.runtime.devices import dtype_name
-    from freetoken.runtime.engine import build_engine
+    from freetoken.runtime.engine import Engine
     from freetoken.runtime.model_ref import resolve_model
+    from freetoken.runtime.moe.executor import CACHED_BACKENDS
 
     err = _stderr()
     if opts.model == "demo" and not opts.as_json:
@@ -62,22 +65,17 @@ def load_engine(opts: RunOptions) -> Engine:
         disable=opts.as_json or not err.is_terminal,
     ) as bar:
         task = bar.add_task("loading weights", total=None)
-        engine = build_engine(
-            path,
-            opts.device,
-            opts.dtype,
-            opts.moe_backend,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
+        config = EngineConfig(path, opts.device, opts.dtype, opts.moe)
+        engine = Engine(config, progress=lambda done, total: bar.update(task, completed=done, total=total))
     if not opts.as_json:
         if is_random_model(path):
             err.print(
                 f"[yellow]note:[/yellow] {path.name} has random weights: the text is noise; "
                 "it shows the engine running."
             )
-        err.print(
-            f"[dim]{path} · {engine.device} · {dtype_name(engine.dtype)} · moe backend {engine.backend}[/dim]"
-        )
+        slots = f" · {engine.num_slots} expert slots" if engine.backend in CACHED_BACKENDS else ""
+        where = f"{path} · {engine.device} · {dtype_name(engine.dtype)} · moe backend {engine.backend}"
+        err.print(f"[dim]{where}{slots}[/dim]")
     return engine
 
 
@@ -95,12 +93,20 @@ def sampling_params(opts: RunOptions, engine: Engine) -> SamplingParams:
     )
 
 
-def stats_line(stats: GenerationStats) -> str:
-    return (
+def stats_line(stats: GenerationStats, engine: Engine) -> str:
+    line = (
         f"{stats.prompt_tokens} prompt tokens ({stats.cached_tokens} cached) · "
         f"{stats.completion_tokens} generated · prefill {stats.prefill_tok_s:.1f} tok/s · "
         f"decode {stats.decode_tok_s:.1f} tok/s · first token {stats.ttft_s * 1000:.0f} ms"
     )
+    counters = engine.moe_counters
+    if counters.tokens:
+        per_token = counters.per_token()
+        line += (
+            f" · experts: {100 * counters.miss_rate():.1f}% missed, {per_token['fills']:.1f} fetched and "
+            f"{per_token['cpu']:.1f} on CPU per token"
+        )
+    return line
 
 
 def _stream(events: Any, echo: bool) -> tuple[str, TokenEvent]:
@@ -133,6 +139,7 @@ def run_once(opts: RunOptions, prompt: str) -> None:
             _messages(opts, [{"role": "user", "content": prompt}]), add_generation_prompt=True
         )
         ids = engine.tokenizer.encode(text)
+    engine.moe_counters.reset()
     text, last = _stream(engine.generate(ids, params), echo=not opts.as_json)
     assert last.stats is not None
     if opts.as_json:
@@ -141,6 +148,8 @@ def run_once(opts: RunOptions, prompt: str) -> None:
             "device": str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."),
             "moe_backend": engine.backend,
+            "expert_slots": engine.num_slots,
+            "experts": engine.moe_counters.as_dict(),
             "text": text,
             "finish_reason": last.finish_reason,
             "stats": last.stats.as_dict(),
@@ -148,7 +157,7 @@ def run_once(opts: RunOptions, prompt: str) -> None:
         print(json.dumps(doc, ensure_ascii=False))
         return
     sys.stdout.write("\n")
-    _stderr().print(f"[dim]{stats_line(last.stats)}[/dim]")
+    _stderr().print(f"[dim]{stats_line(last.stats, engine)}[/dim]")
 
 
 def split_reasoning(text: str) -> dict[str, str]:
@@ -181,6 +190,7 @@ def run_chat(opts: RunOptions) -> None:
             err.print("[dim]history cleared[/dim]")
             continue
         history.append({"role": "user", "content": line})
+        engine.moe_counters.reset()
         try:
             text, last = _stream(engine.chat(_messages(opts, history), params), echo=True)
         except KeyboardInterrupt:
@@ -191,4 +201,4 @@ def run_chat(opts: RunOptions) -> None:
         history.append({"role": "assistant", **split_reasoning(text)})
         sys.stdout.write("\n")
         assert last.stats is not None
-        err.print(f"[dim]{stats_line(last.stats)}[/dim]")
+        err.print(f"[dim]{stats_line(last.stats, engine)}[/dim]")
