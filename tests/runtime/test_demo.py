@@ -77,3 +77,27 @@ def test_demo_is_created_once_under_home(tmp_path: Path, monkeypatch) -> None:
     specials = json.loads((path / "tokenizer_config.json").read_text())["chat_template"]
     for token in ("<think>", "<tool_call>", "<tool_response>", "<|im_start|>", "<|im_end|>"):
         assert token in specials
+
+
+def test_in_memory_random_weights_and_reconfiguring_experts(tmp_path: Path) -> None:
+    from freetoken.runtime.config import EngineConfig, MoeConfig
+    from freetoken.runtime.demo import random_weights
+    from freetoken.runtime.engine import Engine
+
+    folder = write_random_model(tmp_path / "m", SMALL, with_weights=False)
+    assert not list(folder.glob("*.safetensors"))
+    engine = Engine(
+        EngineConfig(folder, "cpu", "float32", MoeConfig("fused")), weights=random_weights(std=0.2)
+    )
+    ids = [3, 99, 250, 7, 512, 14]
+    ref = engine.forward(engine.new_sequence(), ids, all_logits=True)
+    assert ref.std() > 0.1
+    for moe in (
+        MoeConfig("offload", cache_size=3),
+        MoeConfig("cpu"),
+        MoeConfig("hybrid", cache_ratio=0.5, pcie_gbps=20, host_gbps=80),
+    ):
+        engine.configure_moe(moe)
+        assert engine.backend == moe.backend
+        assert rel_err(engine.forward(engine.new_sequence(), ids, all_logits=True), ref) < 1e-5
+    engine.close()

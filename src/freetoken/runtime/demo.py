@@ -12,12 +12,16 @@ import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
+from torch import nn
 
 from freetoken.env import models_dir
+from freetoken.runtime.config import ModelConfig
 from freetoken.runtime.demo_tokenizer import write_demo_tokenizer
+from freetoken.runtime.moe.pool import HostExpertPool
 
 MARKER = "freetoken_model.json"  # present in generated folders: says the weights are random
 DEMO_NAME = "demo-v1"
@@ -145,10 +149,12 @@ def write_random_model(
     spec: RandomModelSpec = DEMO_SPEC,
     shard_bytes: int = 4 << 30,
     progress: Callable[[int, int], None] | None = None,
+    with_weights: bool = True,
 ) -> Path:
     """Write an HF folder (config, generation config, tokenizer, safetensors shards) for `spec`.
 
-    The folder appears atomically: it is assembled beside `out_dir` and renamed into place.
+    The folder appears atomically: it is assembled beside `out_dir` and renamed into place. Without
+    weights it holds only what an engine reads besides them (see `random_weights`).
     """
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
@@ -172,7 +178,8 @@ def write_random_model(
         }
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         (tmp / MARKER).write_text(json.dumps({"random_weights": True, "spec": asdict(spec)}, indent=2) + "\n")
-        _write_shards(tmp, tensor_plan(spec, vocab), spec, dtype, shard_bytes, progress)
+        if with_weights:
+            _write_shards(tmp, tensor_plan(spec, vocab), spec, dtype, shard_bytes, progress)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
@@ -240,3 +247,39 @@ def ensure_demo_model(spec: RandomModelSpec = DEMO_SPEC) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_random_model(path, spec)
     return path
+
+
+def random_weights(seed: int = 0, std: float = 0.02) -> Callable[..., HostExpertPool]:
+    """An engine weight source that draws every weight in memory, on the compute device, no files.
+
+    Expert banks are drawn on the device a few experts at a time and copied into the host pool, which
+    is far faster than drawing 30B host numbers on the CPU.
+    """
+
+    def fill(model: nn.Module, cfg: ModelConfig, dtype: torch.dtype, progress: Any = None) -> HostExpertPool:
+        device = next(model.parameters()).device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.dim() == 1:
+                    param.fill_(1.0)
+                else:
+                    param.normal_(0.0, std, generator=gen)
+            pool = HostExpertPool.allocate(
+                cfg.moe_layers, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype
+            )
+            chunk = 16
+            banks = [bank for layer in pool.layers for bank in (pool.gate_up[layer], pool.down[layer])]
+            for done, bank in enumerate(banks, 1):
+                for start in range(0, bank.shape[0], chunk):
+                    part = bank[start : start + chunk]
+                    drawn = torch.empty(part.shape, dtype=torch.float32, device=device).normal_(
+                        0.0, std, generator=gen
+                    )
+                    part.copy_(drawn.to(dtype))
+                if progress is not None:
+                    progress(done, len(banks))
+        pool.mark_filled()
+        return pool
+
+    return fill

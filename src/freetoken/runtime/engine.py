@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from freetoken.errors import FreeTokenError
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
@@ -24,6 +25,7 @@ from freetoken.runtime.memory import plan_slots
 from freetoken.runtime.models import get_architecture
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
+from freetoken.runtime.moe.pool import HostExpertPool
 from freetoken.runtime.sampling import Sampler, SamplingParams
 from freetoken.runtime.sequence import GenerationStats, Sequence, TokenEvent
 from freetoken.runtime.stopping import StopStrings
@@ -48,8 +50,15 @@ class Request:
     finished: bool = False
 
 
+WeightSource = Callable[[nn.Module, ModelConfig, torch.dtype, "ProgressFn | None"], HostExpertPool]
+
+
 class Engine:
-    def __init__(self, config: EngineConfig, progress: ProgressFn | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, progress: ProgressFn | None = None, weights: WeightSource | None = None
+    ) -> None:
+        """Build once. `weights` fills the model and returns the expert pool; default: the folder's
+        safetensors (a benchmark can pass random weights made in memory)."""
         self.engine_config = config
         path = Path(config.model_path)
         if not path.is_dir():
@@ -57,23 +66,52 @@ class Engine:
         self.config: ModelConfig = load_model_config(path)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        moe = config.moe
-        self.backend = resolve_backend(moe, self.device, bool(self.config.moe_layers))
-        cpu_layers = parse_cpu_layers(moe.cpu_layers, self.config.moe_layers)
+        resolve_backend(
+            config.moe, self.device, bool(self.config.moe_layers)
+        )  # bad names fail before loading
         self.tokenizer = Tokenizer.from_dir(path)
         arch = get_architecture(self.config.architecture)
         with torch.device("meta"):
             model = arch.build_model(self.config).to(self.dtype)
         model.to_empty(device=self.device)
         model.tie_weights()
-        with SafetensorsCheckpoint(path) as ckpt:
-            self.pool = load_weights(model, self.config, ckpt, arch.expert_naming, self.dtype, progress)
+        if weights is None:
+            with SafetensorsCheckpoint(path) as ckpt:
+                self.pool = load_weights(model, self.config, ckpt, arch.expert_naming, self.dtype, progress)
+        else:
+            self.pool = weights(model, self.config, self.dtype, progress)
         if self.device.type == "cuda":
             self.pool.pin()
+        self.moe_counters = MoeCounters(self.config.moe_layers)
+        self.model = model
+        self.configure_moe(config.moe)
+        self.model.eval()
+        self.max_seq_len = min(
+            config.max_seq_len or self.config.max_position_embeddings, self.config.max_position_embeddings
+        )
+        self.stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
+        self._sequence: Sequence | None = None
+        self._queue: deque[Request] = deque()
+        self._next_id = 0
+
+    def configure_moe(self, moe: MoeConfig) -> None:
+        """(Re)build the expert executor for `moe`; the pool stays, so only speed changes.
+
+        Call between requests: the old executor's slots are released before the new ones are taken.
+        """
+        backend = resolve_backend(moe, self.device, bool(self.config.moe_layers))
+        cpu_layers = parse_cpu_layers(moe.cpu_layers, self.config.moe_layers)
+        old = getattr(self, "executor", None)
+        if old is not None:
+            old.close()
+            self.model.attach_executor(None)  # the blocks hold it too: let its device memory go
+            del old
+            self.executor = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
         if moe.cpu_threads:
             torch.set_num_threads(moe.cpu_threads)  # the host's compute budget, process-wide
-        self.moe_counters = MoeCounters(self.config.moe_layers)
-        self.num_slots = plan_slots(moe, self.backend, self.config, self.pool, self.device)
+        self.num_slots = plan_slots(moe, backend, self.config, self.pool, self.device)
         ctx = ExecutorContext(
             pool=self.pool,
             device=self.device,
@@ -83,16 +121,11 @@ class Engine:
             cpu_layers=cpu_layers,
             counters=self.moe_counters,
         )
-        self.executor = build_executor(self.backend, ctx)
-        model.attach_executor(self.executor)
-        self.model = model.eval()
-        self.max_seq_len = min(
-            config.max_seq_len or self.config.max_position_embeddings, self.config.max_position_embeddings
-        )
-        self.stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
-        self._sequence: Sequence | None = None
-        self._queue: deque[Request] = deque()
-        self._next_id = 0
+        self.moe = moe
+        self.backend = backend
+        self.executor = build_executor(backend, ctx)
+        self.model.attach_executor(self.executor)
+        self.moe_counters.reset()
 
     def close(self) -> None:
         """Stop the executor's worker threads."""

@@ -116,7 +116,7 @@ class Qwen3MoeForCausalLM(nn.Module):
     def moe_blocks(self) -> list[SparseMoeBlock]:
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, SparseMoeBlock)]
 
-    def attach_executor(self, executor: ExpertExecutor) -> None:
+    def attach_executor(self, executor: ExpertExecutor | None) -> None:
         for block in self.moe_blocks():
             block.executor = executor
 

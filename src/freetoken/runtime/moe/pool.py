@@ -85,6 +85,11 @@ class HostExpertPool:
             else:
                 mask[target.expert] = True
 
+    def mark_filled(self) -> None:
+        """Declare every expert written (for banks filled directly, not tensor by tensor)."""
+        for mask in self._filled.values():
+            mask.fill_(True)
+
     def missing(self) -> list[str]:
         """Describe every (layer, expert, part) never written, as '<layer>.<expert>.<part>'."""
         out = []
