@@ -1,6 +1,6 @@
 """Where one decode step's time goes: torch profiler tables (device and host) for a few decode steps.
 
-    python benchmarks/profile_decode.py --spec qwen3-30b-a3b --layers 4 --device cuda --backend fused
+python benchmarks/profile_decode.py --spec qwen3-30b-a3b --layers 4 --device cuda --backend fused
 """
 
 from __future__ import annotations
