@@ -48,3 +48,46 @@ def test_cuda_bf16_close_to_cpu_bf16(tiny_model: tuple[Path, Any], backend: str)
     cpu.forward(cpu_seq, PROMPT)
     for token in (3, 99, 250):
         assert rel_err(gpu.forward(seq, [token]), cpu.forward(cpu_seq, [token])) < 2e-2
+
+
+@pytest.mark.parametrize(
+    ("backend", "options"),
+    [
+        ("offload", {"cache_size": 2}),
+        ("offload", {"cache_size": 5, "cpu_layers": "2,"}),
+        ("cpu", {"cache_size": 4}),
+        ("hybrid", {"cache_size": 4, "pcie_gbps": 25.0, "host_gbps": 100.0}),
+    ],
+)
+def test_cached_backends_on_cuda_equal_fused(
+    tiny_model: tuple[Path, Any], backend: str, options: dict
+) -> None:
+    """Fills on the transfer stream, the CPU branch thread and the merge, against fused on the CPU."""
+    from freetoken.runtime.sampling import SamplingParams
+
+    ref = build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused")
+    gpu = build_engine(tiny_model[0], device="cuda", dtype="float32", moe_backend=backend, **options)
+    try:
+        params = SamplingParams(max_tokens=24, ignore_eos=True)
+        assert [e.token_id for e in gpu.generate(PROMPT, params)] == [
+            e.token_id for e in ref.generate(PROMPT, params)
+        ]
+        seq, ref_seq = gpu.new_sequence(), ref.new_sequence()
+        assert (
+            rel_err(gpu.forward(seq, PROMPT, all_logits=True), ref.forward(ref_seq, PROMPT, all_logits=True))
+            < 1e-4
+        )
+        for start in range(0, 12, 3):  # three tokens per step
+            chunk = [(17 * (start + i)) % 700 for i in range(3)]
+            assert (
+                rel_err(
+                    gpu.forward(seq, chunk, all_logits=True), ref.forward(ref_seq, chunk, all_logits=True)
+                )
+                < 1e-4
+            )
+        totals = gpu.moe_counters.totals()
+        assert totals["fills"] + totals["cpu"] == totals["misses"]
+        assert (gpu.executor.bank.table.cpu().numpy() == gpu.executor.cache.slot_of).all()
+        assert gpu.pool.gate_up[0].is_pinned()
+    finally:
+        gpu.close()
