@@ -7,6 +7,7 @@ Bank layout per MoE layer (the layout the offload cache copies from):
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -104,10 +105,23 @@ class HostExpertPool:
         pages and would hold the memory before the checkpoint is known to be whole.
         """
         cudart = torch.cuda.cudart()
+        registered: list[int] = []
         for bank in (self.gate_up, self.down):
             for layer, tensor in bank.items():
                 if tensor.is_pinned():
                     continue
                 code = cudart.cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
-                if int(code) != 0:  # registration refused (limits): fall back to a pinned copy
+                if int(code) == 0:
+                    registered.append(tensor.data_ptr())
+                else:  # registration refused (limits): fall back to a pinned copy
                     bank[layer] = tensor.pin_memory()
+        # Unregister before the banks are freed: a stale registration over reused addresses would let
+        # later copies DMA from pages that are no longer these. Weakref callbacks run before the pool's
+        # attributes are cleared, so the banks are still alive then.
+        weakref.finalize(self, _unregister, registered)
+
+
+def _unregister(pointers: list[int]) -> None:
+    cudart = torch.cuda.cudart()
+    for pointer in pointers:
+        cudart.cudaHostUnregister(pointer)
