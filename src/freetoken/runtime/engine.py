@@ -117,7 +117,6 @@ class Engine:
             device=self.device,
             moe=moe,
             num_slots=self.num_slots,
-            num_experts_per_tok=self.config.num_experts_per_tok,
             cpu_layers=cpu_layers,
             counters=self.moe_counters,
         )

@@ -32,7 +32,6 @@ class ExecutorContext:
     device: torch.device
     moe: MoeConfig
     num_slots: int
-    num_experts_per_tok: int
     cpu_layers: frozenset[int]
     counters: MoeCounters
 
