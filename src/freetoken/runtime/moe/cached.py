@@ -85,7 +85,10 @@ class CachedExecutor(ExpertExecutor):
             rows_np = np.flatnonzero(pair_on_cpu.any(axis=1))
             rows = torch.from_numpy(rows_np)
             cpu_ids = torch.from_numpy(np.where(pair_on_cpu, ids, -1)[rows_np])
-            partial = self.cpu.submit(layer, x, rows, cpu_ids, torch.from_numpy(weights[rows_np]))
+            alone = not hit.any() and not fetch.any()  # no GPU work to overlap: skip the thread hand-off
+            partial = self.cpu.submit(
+                layer, x, rows, cpu_ids, torch.from_numpy(weights[rows_np]), inline=alone
+            )
 
         # 2. Fills into the least recently demanded slots, on the transfer stream.
         evictions = 0

@@ -32,11 +32,18 @@ class CpuBranch:
         return self._x_host[:tokens], self._out_host[:tokens]
 
     def submit(
-        self, layer: int, x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+        self,
+        layer: int,
+        x: torch.Tensor,
+        rows: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        inline: bool = False,
     ) -> Future[torch.Tensor]:
         """Start computing x[rows] with experts `ids` [R, K] (host, -1 = not mine), `weights` [R, K] (host).
 
-        Returns a future of the partial sums [R, H] on the host (pinned when CUDA is present).
+        Returns a future of the partial sums [R, H] on the host (pinned when CUDA is present). `inline`
+        computes on the calling thread: for steps with nothing to overlap (no hits, no fills).
         """
         x_host, out_host = self._staging(len(rows))
         ready = None
@@ -55,6 +62,10 @@ class CpuBranch:
                 out_host.copy_(grouped_experts(x_host, ids, weights.to(self.pool.dtype), gate_up, down))
             return out_host
 
+        if inline:
+            done: Future[torch.Tensor] = Future()
+            done.set_result(run())
+            return done
         return self.worker.submit(run)
 
     def merge(self, out: torch.Tensor, rows: torch.Tensor, partial: Future[torch.Tensor]) -> torch.Tensor:
