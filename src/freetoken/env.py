@@ -19,3 +19,18 @@ def home_dir() -> Path:
 def models_dir() -> Path:
     """Where generated models (the demo) live."""
     return home_dir() / "models"
+
+
+def profiles_dir() -> Path:
+    """Where `bench bw` keeps bandwidth profiles, one file per machine key."""
+    return home_dir() / "profiles"
+
+
+def kernels_dir() -> Path:
+    """Where CPU kernels compiled at first use are cached."""
+    return home_dir() / "kernels"
+
+
+def cpu_kernel_choice() -> str:
+    """`FREETOKEN_CPU_KERNEL`: `auto` (compiled kernel, else torch) or `torch` (never compile)."""
+    return os.environ.get("FREETOKEN_CPU_KERNEL", "auto").lower()

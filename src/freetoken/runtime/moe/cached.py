@@ -31,7 +31,7 @@ class CachedExecutor(ExpertExecutor):
         pool = ctx.pool
         self.cache = SlotCache(pool.layers, pool.num_experts, ctx.num_slots)
         self.bank = SlotBank(pool, ctx.num_slots, ctx.device)
-        self.cpu = CpuBranch(pool, ctx.device)
+        self.cpu = CpuBranch(pool, ctx.device, ctx.moe.cpu_threads)
         gb = 1e9
         self.pcie_bw = ctx.moe.pcie_gbps * gb if ctx.moe.pcie_gbps else None
         self.host_bw = ctx.moe.host_gbps * gb if ctx.moe.host_gbps else None

@@ -11,14 +11,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from freetoken.runtime.moe.experts import grouped_experts
+from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts
 from freetoken.runtime.moe.pool import HostExpertPool
 
 
 class CpuBranch:
-    def __init__(self, pool: HostExpertPool, device: torch.device) -> None:
+    def __init__(self, pool: HostExpertPool, device: torch.device, threads: int | None = None) -> None:
         self.pool = pool
         self.device = device
+        self.threads = threads
         self.pinned = device.type == "cuda"
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freetoken-cpu-experts")
         self._x_host = torch.empty(0)
@@ -58,8 +59,8 @@ class CpuBranch:
         def run() -> torch.Tensor:
             if ready is not None:
                 ready.synchronize()
-            with torch.inference_mode():
-                out_host.copy_(grouped_experts(x_host, ids, weights.to(self.pool.dtype), gate_up, down))
+            with torch.inference_mode():  # the staging was made under it, on the caller's thread
+                out_host.copy_(cpu_experts(x_host, ids, weights, gate_up, down, self.threads))
             return out_host
 
         if inline:

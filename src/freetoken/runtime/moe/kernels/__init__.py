@@ -1,0 +1,1 @@
+"""CPU expert kernels compiled at first use (C + OpenMP, loaded with ctypes)."""

@@ -1,0 +1,93 @@
+"""CPU expert compute: the compiled bf16 kernel when it is there, the torch reference otherwise.
+
+Both take routing with -1 for pairs another branch computes, and return fp32 partial sums.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from freetoken.runtime.moe.experts import grouped_experts
+from freetoken.runtime.moe.kernels.loader import load_library
+
+
+def kernel_available() -> bool:
+    return load_library() is not None
+
+
+def cpu_experts(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up_bank: torch.Tensor,
+    down_bank: torch.Tensor,
+    threads: int | None = None,
+    use_kernel: bool = True,
+) -> torch.Tensor:
+    """x [T, H], ids [T, K] (int, -1 = skip), weights [T, K], banks [E, 2I, H] / [E, H, I] on the host.
+
+    -> [T, H] float32. The kernel needs bf16 banks; any other dtype takes the torch path.
+    """
+    lib = load_library() if use_kernel else None
+    if lib is None or gate_up_bank.dtype != torch.bfloat16 or not gate_up_bank.is_contiguous():
+        dtype = gate_up_bank.dtype
+        with torch.inference_mode():
+            return grouped_experts(x.to(dtype), ids, weights.to(dtype), gate_up_bank, down_bank).float()
+    hidden, inter = gate_up_bank.shape[2], down_bank.shape[2]
+    flat = ids.reshape(-1).numpy().astype(np.int64)
+    keep = np.flatnonzero(flat >= 0)
+    order = keep[np.argsort(flat[keep], kind="stable")]
+    experts, counts = np.unique(flat[order], return_counts=True)
+    k = ids.shape[1]
+    tok = np.ascontiguousarray(order // k, dtype=np.int32)
+    wts = np.ascontiguousarray(weights.reshape(-1).float().numpy()[order], dtype=np.float32)
+    offsets = np.zeros(len(experts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    gu_stride = gate_up_bank.stride(0) * 2
+    dn_stride = down_bank.stride(0) * 2
+    gu_ptrs = (ctypes.c_void_p * len(experts))(
+        *(gate_up_bank.data_ptr() + int(e) * gu_stride for e in experts)
+    )
+    dn_ptrs = (ctypes.c_void_p * len(experts))(*(down_bank.data_ptr() + int(e) * dn_stride for e in experts))
+    xf = x.float().contiguous()
+    act = torch.empty(max(len(tok), 1), inter, dtype=torch.float32)
+    out = torch.zeros(x.shape[0], hidden, dtype=torch.float32)
+    lib.ft_experts_bf16(
+        gu_ptrs,
+        dn_ptrs,
+        len(experts),
+        hidden,
+        inter,
+        xf.data_ptr(),
+        tok.ctypes.data,
+        wts.ctypes.data,
+        offsets.ctypes.data,
+        act.data_ptr(),
+        out.data_ptr(),
+        threads or torch.get_num_threads(),
+    )
+    return out
+
+
+def read_bandwidth(nbytes: int = 1 << 30, threads: int | None = None, reps: int = 5) -> float:
+    """Host read ceiling in bytes/s (STREAM-like sum over all cores); torch when the kernel is absent."""
+    import time
+
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)
+    lib = load_library()
+    threads = threads or torch.get_num_threads()
+    if lib is not None:
+        ptr = ctypes.cast(buf.data_ptr(), ctypes.POINTER(ctypes.c_float))
+        lib.ft_read_f32(ptr, buf.numel(), threads)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            lib.ft_read_f32(ptr, buf.numel(), threads)
+    else:
+        buf.sum()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            buf.sum()
+    return reps * buf.numel() * 4 / (time.perf_counter() - t0)

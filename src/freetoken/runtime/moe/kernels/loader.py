@@ -1,0 +1,81 @@
+"""Compile `experts_bf16.c` once per machine (cached under $FREETOKEN_HOME/kernels) and load it.
+
+Any failure — no compiler, no OpenMP, a refused flag — is one warning, and callers fall back to torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from functools import cache
+from pathlib import Path
+
+from freetoken.env import cpu_kernel_choice, kernels_dir
+
+SOURCE = Path(__file__).with_name("experts_bf16.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _build(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        cmd = [compiler, *FLAGS, str(SOURCE), "-o", str(out), "-lm"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            first = (proc.stderr.strip().splitlines() or ["unknown error"])[0]
+            raise RuntimeError(f"{' '.join(cmd)} failed: {first}")
+        out.replace(target)  # atomic: a concurrent first use sees the old file or the whole new one
+
+
+@cache
+def load_library() -> ctypes.CDLL | None:
+    """The compiled kernel library, or None (with one warning) when it cannot be had."""
+    if cpu_kernel_choice() == "torch":
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        warnings.warn("no C compiler found: CPU experts use the slower torch path", stacklevel=2)
+        return None
+    key = hashlib.sha256(
+        b"\0".join(
+            x.encode() for x in (SOURCE.read_text(), compiler, *FLAGS, platform.machine(), _cpu_model())
+        )
+    ).hexdigest()[:16]
+    target = kernels_dir() / f"experts_bf16-{key}.so"
+    try:
+        if not target.exists():
+            _build(compiler, target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        warnings.warn(f"CPU expert kernel unavailable ({exc}); using the slower torch path", stacklevel=2)
+        return None
+    vp, i32, f32p = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
+    lib.ft_experts_bf16.argtypes = [vp, vp, i32, i32, i32, vp, vp, vp, vp, vp, vp, i32]
+    lib.ft_experts_bf16.restype = None
+    lib.ft_read_f32.argtypes = [f32p, ctypes.c_long, i32]
+    lib.ft_read_f32.restype = ctypes.c_double
+    return lib

@@ -1,0 +1,84 @@
+"""The compiled CPU expert kernel against the torch reference, and its clean fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.runtime.moe.experts import grouped_experts
+from freetoken.runtime.moe.kernels import loader
+from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, kernel_available, read_bandwidth
+from oracle import rel_err
+
+
+def banks(e: int = 12, h: int = 256, i: int = 96, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(e, 2 * i, h, generator=gen) * 0.1).bfloat16()
+    down = (torch.randn(e, h, i, generator=gen) * 0.1).bfloat16()
+    return gate_up, down
+
+
+def routing(t: int, k: int, e: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, 256, generator=gen)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+    return x, ids, torch.rand(t, k, generator=gen)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_loader():
+    loader.load_library.cache_clear()
+    yield
+    loader.load_library.cache_clear()
+
+
+def test_kernel_compiles_here() -> None:
+    assert kernel_available(), "CI machines have a C compiler with OpenMP: the fast path must build"
+
+
+@pytest.mark.parametrize(("t", "k"), [(1, 8), (3, 4), (5, 2)])
+def test_kernel_equals_reference(t: int, k: int) -> None:
+    gate_up, down = banks()
+    x, ids, w = routing(t, k, 12, seed=t)
+    ids[0, 0] = -1  # a pair another branch computes
+    ref = grouped_experts(x, ids, w, gate_up.float(), down.float())  # fp32 math on the same bf16 weights
+    out = cpu_experts(x, ids, w, gate_up, down, threads=2)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_all_pairs_skipped_gives_zeros() -> None:
+    gate_up, down = banks()
+    x, ids, w = routing(2, 3, 12, seed=9)
+    out = cpu_experts(x, torch.full_like(ids, -1), w, gate_up, down)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_torch_path_when_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FREETOKEN_CPU_KERNEL", "torch")
+    assert not kernel_available()
+    gate_up, down = banks()
+    x, ids, w = routing(3, 4, 12, seed=3)
+    want = grouped_experts(x.bfloat16(), ids, w.bfloat16(), gate_up, down).float()
+    torch.testing.assert_close(cpu_experts(x, ids, w, gate_up, down), want)
+
+
+def test_missing_compiler_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loader, "_compiler", lambda: None)
+    with pytest.warns(UserWarning, match="no C compiler"):
+        assert loader.load_library() is None
+    gate_up, down = banks()
+    x, ids, w = routing(1, 8, 12, seed=1)
+    ref = grouped_experts(x, ids, w, gate_up.float(), down.float())
+    assert rel_err(cpu_experts(x, ids, w, gate_up, down), ref) < 2e-2  # the torch path computes in bf16
+
+
+def test_broken_build_warns(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("FREETOKEN_HOME", str(tmp_path))
+    monkeypatch.setattr(loader, "FLAGS", ("-fno-such-flag-anywhere",))
+    with pytest.warns(UserWarning, match="CPU expert kernel unavailable"):
+        assert loader.load_library() is None
+
+
+def test_read_bandwidth_is_positive() -> None:
+    assert read_bandwidth(8 << 20, threads=1, reps=2) > 1e8
