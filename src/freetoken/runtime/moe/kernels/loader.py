@@ -22,7 +22,7 @@ SOURCE = Path(__file__).with_name("experts_bf16.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -62,7 +62,7 @@ def load_library() -> ctypes.CDLL | None:
         return None
     key = hashlib.sha256(
         b"\0".join(
-            x.encode() for x in (SOURCE.read_text(), compiler, *FLAGS, platform.machine(), _cpu_model())
+            x.encode() for x in (SOURCE.read_text(), compiler, *FLAGS, platform.machine(), cpu_model())
         )
     ).hexdigest()[:16]
     target = kernels_dir() / f"experts_bf16-{key}.so"

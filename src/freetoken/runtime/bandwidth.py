@@ -1,0 +1,225 @@
+"""Measure B_P, B_H and their overlap on this machine, through the runtime's own code paths.
+
+B_P: expert fills from a pinned pool into device slots (SlotBank.fill, the transfer stream).
+B_H: the CPU expert kernel at batch 1 on real expert shapes (cpu_experts, the configured threads).
+Both at once: q fills and m − q CPU experts issued together, as hybrid does, for every q.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from freetoken.errors import FreeTokenError
+from freetoken.runtime.config import load_model_config
+from freetoken.runtime.moe.cpu_branch import CpuBranch
+from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, kernel_available, read_bandwidth
+from freetoken.runtime.moe.pool import HostExpertPool
+from freetoken.runtime.moe.slot_bank import SlotBank
+from freetoken.runtime.profile import BandwidthProfile, current_versions, this_machine
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    hidden: int
+    intermediate: int
+    top_k: int
+    num_experts: int
+
+    @property
+    def nbytes(self) -> int:  # bf16
+        return 3 * self.hidden * self.intermediate * 2
+
+
+PRESETS = {
+    "qwen3-30b-a3b": ExpertShape(2048, 768, 8, 128),
+    "qwen3-235b-a22b": ExpertShape(4096, 1536, 8, 128),
+    "qwen3.6-35b-a3b": ExpertShape(2048, 512, 8, 256),
+    "demo": ExpertShape(256, 128, 4, 32),
+}
+
+
+def shape_from_model(path: str) -> ExpertShape:
+    from pathlib import Path
+
+    folder = Path(path)
+    if folder.is_file():
+        folder = folder.parent
+    cfg = load_model_config(folder)
+    if not cfg.moe_layers:
+        raise FreeTokenError(f"{path}: the model has no MoE layers to measure")
+    return ExpertShape(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok, cfg.num_experts)
+
+
+def _timed(fn: Callable[[], object], reps: int, sync: Callable[[], None]) -> float:
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+class Bench:
+    """One measurement session over a bf16 expert pool larger than the last-level cache."""
+
+    def __init__(self, shape: ExpertShape, threads: int, bank_bytes: int = 1 << 30, reps: int = 5) -> None:
+        self.shape, self.threads, self.reps = shape, threads, reps
+        experts = int(max(2 * shape.top_k, min(shape.num_experts, bank_bytes // shape.nbytes)))
+        self.pool = HostExpertPool.allocate((0,), experts, shape.hidden, shape.intermediate, torch.bfloat16)
+        gen = torch.Generator().manual_seed(0)
+        for bank in (self.pool.gate_up[0], self.pool.down[0]):
+            bank.copy_(torch.randn(bank.shape, generator=gen).mul_(0.02))
+        self.pool.mark_filled()
+        self.cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda" if self.cuda else "cpu")
+        if self.cuda:
+            self.pool.pin()
+        self._rotation = 0
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def _experts(self, n: int) -> np.ndarray:
+        """n distinct experts, rotating through the pool so no call finds its weights in cache."""
+        start = self._rotation
+        self._rotation = (self._rotation + n) % self.pool.num_experts
+        return (start + np.arange(n)) % self.pool.num_experts
+
+    def cpu_step(self, n: int) -> None:
+        if n <= 0:
+            return
+        ids = torch.from_numpy(self._experts(n))[None]
+        x = torch.randn(1, self.shape.hidden)
+        w = torch.full((1, n), 1.0 / n)
+        cpu_experts(x, ids, w, self.pool.gate_up[0], self.pool.down[0], self.threads)
+
+    def host_bw(self) -> float:
+        k = self.shape.top_k
+        return k * self.shape.nbytes / _timed(lambda: self.cpu_step(k), self.reps, self.sync)
+
+    def fill_bw(self, bank: SlotBank) -> float:
+        k = self.shape.top_k
+
+        def fills() -> None:
+            for slot, expert in enumerate(self._experts(k)):
+                bank.fill(slot, 0, int(expert))
+
+        return k * self.shape.nbytes / _timed(fills, self.reps, self.sync)
+
+    def linear(self, nbytes: int = 256 << 20) -> tuple[float, float]:
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        h2d = nbytes / _timed(lambda: dev.copy_(host, non_blocking=True), self.reps, self.sync)
+        d2h = nbytes / _timed(lambda: host.copy_(dev, non_blocking=True), self.reps, self.sync)
+        return h2d, d2h
+
+    def overlap(self, bank: SlotBank) -> list[dict[str, float]]:
+        """Time one layer step of m = top_k misses with q fetched and m − q on the CPU, for every q."""
+        m = self.shape.top_k
+        rows = []
+        for q in range(m + 1):
+
+            def step(q: int = q) -> None:
+                for slot, expert in enumerate(self._experts(q)):
+                    bank.fill(slot, 0, int(expert))  # async on the transfer stream
+                self.cpu_step(m - q)  # meanwhile, on this thread
+
+            rows.append({"q": q, "seconds": _timed(step, self.reps, self.sync)})
+        return rows
+
+    def cpu_fixed_cost(self) -> float:
+        """One CPU-branch launch with no expert work: staging copies, the thread hand-off, the merge."""
+        branch = CpuBranch(self.pool, self.device, self.threads)
+        x = torch.randn(1, self.shape.hidden, dtype=torch.bfloat16, device=self.device)
+        rows = torch.zeros(1, dtype=torch.long)
+        ids = torch.full((1, 1), -1, dtype=torch.long)
+        w = torch.zeros(1, 1)
+
+        def launch() -> None:
+            with torch.inference_mode():
+                out = torch.zeros_like(x)
+                branch.merge(out, rows, branch.submit(0, x, rows, ids, w))
+
+        try:
+            return _timed(launch, 3 * self.reps, self.sync)
+        finally:
+            branch.close()
+
+
+def recommend(
+    b_p: float | None, b_h: float, fixed_s: float, overlap: list[dict[str, float]], shape: ExpertShape
+) -> tuple[str, float | None]:
+    """The backend with the cheapest layer step of top_k misses, and hybrid's best fetch fraction."""
+    if b_p is None:
+        return "cpu", None
+    m = shape.top_k
+    cost = {"offload": m * shape.nbytes / b_p, "cpu": m * shape.nbytes / b_h + fixed_s}
+    best_q = None
+    if overlap:
+        inner = [row for row in overlap if 0 < row["q"] < m]
+        if inner:
+            best = min(inner, key=lambda row: row["seconds"])
+            cost["hybrid"] = best["seconds"] + fixed_s
+            best_q = best["q"]
+        full = min(overlap, key=lambda row: row["seconds"])["q"]
+        fraction = full / m
+    else:
+        fraction = min(1.0, b_p / b_h)
+    choice = min(cost, key=cost.get)
+    if choice == "hybrid" and best_q is not None:
+        fraction = best_q / m
+    return choice, fraction
+
+
+def measure(shape: ExpertShape, threads: int | None = None, reps: int = 5) -> BandwidthProfile:
+    threads = threads or torch.get_num_threads()
+    machine = this_machine(threads)
+    bench = Bench(shape, threads, reps=reps)
+    host_read = read_bandwidth(threads=threads)
+    b_h = bench.host_bw()
+    b_p = h2d = d2h = None
+    overlap: list[dict[str, float]] = []
+    if bench.cuda:
+        bank = SlotBank(bench.pool, shape.top_k, bench.device)
+        b_p = bench.fill_bw(bank)
+        h2d, d2h = bench.linear()
+        overlap = bench.overlap(bank)
+    fixed = bench.cpu_fixed_cost()
+    backend, fraction = recommend(b_p, b_h, fixed, overlap, shape)
+    return BandwidthProfile(
+        machine_key=machine.key,
+        machine={
+            "gpu_name": machine.gpu_name,
+            "gpu_uuid": machine.gpu_uuid,
+            "cpu_model": machine.cpu_model,
+            "threads": machine.threads,
+        },
+        created=time.time(),
+        versions=current_versions(),
+        expert_shape={
+            "hidden": shape.hidden,
+            "intermediate": shape.intermediate,
+            "top_k": shape.top_k,
+            "bytes": shape.nbytes,
+        },
+        host_read=host_read,
+        b_h=b_h,
+        b_p=b_p,
+        h2d=h2d,
+        d2h=d2h,
+        cpu_fixed_s=fixed,
+        kernel="compiled" if kernel_available() else "torch",
+        overlap=overlap,
+        measured_fetch_fraction=fraction if overlap else None,
+        model_fetch_fraction=min(1.0, b_p / b_h) if b_p else None,
+        recommended_backend=backend,
+    )

@@ -1,0 +1,133 @@
+"""Bandwidth profiles: what `bench bw` measured on this machine, cached per machine key.
+
+The runtime reads the profile of this machine (never another's) for B_P, B_H and the recommended
+backend; flags override it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from freetoken import __version__
+from freetoken.env import profiles_dir
+from freetoken.errors import FreeTokenError
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MachineIdentity:
+    gpu_name: str | None
+    gpu_uuid: str | None
+    cpu_model: str
+    threads: int
+
+    @property
+    def key(self) -> str:
+        raw = "|".join(
+            str(v) for v in (self.gpu_uuid or self.gpu_name or "no-gpu", self.cpu_model, self.threads)
+        )
+        return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def this_machine(threads: int | None = None) -> MachineIdentity:
+    import torch
+
+    from freetoken.runtime.moe.kernels.loader import cpu_model
+
+    gpu_name = gpu_uuid = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        gpu_name = props.name
+        gpu_uuid = str(getattr(props, "uuid", "")) or None
+    return MachineIdentity(gpu_name, gpu_uuid, cpu_model(), threads or torch.get_num_threads())
+
+
+@dataclass(frozen=True)
+class BandwidthProfile:
+    machine_key: str
+    machine: dict[str, Any]
+    created: float  # unix time
+    versions: dict[str, str]
+    expert_shape: dict[str, int]  # hidden, intermediate, top_k, bytes
+    host_read: float  # bytes/s, STREAM-like read over all threads
+    b_h: float  # bytes/s, the runtime's CPU expert kernel at batch 1
+    b_p: float | None  # bytes/s, expert fills through the runtime's copy path; None without CUDA
+    h2d: float | None
+    d2h: float | None
+    cpu_fixed_s: float  # fixed cost of one CPU-branch launch (hand-off and copies), seconds
+    kernel: str  # "compiled" or "torch"
+    overlap: list[dict[str, float]] = field(default_factory=list)  # [{q, seconds}] both branches at once
+    measured_fetch_fraction: float | None = None  # best q/m from the overlapped runs
+    model_fetch_fraction: float | None = None  # min(1, B_P/B_H)
+    recommended_backend: str = "cpu"
+    version: int = PROFILE_VERSION
+
+    def age_s(self) -> float:
+        return time.time() - self.created
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def profile_path(key: str) -> Path:
+    return profiles_dir() / f"{key}.json"
+
+
+def save_profile(profile: BandwidthProfile, path: Path | None = None) -> Path:
+    path = path or profile_path(profile.machine_key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(profile.as_dict(), indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_profile(path: Path) -> BandwidthProfile:
+    try:
+        raw = json.loads(path.read_text())
+        if raw.get("version") != PROFILE_VERSION:
+            raise FreeTokenError(f"{path}: profile version {raw.get('version')}, expected {PROFILE_VERSION}")
+        return BandwidthProfile(**raw)
+    except (OSError, json.JSONDecodeError, TypeError) as exc:
+        raise FreeTokenError(f"{path}: not a readable bandwidth profile ({exc})") from None
+
+
+def load_profile(path: Path | None = None, machine: MachineIdentity | None = None) -> BandwidthProfile | None:
+    """This machine's profile, or None. A profile measured elsewhere is ignored with a warning."""
+    machine = machine or this_machine()
+    path = path or profile_path(machine.key)
+    if not path.exists():
+        return None
+    try:
+        profile = read_profile(path)
+    except FreeTokenError as exc:
+        warnings.warn(f"ignoring bandwidth profile: {exc}", stacklevel=2)
+        return None
+    if profile.machine_key != machine.key:
+        warnings.warn(
+            f"ignoring bandwidth profile {path}: measured on another machine "
+            f"({profile.machine.get('gpu_name') or 'no GPU'}, {profile.machine.get('cpu_model')}, "
+            f"{profile.machine.get('threads')} threads); run `freetoken bench bw` here",
+            stacklevel=2,
+        )
+        return None
+    return profile
+
+
+def current_versions() -> dict[str, str]:
+    import torch
+
+    return {
+        "freetoken": __version__,
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "python": platform.python_version(),
+    }
