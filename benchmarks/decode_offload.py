@@ -14,98 +14,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from freetoken.runtime.config import EngineConfig, MoeConfig
-from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC, random_weights, write_random_model
+from freetoken.runtime.bandwidth import Bench, ExpertShape
+from freetoken.runtime.config import MoeConfig
+from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC
 from freetoken.runtime.engine import Engine
-from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.slot_bank import SlotBank
+from freetoken.runtime.synthetic import decode_steps, synthetic_engine, uniform_routing
 
 
-def measure_pcie(engine: Engine, experts: int = 64) -> float:
-    """Bytes/s of expert fills from the pinned pool into device slots (the runtime's copy path)."""
-    pool = engine.pool
-    bank = SlotBank(pool, experts, engine.device)
-    layers = pool.layers
-    for slot in range(experts):  # warm
-        bank.fill(slot, layers[slot % len(layers)], slot % pool.num_experts)
-    sync(engine)
-    t0 = time.perf_counter()
-    for rep in range(3):
-        for slot in range(experts):
-            bank.fill(slot, layers[(slot + rep) % len(layers)], (7 * slot + rep) % pool.num_experts)
-    sync(engine)
-    seconds = time.perf_counter() - t0
-    del bank
-    return 3 * experts * pool.expert_nbytes / seconds
-
-
-def measure_host(engine: Engine, top_k: int, reps: int = 20) -> float:
-    """Bytes/s of the CPU expert path at batch 1: top-k experts of one layer, weights read from the pool."""
-    pool = engine.pool
-    x = torch.randn(1, pool.hidden_size, dtype=pool.dtype)
-    w = torch.full((1, top_k), 1.0 / top_k, dtype=pool.dtype)
-    layers = pool.layers
-    seconds = 0.0
-    with torch.inference_mode():
-        for rep in range(reps + 2):
-            ids = torch.randperm(pool.num_experts)[:top_k][None]
-            layer = layers[rep % len(layers)]
-            t0 = time.perf_counter()
-            grouped_experts(x, ids, w, pool.gate_up[layer], pool.down[layer])
-            if rep >= 2:
-                seconds += time.perf_counter() - t0
-    return reps * top_k * pool.expert_nbytes / seconds
-
-
-def uniform_routing(engine: Engine, seed: int = 0) -> None:
-    """Replace every router with uniformly random top-k choices (no locality: an LRU's worst case).
-
-    Random-weight models route very unevenly in deep layers (their hidden states align), which would
-    flatter the cache; real locality is what routing traces measure.
-    """
-    gen = torch.Generator(device=engine.device).manual_seed(seed)
-    top_k = engine.config.num_experts_per_tok
-    for block in engine.model.moe_blocks():
-
-        def route(x: torch.Tensor, block=block) -> tuple[torch.Tensor, torch.Tensor]:
-            scores = torch.rand(x.shape[0], block.gate.out_features, device=x.device, generator=gen)
-            weights, ids = scores.topk(top_k, dim=-1)
-            return ids, (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
-
-        block.route = route
-
-
-def sync(engine: Engine) -> None:
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
+def bandwidths(engine: Engine, threads: int) -> tuple[float | None, float]:
+    """B_P and B_H through the runtime's paths (the same measurement as `freetoken bench bw`)."""
+    cfg = engine.config
+    shape = ExpertShape(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok, cfg.num_experts)
+    bench = Bench(shape, threads)
+    b_h = bench.host_bw()
+    b_p = bench.fill_bw(SlotBank(bench.pool, shape.top_k, bench.device)) if bench.cuda else None
+    return b_p, b_h
 
 
 def decode(engine: Engine, warm: int, tokens: int) -> dict[str, float]:
-    """Decode steps fed a fixed pseudo-random token stream (the same for every backend; greedy output of
-    random weights repeats itself and would flatter the cache): `warm` steps, then `tokens` measured."""
-    stream = torch.randint(
-        0, engine.config.vocab_size, (warm + tokens,), generator=torch.Generator().manual_seed(0)
-    )
-    seq = engine.new_sequence()
-    engine.forward(seq, list(range(100, 116)))
-    for token in stream[:warm].tolist():
-        engine.forward(seq, [token])
-    engine.moe_counters.reset()
-    sync(engine)
-    t0 = time.perf_counter()
-    for token in stream[warm:].tolist():
-        int(engine.forward(seq, [token])[-1].argmax())  # the sampler's read-back, as in real decoding
-    sync(engine)
-    step = (time.perf_counter() - t0) / tokens
+    step = decode_steps(engine, warm, tokens)
     c = engine.moe_counters
     per_token = c.per_token()
     q = c.by_layer["fills"] / max(c.steps, 1)  # fetched experts per layer step
@@ -144,18 +79,13 @@ def main() -> None:
     base = DEMO_SPEC if args.small else QWEN3_30B_A3B_SPEC
     spec = replace(base, num_layers=args.layers or base.num_layers)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="ft-offload-") as tmp:
-        folder = write_random_model(Path(tmp) / "m", spec, with_weights=False)
-        dtype = "bfloat16" if args.device == "cuda" else "float32"
-        config = EngineConfig(folder, args.device, dtype, MoeConfig("cpu", cache_size=0))
-        engine = Engine(config, weights=random_weights())
+    engine = synthetic_engine(spec, args.device, MoeConfig("cpu", cache_size=0), dtype="bfloat16")
     build_s = time.perf_counter() - t0
     if args.routing == "uniform":
         uniform_routing(engine)
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
-    top_k = engine.config.num_experts_per_tok
-    b_p, b_h = measure_pcie(engine), measure_host(engine, top_k)
+    b_p, b_h = bandwidths(engine, torch.get_num_threads())
     size = engine.pool.expert_nbytes
     rows = []
     gpu_ms = None
@@ -163,7 +93,9 @@ def main() -> None:
         if backend == "fused":
             moe = MoeConfig("fused")
         else:
-            moe = MoeConfig(backend, cache_ratio=args.ratio, pcie_gbps=b_p / 1e9, host_gbps=b_h / 1e9)
+            moe = MoeConfig(
+                backend, cache_ratio=args.ratio, pcie_gbps=b_p / 1e9 if b_p else None, host_gbps=b_h / 1e9
+            )
         engine.configure_moe(moe)
         result = decode(engine, args.warm, args.tokens)
         if backend == "fused":
@@ -186,9 +118,9 @@ def main() -> None:
         "pool_GiB": engine.pool.nbytes / 2**30,
         "expert_MiB": size / 2**20,
         "build_s": build_s,
-        "B_P_GBps": b_p / 1e9,
+        "B_P_GBps": (b_p or 0.0) / 1e9,
         "B_H_GBps": b_h / 1e9,
-        "q_over_m_model": min(1.0, b_p / b_h),
+        "q_over_m_model": min(1.0, (b_p or 0.0) / b_h),
         "gpu_ms": gpu_ms,
         "threads": torch.get_num_threads(),
         "rows": rows,

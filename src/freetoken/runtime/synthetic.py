@@ -1,0 +1,85 @@
+"""Synthetic engines for measurements: random weights in memory, optionally uniform routing.
+
+Used by `bench bw --validate` and the decode benchmarks; nothing here is on the serving path.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from freetoken.runtime.config import EngineConfig, MoeConfig
+from freetoken.runtime.demo import DEMO_SPEC, RandomModelSpec, random_weights, write_random_model
+from freetoken.runtime.engine import Engine
+
+
+def synthetic_engine(spec: RandomModelSpec, device: str, moe: MoeConfig, dtype: str = "auto") -> Engine:
+    """An engine over `spec` with random weights drawn in memory (only config and tokenizer touch disk)."""
+    with tempfile.TemporaryDirectory(prefix="freetoken-synthetic-") as tmp:
+        folder = write_random_model(Path(tmp) / "model", spec, with_weights=False)
+        return Engine(EngineConfig(folder, device, dtype, moe), weights=random_weights())
+
+
+def spec_for_experts(
+    hidden: int, intermediate: int, top_k: int, num_experts: int, layers: int
+) -> RandomModelSpec:
+    """A small model whose experts have the given shape (attention sized to match the hidden size)."""
+    heads = max(1, hidden // 128)
+    return replace(
+        DEMO_SPEC,
+        num_layers=layers,
+        hidden_size=hidden,
+        intermediate_size=4 * intermediate,
+        num_heads=heads,
+        num_kv_heads=max(1, heads // 8),
+        head_dim=128 if hidden >= 128 else hidden,
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=intermediate,
+    )
+
+
+def uniform_routing(engine: Engine, seed: int = 0) -> None:
+    """Replace every router with uniformly random top-k choices: no locality, an LRU's worst case.
+
+    Random-weight models route very unevenly in deep layers (their hidden states align), which would
+    flatter the cache; real locality is what routing traces measure.
+    """
+    gen = torch.Generator(device=engine.device).manual_seed(seed)
+    top_k = engine.config.num_experts_per_tok
+    for block in engine.model.moe_blocks():
+
+        def route(x: torch.Tensor, block=block) -> tuple[torch.Tensor, torch.Tensor]:
+            scores = torch.rand(x.shape[0], block.gate.out_features, device=x.device, generator=gen)
+            weights, ids = scores.topk(top_k, dim=-1)
+            return ids, (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+
+        block.route = route
+
+
+def sync(engine: Engine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+
+
+def decode_steps(engine: Engine, warm: int, tokens: int, seed: int = 0) -> float:
+    """Seconds per decode step over a fixed pseudo-random token stream (the same for every backend):
+    `warm` steps to settle the cache, then `tokens` measured. Expert counters cover the measured ones."""
+    stream = torch.randint(
+        0, engine.config.vocab_size, (warm + tokens,), generator=torch.Generator().manual_seed(seed)
+    )
+    seq = engine.new_sequence()
+    engine.forward(seq, list(range(16)))
+    for token in stream[:warm].tolist():
+        engine.forward(seq, [token])
+    engine.moe_counters.reset()
+    sync(engine)
+    t0 = time.perf_counter()
+    for token in stream[warm:].tolist():
+        int(engine.forward(seq, [token])[-1].argmax())  # the sampler's read-back, as in real decoding
+    sync(engine)
+    return (time.perf_counter() - t0) / tokens
