@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from freetoken import __version__
+from freetoken.cli.bench import bench_app
 from freetoken.cli.run import run
 
 app = typer.Typer(
@@ -19,6 +20,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command("run")(run)
+app.add_typer(bench_app, name="bench")
 
 
 def _version(value: bool) -> None:

@@ -76,6 +76,9 @@ def run(
     moe_cpu_threads: CpuThreadsOpt = None,
     moe_pcie_gbps: PcieOpt = None,
     moe_host_gbps: HostOpt = None,
+    no_reprofile: Annotated[
+        bool, typer.Option("--no-reprofile", help="Do not re-measure B_P and B_H while running.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Generate text with a model: one answer for --prompt, or chat interactively."""
@@ -92,6 +95,7 @@ def run(
         cpu_threads=moe_cpu_threads,
         pcie_gbps=moe_pcie_gbps,
         host_gbps=moe_host_gbps,
+        reprofile=not no_reprofile,
     )
     opts = RunOptions(
         model=model,

@@ -87,8 +87,10 @@ class MoeConfig:
     cpu_layers: str | None = None  # "3,7,11" ids, "4" the first four MoE layers, "0.25" a fraction
     hybrid_max_fetch: int | None = None
     cpu_threads: int | None = None
-    pcie_gbps: float | None = None  # B_P, until a measured profile exists
-    host_gbps: float | None = None  # B_H
+    pcie_gbps: float | None = None  # B_P; None: from this machine's bandwidth profile, if any
+    host_gbps: float | None = None  # B_H; likewise
+    reprofile: bool = True  # probe B_P and B_H at safe points while running
+    reprofile_interval_s: float = 30.0
 
     def __post_init__(self) -> None:
         checks = (
@@ -99,6 +101,7 @@ class MoeConfig:
             ("--moe-cpu-threads", self.cpu_threads, lambda v: v >= 1),
             ("--moe-pcie-gbps", self.pcie_gbps, lambda v: v > 0),
             ("--moe-host-gbps", self.host_gbps, lambda v: v > 0),
+            ("reprofile interval", self.reprofile_interval_s, lambda v: v >= 0),
         )
         for flag, value, ok in checks:
             if value is not None and not ok(value):

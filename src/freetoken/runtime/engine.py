@@ -26,6 +26,7 @@ from freetoken.runtime.models import get_architecture
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
 from freetoken.runtime.moe.pool import HostExpertPool
+from freetoken.runtime.profile import load_profile, with_profile
 from freetoken.runtime.sampling import Sampler, SamplingParams
 from freetoken.runtime.sequence import GenerationStats, Sequence, TokenEvent
 from freetoken.runtime.stopping import StopStrings
@@ -84,6 +85,8 @@ class Engine:
             self.pool.pin()
         self.moe_counters = MoeCounters(self.config.moe_layers)
         self.model = model
+        self.profile = load_profile() if self.config.moe_layers else None  # warns about a foreign one
+        self._last_probe = time.monotonic()
         self.configure_moe(config.moe)
         self.model.eval()
         self.max_seq_len = min(
@@ -99,7 +102,10 @@ class Engine:
 
         Call between requests: the old executor's slots are released before the new ones are taken.
         """
-        backend = resolve_backend(moe, self.device, bool(self.config.moe_layers))
+        profile = self.profile
+        moe = with_profile(moe, profile)
+        recommended = profile.recommended_backend if profile is not None else None
+        backend = resolve_backend(moe, self.device, bool(self.config.moe_layers), recommended)
         cpu_layers = parse_cpu_layers(moe.cpu_layers, self.config.moe_layers)
         old = getattr(self, "executor", None)
         if old is not None:
@@ -117,6 +123,7 @@ class Engine:
             device=self.device,
             moe=moe,
             num_slots=self.num_slots,
+            num_experts_per_tok=self.config.num_experts_per_tok,
             cpu_layers=cpu_layers,
             counters=self.moe_counters,
         )
@@ -190,7 +197,17 @@ class Engine:
         event = self._prefill(request) if request.next_token is None else self._decode(request)
         if event.finished:
             self._queue.popleft()
+        self._maybe_probe()
         return [event]
+
+    def _maybe_probe(self) -> None:
+        """A safe point (between steps): refresh B_P and B_H now and then, so q* follows contention."""
+        if not self.moe.reprofile:
+            return
+        now = time.monotonic()
+        if now - self._last_probe >= self.moe.reprofile_interval_s:
+            self.executor.probe()
+            self._last_probe = time.monotonic()
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[TokenEvent]:
         """Run one request to completion, yielding its tokens as they come; the last event has stats."""

@@ -11,13 +11,14 @@ import json
 import platform
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from freetoken import __version__
 from freetoken.env import profiles_dir
 from freetoken.errors import FreeTokenError
+from freetoken.runtime.config import MoeConfig
 
 PROFILE_VERSION = 1
 
@@ -131,3 +132,12 @@ def current_versions() -> dict[str, str]:
         "cuda": str(torch.version.cuda),
         "python": platform.python_version(),
     }
+
+
+def with_profile(moe: MoeConfig, profile: BandwidthProfile | None) -> MoeConfig:
+    """Fill the bandwidths the user did not give from the profile; flags always win."""
+    if profile is None:
+        return moe
+    pcie = moe.pcie_gbps if moe.pcie_gbps is not None else (profile.b_p / 1e9 if profile.b_p else None)
+    host = moe.host_gbps if moe.host_gbps is not None else profile.b_h / 1e9
+    return replace(moe, pcie_gbps=pcie, host_gbps=host)

@@ -12,12 +12,15 @@ experts compute after the fills land; partial sums are added (an exact merge: ea
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
 from freetoken.runtime.moe.cpu_branch import CpuBranch
 from freetoken.runtime.moe.executor import ExecutorContext, ExpertExecutor
 from freetoken.runtime.moe.experts import GATHER_MAX_PAIRS, routed_experts
+from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts
 from freetoken.runtime.moe.policy import choose_fetches, fetch_count
 from freetoken.runtime.moe.slot_bank import SlotBank
 from freetoken.runtime.moe.slot_cache import EMPTY, SlotCache
@@ -30,11 +33,12 @@ class CachedExecutor(ExpertExecutor):
         super().__init__(ctx)
         pool = ctx.pool
         self.cache = SlotCache(pool.layers, pool.num_experts, ctx.num_slots)
-        self.bank = SlotBank(pool, ctx.num_slots, ctx.device)
+        self.bank = SlotBank(pool, ctx.num_slots + 1, ctx.device)  # the last slot is the probes' own
         self.cpu = CpuBranch(pool, ctx.device, ctx.moe.cpu_threads)
         gb = 1e9
         self.pcie_bw = ctx.moe.pcie_gbps * gb if ctx.moe.pcie_gbps else None
         self.host_bw = ctx.moe.host_gbps * gb if ctx.moe.host_gbps else None
+        self.probes = 0
         if warm:
             self._warm_up()
 
@@ -144,8 +148,39 @@ class CachedExecutor(ExpertExecutor):
             slot_ids = slot_ids.cpu()  # grouping happens on the host anyway
         return routed_experts(x, slot_ids, topk_weights, self.bank.gate_up, self.bank.down)
 
+    def probe(self) -> None:
+        """One layer step's worth of experts on each path, folded into B_H and B_P (moving averages)."""
+        pool, k = self.pool, min(self.ctx.num_experts_per_tok, self.pool.num_experts)
+        rng = np.random.default_rng(self.probes)
+        layer = int(rng.choice(pool.layers))
+        experts = rng.choice(pool.num_experts, size=k, replace=False)
+        x = torch.randn(1, pool.hidden_size)
+        t0 = time.perf_counter()
+        cpu_experts(
+            x,
+            torch.from_numpy(experts)[None],
+            torch.full((1, k), 1.0 / k),
+            pool.gate_up[layer],
+            pool.down[layer],
+            self.ctx.moe.cpu_threads,
+        )
+        self.host_bw = _smooth(self.host_bw, k * pool.expert_nbytes / (time.perf_counter() - t0))
+        if self.bank.stream is not None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(self.bank.stream)
+            for expert in experts.tolist():
+                self.bank.fill(self.cache.num_slots, layer, expert)
+            end.record(self.bank.stream)
+            end.synchronize()
+            self.pcie_bw = _smooth(self.pcie_bw, k * pool.expert_nbytes / (start.elapsed_time(end) / 1e3))
+        self.probes += 1
+
     def close(self) -> None:
         self.cpu.close()
+
+
+def _smooth(old: float | None, new: float, weight: float = 0.2) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
 
 
 class OffloadExecutor(CachedExecutor):

@@ -32,6 +32,7 @@ class ExecutorContext:
     device: torch.device
     moe: MoeConfig
     num_slots: int
+    num_experts_per_tok: int
     cpu_layers: frozenset[int]
     counters: MoeCounters
 
@@ -53,13 +54,18 @@ class ExpertExecutor(ABC):
     ) -> torch.Tensor:
         """x [T, H] on the compute device, topk_ids/topk_weights [T, K] -> [T, H] on the compute device."""
 
+    def probe(self) -> None:  # noqa: B027 - only executors that split misses use bandwidths
+        """Re-measure B_P and B_H cheaply (one expert each) and fold them into the running estimates."""
+
     def close(self) -> None:  # noqa: B027 - most executors own no threads
         """Release worker threads; the executor is not used afterwards."""
 
 
-def resolve_backend(moe: MoeConfig, device: torch.device, has_moe_layers: bool) -> str:
-    """`auto`: no MoE layers -> fused; no CUDA -> cpu; else offload, or hybrid when the bandwidths
-    given say the CPU can take part (B_H > B_P)."""
+def resolve_backend(
+    moe: MoeConfig, device: torch.device, has_moe_layers: bool, recommended: str | None = None
+) -> str:
+    """`auto`: no MoE layers -> fused; no CUDA -> cpu; else this machine's measured recommendation
+    (`bench bw`), else offload, or hybrid when the bandwidths given say the CPU can take part."""
     name = moe.backend
     if name not in BACKEND_CHOICES:
         raise FreeTokenError(f"unknown MoE backend {name!r}; choose one of: {', '.join(BACKEND_CHOICES)}")
@@ -69,6 +75,8 @@ def resolve_backend(moe: MoeConfig, device: torch.device, has_moe_layers: bool) 
         return "fused"
     if device.type != "cuda":
         return "cpu"
+    if recommended in CACHED_BACKENDS:
+        return recommended
     if moe.pcie_gbps and moe.host_gbps and moe.host_gbps > moe.pcie_gbps:
         return "hybrid"
     return "offload"

@@ -1,0 +1,137 @@
+"""`freetoken bench bw` on a CPU-only machine, and how the runtime uses (or refuses) a profile."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from freetoken.cli.app import app
+from freetoken.runtime.config import MoeConfig
+from freetoken.runtime.engine import build_engine
+from freetoken.runtime.moe.executor import resolve_backend
+from freetoken.runtime.profile import load_profile, profile_path, read_profile, save_profile, this_machine
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FREETOKEN_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def bench(*args: str) -> Any:
+    return runner.invoke(app, ["bench", "bw", "--preset", "demo", "--reps", "1", *args])
+
+
+def test_cpu_only_profile_is_written_and_valid(home: Path) -> None:
+    result = bench("--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    path = Path(doc["profile"])
+    assert path == profile_path(this_machine().key) and path.parent == home / "profiles"
+    profile = read_profile(path)
+    assert profile.b_p is None and profile.h2d is None and profile.overlap == []
+    assert profile.b_h > 0 and profile.host_read > 0 and profile.cpu_fixed_s > 0
+    assert profile.recommended_backend == "cpu"
+    assert profile.versions["torch"] == torch.__version__
+    assert profile.kernel == "compiled"
+
+
+def test_max_age_skips_a_fresh_profile(home: Path) -> None:
+    assert bench("--quiet").exit_code == 0
+    first = read_profile(profile_path(this_machine().key)).created
+    result = bench("--max-age", "1h", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["skipped"] is True
+    assert read_profile(profile_path(this_machine().key)).created == first
+    result = bench("--max-age", "0", "--quiet")
+    assert result.exit_code == 0 and result.stdout == ""
+    assert read_profile(profile_path(this_machine().key)).created > first
+
+
+def test_validate_on_cpu(home: Path) -> None:
+    result = bench("--validate", "--json")
+    assert result.exit_code == 0, result.output
+    validation = json.loads(result.stdout)["validation"]
+    assert validation["fastest"] == "cpu" and validation["agrees"] and validation["tok_s"]["cpu"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--preset", "nope"], "unknown --preset 'nope'"), (["--max-age", "soon"], "--max-age 'soon'")],
+)
+def test_bad_arguments(home: Path, args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["bench", "bw", *args])
+    assert result.exit_code == 1 and message in result.stderr
+
+
+def _profile_here(home: Path, **changes: Any):
+    assert bench("--quiet").exit_code == 0
+    path = profile_path(this_machine().key)
+    profile = replace(read_profile(path), **changes)
+    save_profile(profile, path)
+    return profile
+
+
+def test_foreign_and_broken_profiles_are_ignored_with_a_warning(home: Path) -> None:
+    _profile_here(home, machine_key="0123456789abcdef")
+    with pytest.warns(UserWarning, match="measured on another machine"):
+        assert load_profile() is None
+    profile_path(this_machine().key).write_text("{broken")
+    with pytest.warns(UserWarning, match="not a readable bandwidth profile"):
+        assert load_profile() is None
+
+
+def test_runtime_takes_bandwidths_from_the_profile_and_flags_win(
+    home: Path, tiny_model: tuple[Path, Any]
+) -> None:
+    profile = _profile_here(home, b_p=20e9, b_h=80e9, recommended_backend="hybrid")
+    engine = build_engine(
+        tiny_model[0], device="cpu", dtype="float32", moe_backend="hybrid", cache_size=4, reprofile=False
+    )
+    assert engine.profile == profile
+    assert engine.executor.pcie_bw == pytest.approx(20e9) and engine.executor.host_bw == pytest.approx(80e9)
+    engine.configure_moe(MoeConfig("hybrid", cache_size=4, host_gbps=50.0, reprofile=False))
+    assert engine.executor.host_bw == pytest.approx(50e9) and engine.executor.pcie_bw == pytest.approx(20e9)
+    engine.close()
+
+
+def test_auto_follows_the_recommendation_only_with_cuda() -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_backend(MoeConfig(), cuda, True, "hybrid") == "hybrid"
+    assert resolve_backend(MoeConfig(), cuda, True, None) == "offload"
+    assert resolve_backend(MoeConfig(), cpu, True, "hybrid") == "cpu"
+    assert resolve_backend(MoeConfig("offload"), cuda, True, "hybrid") == "offload"  # an explicit choice wins
+    assert resolve_backend(MoeConfig(), cuda, False, "hybrid") == "fused"
+
+
+@pytest.mark.parametrize("reprofile", [True, False])
+def test_online_reprofiling_at_safe_points(home: Path, tiny_model: tuple[Path, Any], reprofile: bool) -> None:
+    from freetoken.runtime.sampling import SamplingParams
+
+    engine = build_engine(
+        tiny_model[0],
+        device="cpu",
+        dtype="float32",
+        moe_backend="hybrid",
+        cache_size=4,
+        pcie_gbps=1e-3,
+        host_gbps=1e-3,
+        reprofile=reprofile,
+        reprofile_interval_s=0.0,
+    )
+    before = engine.executor.host_bw
+    list(engine.generate([5, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True)))
+    if reprofile:
+        assert engine.executor.probes == 6  # one per step
+        assert engine.executor.host_bw > 10 * before  # the measurements pull the absurd start up
+        assert engine.executor.pcie_bw == pytest.approx(1e6)  # no device link to probe on a cpu device
+    else:
+        assert engine.executor.probes == 0 and engine.executor.host_bw == before
+    engine.close()
