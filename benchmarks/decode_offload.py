@@ -26,6 +26,7 @@ from freetoken.runtime.config import MoeConfig
 from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.moe.slot_bank import SlotBank
+from freetoken.runtime.profile import load_profile
 from freetoken.runtime.synthetic import decode_steps, synthetic_engine, uniform_routing
 
 
@@ -85,7 +86,11 @@ def main() -> None:
         uniform_routing(engine)
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
-    b_p, b_h = bandwidths(engine, torch.get_num_threads())
+    profile = load_profile()
+    if profile is not None:  # what `freetoken bench bw` measured here, its measured split included
+        b_p, b_h, correction = profile.b_p, profile.b_h, profile.fetch_correction()
+    else:
+        (b_p, b_h), correction = bandwidths(engine, torch.get_num_threads()), 1.0
     size = engine.pool.expert_nbytes
     rows = []
     gpu_ms = None
@@ -94,7 +99,12 @@ def main() -> None:
             moe = MoeConfig("fused")
         else:
             moe = MoeConfig(
-                backend, cache_ratio=args.ratio, pcie_gbps=b_p / 1e9 if b_p else None, host_gbps=b_h / 1e9
+                backend,
+                cache_ratio=args.ratio,
+                pcie_gbps=b_p / 1e9 if b_p else None,
+                host_gbps=b_h / 1e9,
+                fetch_correction=correction,
+                reprofile=False,
             )
         engine.configure_moe(moe)
         result = decode(engine, args.warm, args.tokens)
@@ -120,6 +130,8 @@ def main() -> None:
         "build_s": build_s,
         "B_P_GBps": (b_p or 0.0) / 1e9,
         "B_H_GBps": b_h / 1e9,
+        "fetch_correction": correction,
+        "from_profile": profile is not None,
         "q_over_m_model": min(1.0, (b_p or 0.0) / b_h),
         "gpu_ms": gpu_ms,
         "threads": torch.get_num_threads(),

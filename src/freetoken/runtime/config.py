@@ -89,6 +89,7 @@ class MoeConfig:
     cpu_threads: int | None = None
     pcie_gbps: float | None = None  # B_P; None: from this machine's bandwidth profile, if any
     host_gbps: float | None = None  # B_H; likewise
+    fetch_correction: float = 1.0  # measured best q/m over B_P/B_H (from the profile)
     reprofile: bool = True  # probe B_P and B_H at safe points while running
     reprofile_interval_s: float = 30.0
 
@@ -102,6 +103,7 @@ class MoeConfig:
             ("--moe-pcie-gbps", self.pcie_gbps, lambda v: v > 0),
             ("--moe-host-gbps", self.host_gbps, lambda v: v > 0),
             ("reprofile interval", self.reprofile_interval_s, lambda v: v >= 0),
+            ("fetch correction", self.fetch_correction, lambda v: v > 0),
         )
         for flag, value, ok in checks:
             if value is not None and not ok(value):

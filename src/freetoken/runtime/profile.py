@@ -71,6 +71,15 @@ class BandwidthProfile:
     recommended_backend: str = "cpu"
     version: int = PROFILE_VERSION
 
+    def fetch_correction(self) -> float:
+        """Measured best q/m over the linear model's B_P/B_H (1 when nothing was measured)."""
+        if not self.measured_fetch_fraction or not self.model_fetch_fraction:
+            return 1.0
+        return (
+            max(self.measured_fetch_fraction, 1.0 / (2 * self.expert_shape["top_k"]))
+            / self.model_fetch_fraction
+        )
+
     def age_s(self) -> float:
         return time.time() - self.created
 
@@ -135,9 +144,13 @@ def current_versions() -> dict[str, str]:
 
 
 def with_profile(moe: MoeConfig, profile: BandwidthProfile | None) -> MoeConfig:
-    """Fill the bandwidths the user did not give from the profile; flags always win."""
+    """Fill the bandwidths the user did not give from the profile; flags always win. With both taken from
+    the profile, its measured split corrects the linear model too."""
     if profile is None:
         return moe
     pcie = moe.pcie_gbps if moe.pcie_gbps is not None else (profile.b_p / 1e9 if profile.b_p else None)
     host = moe.host_gbps if moe.host_gbps is not None else profile.b_h / 1e9
-    return replace(moe, pcie_gbps=pcie, host_gbps=host)
+    correction = moe.fetch_correction
+    if moe.pcie_gbps is None and moe.host_gbps is None:
+        correction = profile.fetch_correction()
+    return replace(moe, pcie_gbps=pcie, host_gbps=host, fetch_correction=correction)

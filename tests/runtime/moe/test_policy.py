@@ -36,3 +36,11 @@ def test_choose_prefers_tokens_then_weight() -> None:
     assert misses[choose_fetches(misses, tokens, weights, 1)].tolist() == [13]
     assert misses[choose_fetches(misses, tokens, weights, 3)].tolist() == [10, 11, 13]
     assert not choose_fetches(misses, tokens, weights, 0).any()
+
+
+def test_measured_correction_moves_q() -> None:
+    # bench bw measured q/m = 0.625 where the linear model said 0.934: the correction brings q to 5 of 8
+    assert fetch_count(8, 52.4e9, 56.0e9) == 7
+    assert fetch_count(8, 52.4e9, 56.0e9, correction=0.625 / 0.934) == 5
+    assert fetch_count(8, 60e9, 50e9, correction=0.5) == 5  # even with B_H <= B_P the measurement wins
+    assert fetch_count(8, 1e9, 100e9, correction=0.5) == 1  # still at least one fill

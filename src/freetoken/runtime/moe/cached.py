@@ -60,7 +60,8 @@ class CachedExecutor(ExpertExecutor):
             return 0
         if self.mode == "offload":
             return misses
-        return fetch_count(misses, self.pcie_bw, self.host_bw, self.ctx.moe.hybrid_max_fetch)
+        moe = self.ctx.moe
+        return fetch_count(misses, self.pcie_bw, self.host_bw, moe.hybrid_max_fetch, moe.fetch_correction)
 
     def forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor

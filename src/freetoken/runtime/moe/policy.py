@@ -11,17 +11,27 @@ import numpy as np
 
 
 def fetch_count(
-    misses: int, pcie_bw: float | None, host_bw: float | None, max_fetch: int | None = None
+    misses: int,
+    pcie_bw: float | None,
+    host_bw: float | None,
+    max_fetch: int | None = None,
+    correction: float = 1.0,
 ) -> int:
-    """q = clamp(round(m·B_P/B_H), 1, min(m, max_fetch)); no misses -> 0; unknown B_P -> 0 (all CPU)."""
+    """q = clamp(round(m·c·B_P/B_H), 1, min(m, max_fetch)); no misses -> 0; unknown B_P -> 0 (all CPU).
+
+    c corrects the linear model by what `bench bw` measured with both branches running (measured best
+    q/m over B_P/B_H at profiling time; 1 without a profile), so the measured split wins while the
+    bandwidths, re-probed online, still move q with contention. B_H <= B_P with c = 1: fetch all.
+    """
     if misses <= 0:
         return 0
     cap = misses if max_fetch is None else max(1, min(misses, max_fetch))
     if pcie_bw is None or pcie_bw <= 0:
         return 0
-    if host_bw is None or host_bw <= pcie_bw:
+    if host_bw is None:
         return cap
-    return int(min(max(round(misses * pcie_bw / host_bw), 1), cap))
+    fraction = min(1.0, correction * pcie_bw / host_bw)
+    return int(min(max(round(misses * fraction), 1), cap))
 
 
 def choose_fetches(

@@ -19,8 +19,12 @@ static inline float bf16_to_f32(uint16_t v) {
 
 // Independent accumulators: 4 vectors of 8 hide the FMA latency; more spill registers (measured: 16
 // lanes 24 GB/s, 32 lanes 29 GB/s, 64 lanes 17 GB/s on one core).
+#ifndef LANES
 #define LANES 32
+#endif
+#ifndef DOWN_BLOCK
 #define DOWN_BLOCK 32  // rows of `down` per work item
+#endif
 
 static inline float dot_bf16(const uint16_t *restrict w, const float *restrict x, int n) {
     float acc[LANES] = {0};
