@@ -122,19 +122,32 @@ class Bench:
         d2h = nbytes / _timed(lambda: host.copy_(dev, non_blocking=True), self.reps, self.sync)
         return h2d, d2h
 
-    def overlap(self, bank: SlotBank) -> list[dict[str, float]]:
-        """Time one layer step of m = top_k misses with q fetched and m − q on the CPU, for every q."""
-        m = self.shape.top_k
-        rows = []
-        for q in range(m + 1):
+    def overlap(self, bank: SlotBank, misses: int) -> list[dict[str, float]]:
+        """One layer step of `misses` misses as hybrid runs it, for every q: q fills on the transfer
+        stream, the other m − q through the CPU branch (its thread, staging copies and merge)."""
+        branch = CpuBranch(self.pool, self.device, self.threads)
+        x = torch.randn(1, self.shape.hidden, dtype=torch.bfloat16, device=self.device)
+        rows = torch.zeros(1, dtype=torch.long)
+        rows_out = []
+        try:
+            for q in range(misses + 1):
 
-            def step(q: int = q) -> None:
-                for slot, expert in enumerate(self._experts(q)):
-                    bank.fill(slot, 0, int(expert))  # async on the transfer stream
-                self.cpu_step(m - q)  # meanwhile, on this thread
+                def step(q: int = q) -> None:
+                    cpu_ids = torch.from_numpy(self._experts(misses - q))[None]
+                    partial = None
+                    if misses - q:
+                        w = torch.full((1, misses - q), 1.0 / misses)
+                        partial = branch.submit(0, x, rows, cpu_ids, w)  # launched first, as hybrid does
+                    for slot, expert in enumerate(self._experts(q)):
+                        bank.fill(slot, 0, int(expert))
+                    if partial is not None:
+                        with torch.inference_mode():
+                            branch.merge(torch.zeros_like(x), rows, partial)
 
-            rows.append({"q": q, "seconds": _timed(step, self.reps, self.sync)})
-        return rows
+                rows_out.append({"q": q, "seconds": _timed(step, self.reps, self.sync)})
+        finally:
+            branch.close()
+        return rows_out
 
     def cpu_fixed_cost(self) -> float:
         """One CPU-branch launch with no expert work: staging copies, the thread hand-off, the merge."""
@@ -155,32 +168,20 @@ class Bench:
             branch.close()
 
 
-def recommend(
-    b_p: float | None, b_h: float, fixed_s: float, overlap: list[dict[str, float]], shape: ExpertShape
-) -> tuple[str, float | None]:
-    """The backend with the cheapest layer step of top_k misses, and hybrid's best fetch fraction."""
-    if b_p is None:
+def recommend(overlap: list[dict[str, float]], misses: int) -> tuple[str, float | None]:
+    """The cheapest way to run a layer step of `misses` misses, from the measured overlap rows:
+    q = m is offload, q = 0 is cpu, anything between is hybrid. Without a GPU: cpu."""
+    if not overlap:
         return "cpu", None
-    m = shape.top_k
-    cost = {"offload": m * shape.nbytes / b_p, "cpu": m * shape.nbytes / b_h + fixed_s}
-    best_q = None
-    if overlap:
-        inner = [row for row in overlap if 0 < row["q"] < m]
-        if inner:
-            best = min(inner, key=lambda row: row["seconds"])
-            cost["hybrid"] = best["seconds"] + fixed_s
-            best_q = best["q"]
-        full = min(overlap, key=lambda row: row["seconds"])["q"]
-        fraction = full / m
-    else:
-        fraction = min(1.0, b_p / b_h)
-    choice = min(cost, key=cost.get)
-    if choice == "hybrid" and best_q is not None:
-        fraction = best_q / m
-    return choice, fraction
+    best = min(overlap, key=lambda row: row["seconds"])
+    backend = "offload" if best["q"] == misses else "cpu" if best["q"] == 0 else "hybrid"
+    return backend, best["q"] / misses
 
 
-def measure(shape: ExpertShape, threads: int | None = None, reps: int = 5) -> BandwidthProfile:
+def measure(
+    shape: ExpertShape, threads: int | None = None, reps: int = 5, miss_rate: float = 0.63
+) -> BandwidthProfile:
+    """`miss_rate`: the share of a layer's top-k expected to miss (0.63 ≈ a cache of 37% of the pool)."""
     threads = threads or torch.get_num_threads()
     machine = this_machine(threads)
     bench = Bench(shape, threads, reps=reps)
@@ -188,13 +189,14 @@ def measure(shape: ExpertShape, threads: int | None = None, reps: int = 5) -> Ba
     b_h = bench.host_bw()
     b_p = h2d = d2h = None
     overlap: list[dict[str, float]] = []
+    misses = max(1, round(shape.top_k * miss_rate))
     if bench.cuda:
         bank = SlotBank(bench.pool, shape.top_k, bench.device)
         b_p = bench.fill_bw(bank)
         h2d, d2h = bench.linear()
-        overlap = bench.overlap(bank)
+        overlap = bench.overlap(bank, misses)
     fixed = bench.cpu_fixed_cost()
-    backend, fraction = recommend(b_p, b_h, fixed, overlap, shape)
+    backend, fraction = recommend(overlap, misses)
     return BandwidthProfile(
         machine_key=machine.key,
         machine={
@@ -210,6 +212,7 @@ def measure(shape: ExpertShape, threads: int | None = None, reps: int = 5) -> Ba
             "intermediate": shape.intermediate,
             "top_k": shape.top_k,
             "bytes": shape.nbytes,
+            "overlap_misses": misses,
         },
         host_read=host_read,
         b_h=b_h,

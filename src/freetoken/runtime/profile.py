@@ -65,7 +65,8 @@ class BandwidthProfile:
     d2h: float | None
     cpu_fixed_s: float  # fixed cost of one CPU-branch launch (hand-off and copies), seconds
     kernel: str  # "compiled" or "torch"
-    overlap: list[dict[str, float]] = field(default_factory=list)  # [{q, seconds}] both branches at once
+    overlap: list[dict[str, float]] = field(default_factory=list)  # [{q, seconds}]: one layer step of m
+    # misses (expert_shape.overlap_misses), q fetched and m − q through the CPU branch, at once
     measured_fetch_fraction: float | None = None  # best q/m from the overlapped runs
     model_fetch_fraction: float | None = None  # min(1, B_P/B_H)
     recommended_backend: str = "cpu"

@@ -44,3 +44,15 @@ def test_measured_correction_moves_q() -> None:
     assert fetch_count(8, 52.4e9, 56.0e9, correction=0.625 / 0.934) == 5
     assert fetch_count(8, 60e9, 50e9, correction=0.5) == 5  # even with B_H <= B_P the measurement wins
     assert fetch_count(8, 1e9, 100e9, correction=0.5) == 1  # still at least one fill
+
+
+def test_recommendation_is_the_fastest_measured_split() -> None:
+    from freetoken.runtime.bandwidth import recommend
+
+    rows = [{"q": q, "seconds": s} for q, s in enumerate([1.2, 1.1, 0.9, 1.0, 1.3, 1.4])]
+    assert recommend(rows, 5) == ("hybrid", 0.4)
+    rows[5]["seconds"] = 0.5
+    assert recommend(rows, 5) == ("offload", 1.0)
+    rows[0]["seconds"] = 0.4
+    assert recommend(rows, 5) == ("cpu", 0.0)
+    assert recommend([], 5) == ("cpu", None)

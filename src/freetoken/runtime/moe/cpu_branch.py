@@ -28,8 +28,8 @@ class CpuBranch:
     def _staging(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._x_host.shape[0] < tokens:
             shape = (max(tokens, 2 * self._x_host.shape[0], 8), self.pool.hidden_size)
-            self._x_host = torch.empty(shape, dtype=self.pool.dtype, pin_memory=self.pinned)
-            self._out_host = torch.empty(shape, dtype=self.pool.dtype, pin_memory=self.pinned)
+            self._x_host = torch.empty(shape, dtype=torch.float32, pin_memory=self.pinned)
+            self._out_host = torch.empty(shape, dtype=torch.float32, pin_memory=self.pinned)
         return self._x_host[:tokens], self._out_host[:tokens]
 
     def submit(
@@ -43,24 +43,18 @@ class CpuBranch:
     ) -> Future[torch.Tensor]:
         """Start computing x[rows] with experts `ids` [R, K] (host, -1 = not mine), `weights` [R, K] (host).
 
-        Returns a future of the partial sums [R, H] on the host (pinned when CUDA is present). `inline`
-        computes on the calling thread: for steps with nothing to overlap (no hits, no fills).
+        Returns a future of the fp32 partial sums [R, H] on the host (pinned when CUDA is present).
+        `inline` computes on the calling thread: for steps with nothing to overlap (no hits, no fills).
         """
         x_host, out_host = self._staging(len(rows))
-        ready = None
-        if self.pinned:
-            x_host.copy_(x[rows.to(x.device)], non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        else:
-            x_host.copy_(x[rows])
+        # A plain copy: the compute stream has just been read back (routing), so it waits for nothing,
+        # and the worker then needs no CUDA call at all.
+        x_host.copy_(x if len(rows) == x.shape[0] else x.index_select(0, rows.to(x.device)))
         gate_up, down = self.pool.gate_up[layer], self.pool.down[layer]
 
         def run() -> torch.Tensor:
-            if ready is not None:
-                ready.synchronize()
             with torch.inference_mode():  # the staging was made under it, on the caller's thread
-                out_host.copy_(cpu_experts(x_host, ids, weights, gate_up, down, self.threads))
+                cpu_experts(x_host, ids, weights, gate_up, down, self.threads, out=out_host)
             return out_host
 
         if inline:
@@ -71,8 +65,10 @@ class CpuBranch:
 
     def merge(self, out: torch.Tensor, rows: torch.Tensor, partial: Future[torch.Tensor]) -> torch.Tensor:
         """out [T, H] += the CPU partial sums at `rows`."""
-        result = partial.result().to(out.device, non_blocking=True)
-        return out.index_add(0, rows.to(out.device), result.to(out.dtype))
+        result = partial.result().to(out.device, non_blocking=True).to(out.dtype)
+        if len(rows) == out.shape[0]:
+            return out + result
+        return out.index_add(0, rows.to(out.device), result)
 
     def close(self) -> None:
         self.worker.shutdown(wait=True)

@@ -26,16 +26,19 @@ def cpu_experts(
     down_bank: torch.Tensor,
     threads: int | None = None,
     use_kernel: bool = True,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [T, H], ids [T, K] (int, -1 = skip), weights [T, K], banks [E, 2I, H] / [E, H, I] on the host.
 
-    -> [T, H] float32. The kernel needs bf16 banks; any other dtype takes the torch path.
+    -> [T, H] float32 (written into `out` when given). The kernel needs bf16 banks; any other dtype
+    takes the torch path.
     """
     lib = load_library() if use_kernel else None
     if lib is None or gate_up_bank.dtype != torch.bfloat16 or not gate_up_bank.is_contiguous():
         dtype = gate_up_bank.dtype
         with torch.inference_mode():
-            return grouped_experts(x.to(dtype), ids, weights.to(dtype), gate_up_bank, down_bank).float()
+            result = grouped_experts(x.to(dtype), ids, weights.to(dtype), gate_up_bank, down_bank).float()
+        return result if out is None else out.copy_(result)
     hidden, inter = gate_up_bank.shape[2], down_bank.shape[2]
     flat = ids.reshape(-1).numpy().astype(np.int64)
     keep = np.flatnonzero(flat >= 0)
@@ -54,7 +57,10 @@ def cpu_experts(
     dn_ptrs = (ctypes.c_void_p * len(experts))(*(down_bank.data_ptr() + int(e) * dn_stride for e in experts))
     xf = x.float().contiguous()
     act = torch.empty(max(len(tok), 1), inter, dtype=torch.float32)
-    out = torch.zeros(x.shape[0], hidden, dtype=torch.float32)
+    if out is None:
+        out = torch.zeros(x.shape[0], hidden, dtype=torch.float32)
+    else:
+        out.zero_()
     lib.ft_experts_bf16(
         gu_ptrs,
         dn_ptrs,
