@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from freetoken.runtime.bandwidth import PRESETS, Bench
 from freetoken.runtime.moe.kernels.cpu_experts import read_bandwidth
 from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCE, _compiler
 
@@ -95,11 +96,19 @@ def main() -> None:
         for lanes, block in VARIANTS:
             bw = time_variant(build(Path(tmp), lanes, block), gu, dn, args.threads)
             rows.append({"lanes": lanes, "down_block": block, "GBps": bw / 1e9, "of_read": bw / read})
-    doc = {"threads": args.threads, "host_read_GBps": read / 1e9, "variants": rows}
+    # The same kernel through the runtime's wrapper, on a pool that is pinned when CUDA is present
+    # (bench bw's B_H): the gap to the rows above is what the wrapper and the pool's pages cost.
+    bench = Bench(PRESETS["qwen3-30b-a3b"], args.threads)
+    runtime = {"pinned": bench.cuda, "GBps": bench.host_bw() / 1e9}
+    if bench.cuda:  # and on an unpinned copy of the same experts
+        plain = Bench(PRESETS["qwen3-30b-a3b"], args.threads, pin=False)
+        runtime["unpinned_GBps"] = plain.host_bw() / 1e9
+    doc = {"threads": args.threads, "host_read_GBps": read / 1e9, "variants": rows, "runtime_path": runtime}
     if args.json:
         print(json.dumps(doc, indent=2))
         return
     print(f"host read {read / 1e9:.1f} GB/s, {args.threads} threads")
+    print(f"runtime path: {runtime}")
     for r in rows:
         print(
             f"lanes {r['lanes']:3d}  down block {r['down_block']:4d}  {r['GBps']:6.1f} GB/s  "

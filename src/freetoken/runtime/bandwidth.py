@@ -70,7 +70,9 @@ def _timed(fn: Callable[[], object], reps: int, sync: Callable[[], None]) -> flo
 class Bench:
     """One measurement session over a bf16 expert pool larger than the last-level cache."""
 
-    def __init__(self, shape: ExpertShape, threads: int, bank_bytes: int = 1 << 30, reps: int = 5) -> None:
+    def __init__(
+        self, shape: ExpertShape, threads: int, bank_bytes: int = 1 << 30, reps: int = 5, pin: bool = True
+    ) -> None:
         self.shape, self.threads, self.reps = shape, threads, reps
         experts = int(max(2 * shape.top_k, min(shape.num_experts, bank_bytes // shape.nbytes)))
         self.pool = HostExpertPool.allocate((0,), experts, shape.hidden, shape.intermediate, torch.bfloat16)
@@ -80,7 +82,7 @@ class Bench:
         self.pool.mark_filled()
         self.cuda = torch.cuda.is_available()
         self.device = torch.device("cuda" if self.cuda else "cpu")
-        if self.cuda:
+        if self.cuda and pin:
             self.pool.pin()
         self._rotation = 0
 
