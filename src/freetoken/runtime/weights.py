@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from freetoken.errors import FreeTokenError
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
-from freetoken.formats.tensor_names import ExpertNaming
+from freetoken.formats.tensor_names import ExpertNaming, ExpertTensor
 from freetoken.runtime.config import ModelConfig
-from freetoken.runtime.moe.pool import HostExpertPool
+from freetoken.runtime.moe.pool import HostExpertPool, expert_tensor_shape
 
 ProgressFn = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -21,32 +22,31 @@ def _listing(names: list[str], limit: int = 5) -> str:
     return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-def load_weights(
-    model: nn.Module,
-    cfg: ModelConfig,
-    ckpt: SafetensorsCheckpoint,
-    naming: ExpertNaming,
-    dtype: torch.dtype,
-    progress: ProgressFn | None = None,
-) -> HostExpertPool:
-    """Fill `model`'s parameters (already materialised on their device) and return the filled pool.
+@dataclass
+class CheckpointPlan:
+    """Where every checkpoint tensor goes, checked against the headers before anything is read."""
 
-    Every name and shape is checked against the checkpoint headers before any tensor is read.
-    """
+    dense: list[tuple[str, torch.Tensor]]  # (checkpoint name, the parameter it fills)
+    experts: dict[int, list[tuple[str, ExpertTensor]]]  # layer -> (checkpoint name, pool target)
+
+
+def plan_checkpoint(
+    model: nn.Module, cfg: ModelConfig, ckpt: SafetensorsCheckpoint, naming: ExpertNaming
+) -> CheckpointPlan:
     where = ckpt.model_dir
     params = dict(model.named_parameters())  # tied weights appear once
-    pool = HostExpertPool.allocate(
-        cfg.moe_layers, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype
-    )
-    plan: list[tuple[str, object]] = []
+    moe_layers = set(cfg.moe_layers)
+    plan = CheckpointPlan([], {layer: [] for layer in cfg.moe_layers})
     unexpected: list[str] = []
     for name in ckpt.names():
         target = naming.classify(name)
         if target is not None:
-            if target.layer not in pool.gate_up:
+            if target.layer not in moe_layers:
                 unexpected.append(name)
                 continue
-            expected = pool.expected_shape(target)
+            expected = expert_tensor_shape(
+                target, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+            )
         elif name in params:
             expected = tuple(params[name].shape)
         elif name == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -58,28 +58,62 @@ def load_weights(
             raise FreeTokenError(
                 f"{where}: tensor {name} has shape {list(ckpt.shape(name))}, expected {list(expected)}"
             )
-        plan.append((name, target if target is not None else params[name]))
+        if target is not None:
+            plan.experts[target.layer].append((name, target))
+        else:
+            plan.dense.append((name, params[name]))
     if unexpected:
         raise FreeTokenError(f"{where}: unexpected tensors: {_listing(unexpected)}")
-    planned = {name for name, _ in plan}
+    planned = {name for name, _ in plan.dense}
     missing = [name for name in params if name not in planned]
     if missing:
         raise FreeTokenError(f"{where}: missing tensors: {_listing(missing)}")
+    return plan
 
-    total = sum(ckpt.nbytes(name) for name, _ in plan)
-    done = 0
-    with torch.no_grad():
-        for name, dest in plan:
-            tensor = ckpt.read(name)
-            if isinstance(dest, torch.Tensor):
-                dest.copy_(tensor)
-            else:
-                pool.write(dest, name, tensor)
-            del tensor
-            done += ckpt.nbytes(name)
-            if progress is not None:
-                progress(done, total)
+
+def fill_experts(
+    pool: HostExpertPool, ckpt: SafetensorsCheckpoint, items: list[tuple[str, ExpertTensor]]
+) -> int:
+    """Copy expert tensors into the pool's banks; returns the checkpoint bytes read."""
+    read = 0
+    for name, target in items:
+        tensor = ckpt.read(name)
+        pool.write(target, name, tensor)
+        read += ckpt.nbytes(name)
+        del tensor
+    return read
+
+
+def check_filled(pool: HostExpertPool, where: object) -> None:
     absent = pool.missing()
     if absent:
         raise FreeTokenError(f"{where}: missing expert tensors: {_listing(absent)}")
+
+
+def load_weights(
+    model: nn.Module,
+    cfg: ModelConfig,
+    ckpt: SafetensorsCheckpoint,
+    naming: ExpertNaming,
+    dtype: torch.dtype,
+    progress: ProgressFn | None = None,
+) -> HostExpertPool:
+    """Fill `model`'s parameters (already materialised on their device) and return the filled pool."""
+    plan = plan_checkpoint(model, cfg, ckpt, naming)
+    pool = HostExpertPool.allocate(
+        cfg.moe_layers, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype
+    )
+    names = [name for name, _ in plan.dense] + [name for items in plan.experts.values() for name, _ in items]
+    total, done = sum(ckpt.nbytes(name) for name in names), 0
+    with torch.no_grad():
+        for name, param in plan.dense:
+            param.copy_(ckpt.read(name))
+            done += ckpt.nbytes(name)
+            if progress is not None:
+                progress(done, total)
+        for items in plan.experts.values():
+            done += fill_experts(pool, ckpt, items)
+            if progress is not None:
+                progress(done, total)
+    check_filled(pool, ckpt.model_dir)
     return pool

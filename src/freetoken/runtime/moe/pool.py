@@ -16,6 +16,13 @@ from freetoken.errors import FreeTokenError
 from freetoken.formats.tensor_names import ExpertTensor
 
 
+def expert_tensor_shape(target: ExpertTensor, e: int, h: int, i: int) -> tuple[int, ...]:
+    """The shape a checkpoint tensor for `target` must have: one expert's part, or a fused bank."""
+    per_expert = {"gate": (i, h), "up": (i, h), "down": (h, i)}
+    fused = {"gate_up": (e, 2 * i, h), "down": (e, h, i)}
+    return per_expert[target.part] if target.expert is not None else fused[target.part]
+
+
 @dataclass
 class HostExpertPool:
     layers: tuple[int, ...]
@@ -36,11 +43,14 @@ class HostExpertPool:
         intermediate_size: int,
         dtype: torch.dtype,
     ) -> HostExpertPool:
+        """Banks start on 4096-byte boundaries, so direct I/O can read straight into them."""
+        from freetoken.formats.ftw import aligned_empty
+
         pool = cls(layers, num_experts, hidden_size, intermediate_size, dtype)
         e, h, i = num_experts, hidden_size, intermediate_size
         for layer in layers:
-            pool.gate_up[layer] = torch.empty(e, 2 * i, h, dtype=dtype)
-            pool.down[layer] = torch.empty(e, h, i, dtype=dtype)
+            pool.gate_up[layer] = aligned_empty((e, 2 * i, h), dtype)
+            pool.down[layer] = aligned_empty((e, h, i), dtype)
             for part in ("gate", "up", "down"):
                 pool._filled[(layer, part)] = torch.zeros(e, dtype=torch.bool)
         return pool
@@ -54,10 +64,7 @@ class HostExpertPool:
         return 3 * self.hidden_size * self.intermediate_size * torch.empty(0, dtype=self.dtype).element_size()
 
     def expected_shape(self, target: ExpertTensor) -> tuple[int, ...]:
-        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
-        per_expert = {"gate": (i, h), "up": (i, h), "down": (h, i)}
-        fused = {"gate_up": (e, 2 * i, h), "down": (e, h, i)}
-        return per_expert[target.part] if target.expert is not None else fused[target.part]
+        return expert_tensor_shape(target, self.num_experts, self.hidden_size, self.intermediate_size)
 
     def _destination(self, target: ExpertTensor) -> torch.Tensor:
         i = self.intermediate_size

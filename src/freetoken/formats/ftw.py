@@ -1,0 +1,103 @@
+"""FTW, FreeToken's fast-load layout: tensors 4096-aligned in flat shards, experts pre-merged per layer.
+
+Folder: `ftw.json` (the manifest), `config.json` and the tokenizer files, `data-XXXXX-of-YYYYY.ftw`.
+Manifest tensors: {name, kind ("dense" | "gate_up" | "down"), layer, dtype, shape, shard, offset,
+nbytes, crc32}; expert banks are the pool's own layout (gate_up [E, 2I, H], down [E, H, I]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from freetoken.errors import FreeTokenError
+
+MANIFEST = "ftw.json"
+FORMAT = "freetoken-ftw"
+VERSION = 1
+ALIGNMENT = 4096
+SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    kind: str  # "dense", "gate_up" or "down"
+    layer: int | None
+    dtype: str
+    shape: tuple[int, ...]
+    shard: int
+    offset: int
+    nbytes: int
+    crc32: int
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> TensorEntry:
+        return cls(
+            raw["name"],
+            raw["kind"],
+            raw.get("layer"),
+            raw["dtype"],
+            tuple(raw["shape"]),
+            raw["shard"],
+            raw["offset"],
+            raw["nbytes"],
+            raw["crc32"],
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "layer": self.layer,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "shard": self.shard,
+            "offset": self.offset,
+            "nbytes": self.nbytes,
+            "crc32": self.crc32,
+        }
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+def shard_name(index: int, count: int) -> str:
+    return f"data-{index + 1:05d}-of-{count:05d}.ftw"
+
+
+def is_ftw(folder: Path) -> bool:
+    return (Path(folder) / MANIFEST).is_file()
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: torch.dtype, alignment: int = ALIGNMENT) -> torch.Tensor:
+    """A host tensor whose data starts on an `alignment` boundary (what direct I/O needs)."""
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    raw = torch.empty(nbytes + alignment, dtype=torch.uint8)
+    start = (-raw.data_ptr()) % alignment
+    return raw[start : start + nbytes].view(dtype).view(shape)
+
+
+def check_manifest(raw: dict[str, Any], path: Path) -> None:
+    if raw.get("format") != FORMAT:
+        raise FreeTokenError(f"{path}: not an FTW manifest (format {raw.get('format')!r})")
+    if raw.get("version") != VERSION:
+        raise FreeTokenError(f"{path}: FTW version {raw.get('version')}, this FreeToken reads {VERSION}")
+    for key in ("shards", "tensors", "dtype", "alignment"):
+        if key not in raw:
+            raise FreeTokenError(f"{path}: manifest lacks {key!r}")
