@@ -8,6 +8,7 @@ import typer
 
 from freetoken import __version__
 from freetoken.cli.bench import bench_app
+from freetoken.cli.convert import convert
 from freetoken.cli.run import run
 
 app = typer.Typer(
@@ -20,6 +21,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command("run")(run)
+app.command("convert")(convert)
 app.add_typer(bench_app, name="bench")
 
 

@@ -76,6 +76,9 @@ def run(
     moe_cpu_threads: CpuThreadsOpt = None,
     moe_pcie_gbps: PcieOpt = None,
     moe_host_gbps: HostOpt = None,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Check every checksum of an FTW model while loading.")
+    ] = False,
     no_reprofile: Annotated[
         bool, typer.Option("--no-reprofile", help="Do not re-measure B_P and B_H while running.")
     ] = False,
@@ -110,6 +113,7 @@ def run(
         device=device,
         dtype=dtype,
         moe=moe,
+        verify=verify,
         as_json=as_json,
     )
     if prompt is None and stdin_is_terminal() and not as_json:

@@ -34,6 +34,7 @@ class RunOptions:
     device: str
     dtype: str
     moe: MoeConfig
+    verify: bool
     as_json: bool
 
 
@@ -65,7 +66,7 @@ def load_engine(opts: RunOptions) -> Engine:
         disable=opts.as_json or not err.is_terminal,
     ) as bar:
         task = bar.add_task("loading weights", total=None)
-        config = EngineConfig(path, opts.device, opts.dtype, opts.moe)
+        config = EngineConfig(path, opts.device, opts.dtype, opts.moe, verify=opts.verify)
         engine = Engine(config, progress=lambda done, total: bar.update(task, completed=done, total=total))
     if not opts.as_json:
         if is_random_model(path):

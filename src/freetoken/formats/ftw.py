@@ -26,6 +26,7 @@ SIDE_FILES = (
     "tokenizer_config.json",
     "chat_template.jinja",
     "special_tokens_map.json",
+    "freetoken_model.json",  # the random-weights marker of generated models
 )
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 

@@ -28,8 +28,9 @@ def _fsync(path: Path) -> None:
 class FtwWriter:
     """open -> add()* -> finish(); shards are named once their count is known."""
 
-    def __init__(self, folder: Path, shard_bytes: int) -> None:
+    def __init__(self, folder: Path, shard_bytes: int, label: Path | None = None) -> None:
         self.folder = Path(folder)
+        self.label = label or self.folder  # the path errors name (the final folder, not the temporary one)
         self.shard_bytes = shard_bytes
         self.entries: list[TensorEntry] = []
         self._files: list[Path] = []
@@ -61,8 +62,8 @@ class FtwWriter:
             self._handle.write(b"\0" * pad)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
-                raise FreeTokenError(f"{self.folder}: disk full while writing {name}") from None
-            raise FreeTokenError(f"{self.folder}: cannot write {name} ({exc.strerror})") from None
+                raise FreeTokenError(f"{self.label}: disk full while writing {name}") from None
+            raise FreeTokenError(f"{self.label}: cannot write {name} ({exc.strerror})") from None
         dtype = str(tensor.dtype).removeprefix("torch.")
         self.entries.append(
             TensorEntry(

@@ -121,6 +121,7 @@ class EngineConfig:
     dtype: str = "auto"
     moe: MoeConfig = field(default_factory=MoeConfig)
     max_seq_len: int | None = None
+    verify: bool = False  # check every checksum of an FTW folder while loading
 
 
 def parse_cpu_layers(spec: str | None, moe_layers: tuple[int, ...]) -> frozenset[int]:

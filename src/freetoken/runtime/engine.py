@@ -17,9 +17,11 @@ import torch
 from torch import nn
 
 from freetoken.errors import FreeTokenError
+from freetoken.formats.ftw import is_ftw
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
 from freetoken.runtime.config import EngineConfig, ModelConfig, MoeConfig, load_model_config, parse_cpu_layers
 from freetoken.runtime.devices import resolve_device, resolve_dtype
+from freetoken.runtime.ftw_load import ftw_weights
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.memory import plan_slots
 from freetoken.runtime.models import get_architecture
@@ -76,6 +78,8 @@ class Engine:
             model = arch.build_model(self.config).to(self.dtype)
         model.to_empty(device=self.device)
         model.tie_weights()
+        if weights is None and is_ftw(path):
+            weights = ftw_weights(path, verify=config.verify)
         if weights is None:
             with SafetensorsCheckpoint(path) as ckpt:
                 self.pool = load_weights(model, self.config, ckpt, arch.expert_naming, self.dtype, progress)

@@ -1,0 +1,102 @@
+"""`freetoken convert`: HF safetensors -> FTW, and `--verify` of an FTW folder."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from freetoken.cli.errors import reports_errors
+from freetoken.cli.options import JsonOpt
+from freetoken.errors import FreeTokenError
+
+_DTYPES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp32": "float32",
+    "float32": "float32",
+    "fp16": "float16",
+    "float16": "float16",
+}
+
+
+def _progress_bar(description: str, quiet: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    console = Console(stderr=True)
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=quiet or not console.is_terminal,
+    ), description
+
+
+@reports_errors
+def convert(
+    src: Annotated[
+        str, typer.Argument(help="An HF safetensors model folder (with --verify: an FTW folder).")
+    ],
+    out: Annotated[str | None, typer.Argument(help="The FTW folder to write.")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="Stored dtype: bf16, fp16 or fp32.")] = "bf16",
+    shard_gib: Annotated[
+        float, typer.Option("--shard-gib", min=0.001, help="Largest data shard, GiB.")
+    ] = 4.0,
+    force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Check every checksum of the FTW folder SRC.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write an FTW folder (experts pre-merged, 4096-aligned) that `run` loads with straight reads."""
+    from pathlib import Path
+
+    if verify:
+        from freetoken.formats.ftw_reader import FtwCheckpoint
+
+        ftw = FtwCheckpoint(Path(src))
+        bar, what = _progress_bar("verifying", as_json)
+        with bar:
+            task = bar.add_task(what, total=ftw.nbytes)
+            bad = ftw.verify(progress=lambda done, total: bar.update(task, completed=done))
+        doc = {"folder": src, "tensors": len(ftw.entries), "bytes": ftw.nbytes, "bad": bad, "ok": not bad}
+        print(
+            json.dumps(doc)
+            if as_json
+            else f"{src}: {len(ftw.entries)} tensors, {ftw.nbytes / 2**30:.2f} GiB, "
+            + ("all checksums match" if not bad else f"{len(bad)} bad")
+        )
+        if bad:
+            raise FreeTokenError(f"{src}: checksum mismatch in {', '.join(bad[:5])}")
+        return
+    if out is None:
+        raise FreeTokenError("convert needs SRC and OUT (or --verify FOLDER)")
+    if dtype.lower() not in _DTYPES:
+        raise FreeTokenError(f"--dtype {dtype!r}: choose one of bf16, fp16, fp32")
+    from freetoken.formats.convert import convert_to_ftw
+
+    bar, what = _progress_bar("converting", as_json)
+    with bar:
+        task = bar.add_task(what, total=None)
+        result = convert_to_ftw(
+            Path(src),
+            Path(out),
+            _DTYPES[dtype.lower()],
+            int(shard_gib * 2**30),
+            force,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    if as_json:
+        print(json.dumps(result.as_dict()))
+    else:
+        d = result.as_dict()
+        print(
+            f"{out}: {d['tensors']} tensors in {d['shards']} shards, {result.nbytes / 2**30:.2f} GiB, "
+            f"{d['seconds']:.1f} s ({d['GBps']:.2f} GB/s)"
+        )

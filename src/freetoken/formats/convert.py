@@ -1,0 +1,134 @@
+"""HF safetensors folder -> FTW folder. Assembled beside OUT, fsynced, then renamed into place: an
+interrupted convert leaves only a temporary folder, never something that looks like a model."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from freetoken.errors import FreeTokenError
+from freetoken.formats.ftw import DTYPES, SIDE_FILES, is_ftw
+from freetoken.formats.ftw_writer import FtwWriter
+from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
+from freetoken.runtime.config import load_model_config, read_json
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    out: Path
+    tensors: int
+    shards: int
+    nbytes: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "out": str(self.out),
+            "tensors": self.tensors,
+            "shards": self.shards,
+            "bytes": self.nbytes,
+            "seconds": round(self.seconds, 3),
+            "GBps": round(self.nbytes / self.seconds / 1e9, 3),
+        }
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def convert_to_ftw(
+    src: Path,
+    out: Path,
+    dtype: str = "bfloat16",
+    shard_bytes: int = 4 << 30,
+    force: bool = False,
+    progress: ProgressFn | None = None,
+) -> ConvertResult:
+    from freetoken.runtime.models import get_architecture
+    from freetoken.runtime.moe.pool import HostExpertPool
+    from freetoken.runtime.weights import check_filled, fill_experts, plan_checkpoint
+
+    src, out = Path(src), Path(out)
+    if dtype not in DTYPES:
+        raise FreeTokenError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if not src.is_dir():
+        raise FreeTokenError(f"{src}: not a folder (GGUF input is not supported yet)")
+    if is_ftw(src):
+        raise FreeTokenError(f"{src}: already an FTW folder")
+    if out.exists() and not force:
+        raise FreeTokenError(f"{out}: exists; pass --force to replace it")
+    started = time.perf_counter()
+    cfg = load_model_config(src)
+    arch = get_architecture(cfg.architecture)
+    with torch.device("meta"):
+        model = arch.build_model(cfg)
+    model.tie_weights()
+    target = DTYPES[dtype]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.converting-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        with SafetensorsCheckpoint(src) as ckpt:
+            plan = plan_checkpoint(model, cfg, ckpt, arch.expert_naming)
+            total = sum(ckpt.nbytes(n) for n, _ in plan.dense) + sum(
+                ckpt.nbytes(n) for items in plan.experts.values() for n, _ in items
+            )
+            done = 0
+            writer = FtwWriter(tmp, shard_bytes, label=out)
+            for name, _ in plan.dense:
+                writer.add(name, ckpt.read(name).to(target))
+                done += ckpt.nbytes(name)
+                if progress is not None:
+                    progress(done, total)
+            e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+            for layer, items in plan.experts.items():
+                bank = HostExpertPool.allocate((layer,), e, h, i, target)  # one layer at a time
+                done += fill_experts(bank, ckpt, items)
+                check_filled(bank, src)
+                writer.add(f"experts.{layer}.gate_up", bank.gate_up[layer], kind="gate_up", layer=layer)
+                writer.add(f"experts.{layer}.down", bank.down[layer], kind="down", layer=layer)
+                del bank
+                if progress is not None:
+                    progress(done, total)
+            config = read_json(src / "config.json")
+            manifest = writer.finish(dtype, cfg.architecture, config)
+        for name in SIDE_FILES:
+            if (src / name).exists():
+                shutil.copyfile(src / name, tmp / name)
+        _fsync_dir(tmp)
+        _replace(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise FreeTokenError(f"{out}: conversion failed ({exc.strerror or exc})") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    nbytes = sum(s["nbytes"] for s in manifest["shards"])
+    return ConvertResult(
+        out, len(manifest["tensors"]), len(manifest["shards"]), nbytes, time.perf_counter() - started
+    )
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Move the finished folder into place; an existing OUT (with --force) goes only after that."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
+        out.rename(old)
+    tmp.rename(out)
+    _fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
