@@ -14,7 +14,7 @@ import torch
 
 from freetoken.errors import FreeTokenError
 from freetoken.formats.ftw import DTYPES, SIDE_FILES, is_ftw
-from freetoken.formats.ftw_writer import FtwWriter
+from freetoken.formats.ftw_writer import FtwWriter, fsync_path
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
 from freetoken.runtime.config import load_model_config, read_json
 
@@ -38,14 +38,6 @@ class ConvertResult:
             "seconds": round(self.seconds, 3),
             "GBps": round(self.nbytes / self.seconds / 1e9, 3),
         }
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def convert_to_ftw(
@@ -108,7 +100,7 @@ def convert_to_ftw(
         for name in SIDE_FILES:
             if (src / name).exists():
                 shutil.copyfile(src / name, tmp / name)
-        _fsync_dir(tmp)
+        fsync_path(tmp)
         _replace(tmp, out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -129,6 +121,6 @@ def _replace(tmp: Path, out: Path) -> None:
         old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
         out.rename(old)
     tmp.rename(out)
-    _fsync_dir(out.parent)
+    fsync_path(out.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

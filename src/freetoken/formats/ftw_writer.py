@@ -17,7 +17,8 @@ from freetoken.formats.ftw import ALIGNMENT, FORMAT, MANIFEST, VERSION, TensorEn
 _CHUNK = 64 << 20
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a folder's entry list is what makes a rename durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -91,7 +92,7 @@ class FtwWriter:
         for index, path in enumerate(self._files):
             final = self.folder / shard_name(index, count)
             path.rename(final)
-            _fsync(final)
+            fsync_path(final)
             shards.append({"file": final.name, "nbytes": final.stat().st_size})
         manifest = {
             "format": FORMAT,
@@ -106,6 +107,6 @@ class FtwWriter:
         }
         path = self.folder / MANIFEST
         path.write_text(json.dumps(manifest, indent=1) + "\n")
-        _fsync(path)
+        fsync_path(path)
         self._finished = True
         return manifest
