@@ -149,4 +149,4 @@ def test_out_is_kept_without_force(tiny_model: tuple[Path, Any], tmp_path: Path)
 
 def test_unreadable_input_is_one_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["convert", str(tmp_path / "nope"), str(tmp_path / "out")])
-    assert result.exit_code == 1 and "not a folder" in result.stderr
+    assert result.exit_code == 1 and "not a model folder or a .gguf file" in result.stderr

@@ -16,7 +16,7 @@ from freetoken.errors import FreeTokenError
 from freetoken.formats.ftw import DTYPES, SIDE_FILES, is_ftw
 from freetoken.formats.ftw_writer import FtwWriter, fsync_path
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
-from freetoken.runtime.config import load_model_config, read_json
+from freetoken.runtime.config import read_json
 
 ProgressFn = Callable[[int, int], None]
 
@@ -55,15 +55,25 @@ def convert_to_ftw(
     src, out = Path(src), Path(out)
     if dtype not in DTYPES:
         raise FreeTokenError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-    if not src.is_dir():
-        raise FreeTokenError(f"{src}: not a folder (GGUF input is not supported yet)")
+    gguf = src.is_file() and src.suffix == ".gguf"
+    if not gguf and not src.is_dir():
+        raise FreeTokenError(f"{src}: not a model folder or a .gguf file")
     if is_ftw(src):
         raise FreeTokenError(f"{src}: already an FTW folder")
     if out.exists() and not force:
         raise FreeTokenError(f"{out}: exists; pass --force to replace it")
     started = time.perf_counter()
-    cfg = load_model_config(src)
-    arch = get_architecture(cfg.architecture)
+    if gguf:
+        from freetoken.formats.gguf_checkpoint import GgufCheckpoint
+        from freetoken.formats.gguf_meta import config_dict
+
+        source = GgufCheckpoint(src)
+        config = config_dict(source)
+    else:
+        source = SafetensorsCheckpoint(src)
+        config = read_json(src / "config.json")
+    arch = get_architecture(config.get("model_type", ""))
+    cfg = arch.parse_config(config, str(src))
     with torch.device("meta"):
         model = arch.build_model(cfg)
     model.tie_weights()
@@ -73,7 +83,7 @@ def convert_to_ftw(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        with SafetensorsCheckpoint(src) as ckpt:
+        with source as ckpt:
             plan = plan_checkpoint(model, cfg, ckpt, arch.expert_naming)
             total = sum(ckpt.nbytes(n) for n, _ in plan.dense) + sum(
                 ckpt.nbytes(n) for items in plan.experts.values() for n, _ in items
@@ -95,11 +105,13 @@ def convert_to_ftw(
                 del bank
                 if progress is not None:
                     progress(done, total)
-            config = read_json(src / "config.json")
             manifest = writer.finish(dtype, cfg.architecture, config)
-        for name in SIDE_FILES:
-            if (src / name).exists():
-                shutil.copyfile(src / name, tmp / name)
+            if gguf:
+                _write_gguf_side_files(ckpt, config, tmp)
+        if not gguf:
+            for name in SIDE_FILES:
+                if (src / name).exists():
+                    shutil.copyfile(src / name, tmp / name)
         fsync_path(tmp)
         _replace(tmp, out)
     except OSError as exc:
@@ -112,6 +124,22 @@ def convert_to_ftw(
     return ConvertResult(
         out, len(manifest["tensors"]), len(manifest["shards"]), nbytes, time.perf_counter() - started
     )
+
+
+def _write_gguf_side_files(ckpt: object, config: dict, folder: Path) -> None:
+    """config.json, tokenizer.json and tokenizer_config.json rebuilt from the GGUF's metadata."""
+    import json
+
+    from freetoken.formats.gguf_meta import build_tokenizer
+
+    backend, tok_config = build_tokenizer(ckpt)
+    backend.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if "eos_token_id" in config:
+        (folder / "generation_config.json").write_text(
+            json.dumps({"eos_token_id": config["eos_token_id"]}) + "\n"
+        )
 
 
 def _replace(tmp: Path, out: Path) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 # Pool parts: `gate_up` [E, 2I, H] holds gate rows first, then up rows; `down` [E, H, I].
 PER_EXPERT_PARTS = ("gate", "up", "down")
-FUSED_PARTS = ("gate_up", "down")
+FUSED_PARTS = ("gate_up", "gate", "up", "down")  # whole-layer banks; GGUF stores gate and up apart
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,6 @@ QWEN3_MOE_EXPERTS = ExpertNaming(
     per_expert=re.compile(
         r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight"
     ),
-    fused=re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)"),
+    fused=re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|gate_proj|up_proj|down_proj)"),
     projection_parts={"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "gate_up_proj": "gate_up"},
 )

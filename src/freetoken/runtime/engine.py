@@ -22,6 +22,7 @@ from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
 from freetoken.runtime.config import EngineConfig, ModelConfig, MoeConfig, load_model_config, parse_cpu_layers
 from freetoken.runtime.devices import resolve_device, resolve_dtype
 from freetoken.runtime.ftw_load import ftw_weights
+from freetoken.runtime.gguf_load import is_gguf, open_gguf
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.memory import plan_slots
 from freetoken.runtime.models import get_architecture
@@ -64,15 +65,19 @@ class Engine:
         safetensors (a benchmark can pass random weights made in memory)."""
         self.engine_config = config
         path = Path(config.model_path)
-        if not path.is_dir():
+        gguf = None
+        if is_gguf(path):
+            self.config, self.tokenizer, gguf = open_gguf(path)
+        elif path.is_dir():
+            self.config = load_model_config(path)
+            self.tokenizer = Tokenizer.from_dir(path)
+        else:
             raise FreeTokenError(f"{path}: model folder not found")
-        self.config: ModelConfig = load_model_config(path)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         resolve_backend(
             config.moe, self.device, bool(self.config.moe_layers)
         )  # bad names fail before loading
-        self.tokenizer = Tokenizer.from_dir(path)
         arch = get_architecture(self.config.architecture)
         with torch.device("meta"):
             model = arch.build_model(self.config).to(self.dtype)
@@ -80,11 +85,11 @@ class Engine:
         model.tie_weights()
         if weights is None and is_ftw(path):
             weights = ftw_weights(path, verify=config.verify)
-        if weights is None:
-            with SafetensorsCheckpoint(path) as ckpt:
-                self.pool = load_weights(model, self.config, ckpt, arch.expert_naming, self.dtype, progress)
-        else:
+        if weights is not None:
             self.pool = weights(model, self.config, self.dtype, progress)
+        else:
+            with gguf or SafetensorsCheckpoint(path) as ckpt:
+                self.pool = load_weights(model, self.config, ckpt, arch.expert_naming, self.dtype, progress)
         if self.device.type == "cuda":
             self.pool.pin()
         self.moe_counters = MoeCounters(self.config.moe_layers)

@@ -19,8 +19,10 @@ def resolve_model(ref: str) -> Path:
         if not (path / "config.json").exists():
             raise FreeTokenError(f"{path}: not a model folder (no config.json)")
         return path
+    if path.is_file() and path.suffix == ".gguf":
+        return path
     if path.exists():
-        raise FreeTokenError(f"{path}: expected a model folder, got a file")
+        raise FreeTokenError(f"{path}: expected a model folder or a .gguf file")
     if ref.count("/") == 1 and not ref.startswith((".", "/", "~")):
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError

@@ -19,7 +19,7 @@ from freetoken.formats.tensor_names import ExpertTensor
 def expert_tensor_shape(target: ExpertTensor, e: int, h: int, i: int) -> tuple[int, ...]:
     """The shape a checkpoint tensor for `target` must have: one expert's part, or a fused bank."""
     per_expert = {"gate": (i, h), "up": (i, h), "down": (h, i)}
-    fused = {"gate_up": (e, 2 * i, h), "down": (e, h, i)}
+    fused = {"gate_up": (e, 2 * i, h), "gate": (e, i, h), "up": (e, i, h), "down": (e, h, i)}
     return per_expert[target.part] if target.expert is not None else fused[target.part]
 
 
@@ -69,6 +69,9 @@ class HostExpertPool:
     def _destination(self, target: ExpertTensor) -> torch.Tensor:
         i = self.intermediate_size
         if target.expert is None:
+            halves = {"gate": slice(0, i), "up": slice(i, 2 * i)}
+            if target.part in halves:
+                return self.gate_up[target.layer][:, halves[target.part]]
             return self.gate_up[target.layer] if target.part == "gate_up" else self.down[target.layer]
         if target.part == "down":
             return self.down[target.layer][target.expert]

@@ -1,0 +1,135 @@
+"""A GGUF file (or a set of `-00001-of-0000N.gguf` shards) seen as a checkpoint with HF tensor names.
+
+Tensors are zero-copy memmaps until read; reading dequantises with the `gguf` package (every type it
+can dequantise) to float32. ggml orders dimensions innermost first: numpy shapes are reversed `ne`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from freetoken.errors import FreeTokenError
+
+SHARD = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf$")
+
+# GGUF name -> HF name, per layer ({i}); experts are whole-layer banks ([E, I, H] / [E, H, I]).
+LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.gate_proj",
+    "ffn_up_exps.weight": "mlp.experts.up_proj",
+    "ffn_down_exps.weight": "mlp.experts.down_proj",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def hf_name(name: str) -> str | None:
+    if name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[name]
+    match = _LAYER.fullmatch(name)
+    if match and match.group(2) in LAYER_NAMES:
+        return f"model.layers.{match.group(1)}.{LAYER_NAMES[match.group(2)]}"
+    return None
+
+
+def shard_paths(path: Path) -> list[Path]:
+    match = SHARD.match(path.name)
+    if not match:
+        return [path]
+    stem, count = match.group(1), int(match.group(3))
+    paths = [path.with_name(f"{stem}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)]
+    for p in paths:
+        if not p.exists():
+            raise FreeTokenError(f"{path}: shard {p.name} is missing")
+    return paths
+
+
+class GgufCheckpoint:
+    def __init__(self, path: Path) -> None:
+        from gguf import GGUFReader
+
+        self.path = Path(path)
+        self.model_dir = self.path
+        self.readers = []
+        for shard in shard_paths(self.path):
+            try:
+                self.readers.append(GGUFReader(shard))
+            except (OSError, ValueError) as exc:
+                raise FreeTokenError(f"{shard}: not a readable GGUF file ({exc})") from None
+        self.fields: dict[str, Any] = {}
+        for reader in self.readers:
+            for key, field in reader.fields.items():
+                if not key.startswith("GGUF.") and key not in self.fields:
+                    self.fields[key] = field.contents()
+        self.tensors: dict[str, Any] = {}
+        self.unknown: list[str] = []
+        for reader in self.readers:
+            for tensor in reader.tensors:
+                name = hf_name(tensor.name)
+                if name is None:
+                    self.unknown.append(tensor.name)
+                else:
+                    self.tensors[name] = tensor
+        if self.unknown:
+            raise FreeTokenError(f"{self.path}: unknown tensors {self.unknown[:5]}")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+    def names(self) -> list[str]:
+        return list(self.tensors)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
+
+    def nbytes(self, name: str) -> int:
+        return int(self.tensors[name].n_bytes)
+
+    def type_name(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def read(self, name: str) -> torch.Tensor:
+        """Dequantised to float32, in the HF shape."""
+        from gguf.quants import dequantize
+
+        tensor = self.tensors[name]
+        try:
+            values = dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError:
+            raise FreeTokenError(
+                f"{self.path}: tensor {tensor.name} has type {tensor.tensor_type.name}, "
+                "which the gguf package cannot dequantise"
+            ) from None
+        array = np.ascontiguousarray(values, dtype=np.float32).reshape(self.shape(name))
+        if not array.flags.writeable:  # F32 tensors come back as views of the read-only memmap
+            array = array.copy()
+        return torch.from_numpy(array)
+
+    def close(self) -> None:
+        self.readers.clear()
+
+    def __enter__(self) -> GgufCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,117 @@
+"""GGUF metadata -> an HF-style config dict, and `tokenizer.ggml.*` -> a `tokenizers` tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from freetoken.errors import FreeTokenError
+from freetoken.formats.gguf_checkpoint import GgufCheckpoint
+
+ARCHITECTURES = {"qwen3moe": "qwen3_moe"}
+# HF config field <- GGUF key under "{arch}."
+CONFIG_KEYS = {
+    "num_hidden_layers": "block_count",
+    "hidden_size": "embedding_length",
+    "intermediate_size": "feed_forward_length",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "max_position_embeddings": "context_length",
+    "num_experts": "expert_count",
+    "num_experts_per_tok": "expert_used_count",
+    "moe_intermediate_size": "expert_feed_forward_length",
+}
+# token_type values (llama.cpp): 3 = control, 4 = user defined
+CONTROL, USER_DEFINED = 3, 4
+PRE_TOKENIZER_SPLITS = {
+    # Qwen2/3: digits one at a time, contractions, letters with one leading non-letter, punctuation runs
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+
+
+def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
+    arch = ckpt.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise FreeTokenError(
+            f"{ckpt.path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
+        )
+    raw: dict[str, Any] = {"model_type": ARCHITECTURES[arch], "architectures": ["Qwen3MoeForCausalLM"]}
+    for field, key in CONFIG_KEYS.items():
+        value = ckpt.get(f"{arch}.{key}")
+        if value is not None:
+            raw[field] = value
+    for required in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_experts"):
+        if required not in raw:
+            raise FreeTokenError(f"{ckpt.path}: GGUF lacks {arch}.{CONFIG_KEYS[required]}")
+    tokens = ckpt.get("tokenizer.ggml.tokens")
+    raw["vocab_size"] = (
+        ckpt.shape("model.embed_tokens.weight")[0]
+        if tokens is None
+        else max(len(tokens), ckpt.shape("model.embed_tokens.weight")[0])
+    )
+    raw["rope_theta"] = float(ckpt.get(f"{arch}.rope.freq_base", 10000.0))
+    if ckpt.get(f"{arch}.rope.scaling.type") == "yarn":
+        raw["rope_scaling"] = {
+            "rope_type": "yarn",
+            "factor": float(ckpt.get(f"{arch}.rope.scaling.factor")),
+            "original_max_position_embeddings": int(ckpt.get(f"{arch}.rope.scaling.original_context_length")),
+        }
+    raw["norm_topk_prob"] = True  # llama.cpp's qwen3moe graph always renormalises the top-k weights
+    raw["tie_word_embeddings"] = "lm_head.weight" not in ckpt.tensors
+    moe_layers = {int(n.split(".")[2]) for n in ckpt.names() if n.endswith("mlp.experts.down_proj")}
+    raw["mlp_only_layers"] = sorted(set(range(raw["num_hidden_layers"])) - moe_layers)
+    eos = ckpt.get("tokenizer.ggml.eos_token_id")
+    if eos is not None:
+        raw["eos_token_id"] = int(eos)
+    return raw
+
+
+def build_tokenizer(ckpt: GgufCheckpoint) -> tuple[Any, dict[str, Any]]:
+    """-> (tokenizers.Tokenizer, tokenizer_config dict with chat_template and special tokens)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    kind = ckpt.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise FreeTokenError(
+            f"{ckpt.path}: tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' is)"
+        )
+    tokens: list[str] = ckpt.get("tokenizer.ggml.tokens")
+    types = ckpt.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in ckpt.get("tokenizer.ggml.merges") or []]
+    special = [i for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
+    vocab = {tok: i for i, tok in enumerate(tokens) if i not in special}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    split = PRE_TOKENIZER_SPLITS.get(ckpt.get("tokenizer.ggml.pre", ""))
+    if split:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    # Added tokens keep their ids: add them in id order after the base vocabulary.
+    for i in special:
+        tokenizer.add_special_tokens(
+            [AddedToken(tokens[i], special=types[i] == CONTROL, normalized=False)]
+        ) if types[i] == CONTROL else tokenizer.add_tokens([AddedToken(tokens[i], normalized=False)])
+    for i in special:
+        if tokenizer.token_to_id(tokens[i]) != i:
+            raise FreeTokenError(f"{ckpt.path}: added token {tokens[i]!r} does not keep its id {i}")
+
+    def token(key: str) -> str | None:
+        index = ckpt.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[int(index)] if index is not None and int(index) < len(tokens) else None
+
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": token("eos"),
+        "bos_token": token("bos"),
+        "pad_token": token("padding"),
+        "chat_template": ckpt.get("tokenizer.chat_template"),
+    }
+    return tokenizer, config

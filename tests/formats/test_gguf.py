@@ -1,0 +1,149 @@
+"""GGUF (qwen3moe): metadata, tokenizer, dequantisation and logits against the HF model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from freetoken.errors import FreeTokenError
+from freetoken.formats.gguf_checkpoint import GgufCheckpoint
+from freetoken.runtime.engine import build_engine
+from freetoken.runtime.tokenizer import Tokenizer
+from gguf_fixture import dequantised_state_dict, write_gguf
+from oracle import rel_err
+
+PROMPT = [5, 77, 301, 12, 9, 250, 33, 401]
+# Against the original fp32 model: what each type's rounding costs this (large-weight, random) model.
+# Lower-bit types flip routing choices of this model, so they are checked exactly against their own
+# dequantisation instead (test_quantised_files_load_exactly).
+TOLERANCE = {"F32": 1e-5, "F16": 2e-3, "BF16": 2e-2, "Q8_0": 5e-2}
+
+
+@pytest.fixture(scope="module")
+def hf_logits(tiny_model: tuple[Path, Any]) -> torch.Tensor:
+    with torch.no_grad():
+        return tiny_model[1](torch.tensor([PROMPT])).logits[0]
+
+
+@pytest.mark.parametrize("qtype", list(TOLERANCE))
+def test_logits_match_hf_within_the_type_tolerance(
+    tiny_model: tuple[Path, Any], tmp_path: Path, hf_logits: torch.Tensor, qtype: str
+) -> None:
+    path = write_gguf(tiny_model[1], tiny_model[0], tmp_path / f"tiny-{qtype}.gguf", qtype)
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="fused")
+    assert engine.config.num_experts == 8 and engine.config.moe_layers == (0, 2)
+    ours = engine.forward(engine.new_sequence(), PROMPT, all_logits=True)
+    assert rel_err(ours, hf_logits) < TOLERANCE[qtype]
+    if qtype == "F32":
+        assert torch.equal(ours.argmax(-1), hf_logits.argmax(-1))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q4_0", "MXFP4"])
+def test_quantised_files_load_exactly(tiny_model: tuple[Path, Any], tmp_path: Path, qtype: str) -> None:
+    """transformers given the package's dequantisation of the same file gives our logits to fp32
+    precision, and every weight is bit-identical: what low-bit types lose is theirs, not ours."""
+    hf = tiny_model[1]
+    path = write_gguf(hf, tiny_model[0], tmp_path / f"{qtype}.gguf", qtype)
+    sd = dequantised_state_dict(path, hf)
+    ref = type(hf)(hf.config).eval()
+    ref.load_state_dict(sd)
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="fused")
+    for name, param in engine.model.named_parameters():
+        assert torch.equal(param, sd[name]), name
+    for layer in (0, 2):
+        assert torch.equal(engine.pool.gate_up[layer], sd[f"model.layers.{layer}.mlp.experts.gate_up_proj"])
+        assert torch.equal(engine.pool.down[layer], sd[f"model.layers.{layer}.mlp.experts.down_proj"])
+    with torch.no_grad():
+        want = ref(torch.tensor([PROMPT])).logits[0]
+    assert rel_err(engine.forward(engine.new_sequence(), PROMPT, all_logits=True), want) < 1e-4
+
+
+def test_dequantisation_equals_the_gguf_package(tiny_model: tuple[Path, Any], tmp_path: Path) -> None:
+    from gguf.quants import dequantize
+
+    path = write_gguf(tiny_model[1], tiny_model[0], tmp_path / "q8.gguf", "Q8_0")
+    ckpt = GgufCheckpoint(path)
+    tensor = ckpt.tensors["model.layers.0.mlp.experts.down_proj"]
+    assert ckpt.type_name("model.layers.0.mlp.experts.down_proj") == "Q8_0"
+    want = dequantize(tensor.data, tensor.tensor_type)
+    ours = ckpt.read("model.layers.0.mlp.experts.down_proj")
+    assert ours.shape == (8, 64, 32)  # [E, H, I], the pool's down layout
+    assert np.array_equal(ours.numpy().reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "IQ4_NL", "Q2_K"])
+def test_types_the_package_cannot_write(tmp_path: Path, qtype: str) -> None:
+    """Hand-made blocks: random bytes (with sane scales) of a type gguf can dequantise but not quantise."""
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+
+    qt = Q[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    rows, cols = 4, 512
+    raw = np.random.default_rng(0).integers(0, 255, (rows, cols // block * size), dtype=np.uint8)
+    w = gguf.GGUFWriter(str(tmp_path / "blocks.gguf"), "qwen3moe")
+    w.add_tensor("token_embd.weight", raw, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ckpt = GgufCheckpoint(tmp_path / "blocks.gguf")
+    ours = ckpt.read("model.embed_tokens.weight")
+    want = dequantize(raw, qt)
+    assert ours.shape == (rows, cols)
+    np.testing.assert_array_equal(np.nan_to_num(ours.numpy()), np.nan_to_num(want.astype(np.float32)))
+
+
+def test_tokenizer_and_template_come_from_the_gguf(tiny_model: tuple[Path, Any], tmp_path: Path) -> None:
+    path = write_gguf(tiny_model[1], tiny_model[0], tmp_path / "tiny.gguf")
+    engine = build_engine(path, device="cpu", dtype="float32")
+    ours, ref = engine.tokenizer, Tokenizer.from_dir(tiny_model[0])
+    text = "<|im_start|>user\nHello, wörld — 123 tokens!<|im_end|>\n<think>\nhm\n</think>"
+    assert ours.encode(text) == ref.encode(text)
+    assert ours.decode(ref.encode(text)) == text
+    messages = [{"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(messages) == ref.apply_chat_template(messages)
+    assert ref.token_to_id("<|im_end|>") in ours.eos_token_ids
+
+
+def test_gguf_converts_to_ftw_and_matches(tiny_model: tuple[Path, Any], tmp_path: Path) -> None:
+    from freetoken.formats.convert import convert_to_ftw
+
+    path = write_gguf(tiny_model[1], tiny_model[0], tmp_path / "tiny.gguf", "Q8_0")
+    convert_to_ftw(path, tmp_path / "ftw", dtype="float32")
+    a = build_engine(path, device="cpu", dtype="float32", moe_backend="fused")
+    b = build_engine(tmp_path / "ftw", device="cpu", dtype="float32", moe_backend="fused")
+    assert torch.equal(
+        a.forward(a.new_sequence(), PROMPT, all_logits=True),
+        b.forward(b.new_sequence(), PROMPT, all_logits=True),
+    )
+    text = "Hello <|im_end|>"
+    assert a.tokenizer.encode(text) == b.tokenizer.encode(text)
+
+
+def test_sharded_gguf_loads(tiny_model: tuple[Path, Any], tmp_path: Path, hf_logits: torch.Tensor) -> None:
+    first = write_gguf(tiny_model[1], tiny_model[0], tmp_path / "tiny.gguf", split_max_tensors=12)
+    assert first.name.startswith("tiny-00001-of-") and len(list(tmp_path.glob("tiny-*.gguf"))) > 2
+    engine = build_engine(first, device="cpu", dtype="float32")
+    assert rel_err(engine.forward(engine.new_sequence(), PROMPT, all_logits=True), hf_logits) < 1e-5
+    next(p for p in tmp_path.glob("tiny-*.gguf") if p != first).unlink()
+    with pytest.raises(FreeTokenError, match="is missing"):
+        build_engine(first, device="cpu", dtype="float32")
+
+
+def test_cli_runs_a_gguf(tiny_model: tuple[Path, Any], tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from freetoken.cli.app import app
+
+    path = write_gguf(tiny_model[1], tiny_model[0], tmp_path / "tiny.gguf", "Q8_0")
+    result = CliRunner().invoke(app, ["run", str(path), "-p", "hi", "-n", "4", "-t", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["stats"]["completion_tokens"] >= 1

@@ -1,0 +1,139 @@
+"""Write a tiny qwen3moe GGUF from a transformers model with the `gguf` package (the test's oracle)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+LAYER_NAMES = {  # transformers name -> GGUF name, per layer (written independently of the runtime's table)
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
+    """transformers' state dict with every tensor taken from the GGUF (dequantised by the package)."""
+    import gguf
+    import torch
+    from gguf.quants import dequantize
+
+    back = {g: h for h, g in LAYER_NAMES.items()}
+    sd = {k: v.clone() for k, v in hf.state_dict().items()}
+    inter = hf.config.moe_intermediate_size
+    for t in gguf.GGUFReader(path).tensors:
+        value = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
+        if t.name in GLOBAL_NAMES:
+            sd[GLOBAL_NAMES[t.name]] = value.reshape(sd[GLOBAL_NAMES[t.name]].shape)
+            continue
+        _, layer, rest = t.name.split(".", 2)
+        prefix = f"model.layers.{layer}."
+        if rest in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
+            rows = slice(0, inter) if rest.startswith("ffn_gate") else slice(inter, 2 * inter)
+            sd[prefix + "mlp.experts.gate_up_proj"][:, rows] = value
+        elif rest == "ffn_down_exps.weight":
+            sd[prefix + "mlp.experts.down_proj"] = value
+        else:
+            sd[prefix + back[rest]] = value.reshape(sd[prefix + back[rest]].shape)
+    return sd
+
+
+def _tokenizer_fields(folder: Path) -> dict[str, Any]:
+    doc = json.loads((folder / "tokenizer.json").read_text())
+    vocab = dict(doc["model"]["vocab"])
+    for added in doc["added_tokens"]:
+        vocab[added["content"]] = added["id"]
+    tokens = [None] * (max(vocab.values()) + 1)
+    for tok, i in vocab.items():
+        tokens[i] = tok
+    special = {a["id"] for a in doc["added_tokens"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in doc["model"]["merges"]]
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    return {
+        "tokens": tokens,
+        "types": [3 if i in special else 1 for i in range(len(tokens))],
+        "merges": merges,
+        "eos": vocab[config["eos_token"]],
+        "chat_template": config["chat_template"],
+    }
+
+
+def write_gguf(hf: Any, folder: Path, path: Path, qtype: str = "F32", split_max_tensors: int = 0) -> Path:
+    """hf: a Qwen3MoeForCausalLM; folder: where its tokenizer files are; qtype: type of 2-D/3-D weights.
+
+    With split_max_tensors the package writes `-00001-of-0000N.gguf` shards; the first one is returned."""
+    import gguf
+    import gguf.quants as gq
+    from gguf import GGMLQuantizationType as Q
+
+    cfg = hf.config
+    w = gguf.GGUFWriter(str(path), "qwen3moe", split_max_tensors=split_max_tensors)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_expert_count(cfg.num_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    tok = _tokenizer_fields(folder)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tok["tokens"])
+    w.add_token_types(tok["types"])
+    w.add_token_merges(tok["merges"])
+    w.add_eos_token_id(tok["eos"])
+    w.add_chat_template(tok["chat_template"])
+    qt = Q[qtype]
+
+    def add(name: str, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        if array.ndim >= 2 and qt != Q.F32:
+            w.add_tensor(name, gq.quantize(array, qt), raw_dtype=qt)
+        else:
+            w.add_tensor(name, array)
+
+    sd = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
+    add("token_embd.weight", sd["model.embed_tokens.weight"])
+    add("output_norm.weight", sd["model.norm.weight"])
+    if not cfg.tie_word_embeddings:
+        add("output.weight", sd["lm_head.weight"])
+    i_moe = cfg.moe_intermediate_size
+    for layer in range(cfg.num_hidden_layers):
+        prefix = f"model.layers.{layer}."
+        for hf_name, g_name in LAYER_NAMES.items():
+            if prefix + hf_name in sd:
+                add(f"blk.{layer}.{g_name}", sd[prefix + hf_name])
+        if prefix + "mlp.experts.gate_up_proj" in sd:  # transformers keeps experts fused in memory
+            gate_up = sd[prefix + "mlp.experts.gate_up_proj"]  # [E, 2I, H]
+            add(f"blk.{layer}.ffn_gate_exps.weight", gate_up[:, :i_moe])
+            add(f"blk.{layer}.ffn_up_exps.weight", gate_up[:, i_moe:])
+            add(f"blk.{layer}.ffn_down_exps.weight", sd[prefix + "mlp.experts.down_proj"])  # [E, H, I]
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shards = sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf"))
+    return shards[0] if shards else path
