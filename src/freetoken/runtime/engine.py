@@ -14,27 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from freetoken.errors import FreeTokenError
-from freetoken.formats.ftw import is_ftw
-from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
-from freetoken.runtime.config import EngineConfig, ModelConfig, MoeConfig, load_model_config, parse_cpu_layers
+from freetoken.runtime.config import EngineConfig, MoeConfig, parse_cpu_layers
 from freetoken.runtime.devices import resolve_device, resolve_dtype
-from freetoken.runtime.ftw_load import ftw_weights
-from freetoken.runtime.gguf_load import is_gguf, open_gguf
 from freetoken.runtime.kv.cache import KVCache
+from freetoken.runtime.loader import WeightSource, load_model
 from freetoken.runtime.memory import plan_slots
-from freetoken.runtime.models import get_architecture
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
-from freetoken.runtime.moe.pool import HostExpertPool
 from freetoken.runtime.profile import load_profile, with_profile
 from freetoken.runtime.sampling import Sampler, SamplingParams
 from freetoken.runtime.sequence import GenerationStats, Sequence, TokenEvent
 from freetoken.runtime.stopping import StopStrings
-from freetoken.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
-from freetoken.runtime.weights import ProgressFn, load_weights
+from freetoken.runtime.tokenizer import IncrementalDetokenizer
+from freetoken.runtime.weights import ProgressFn
 
 
 @dataclass
@@ -54,9 +48,6 @@ class Request:
     finished: bool = False
 
 
-WeightSource = Callable[[nn.Module, ModelConfig, torch.dtype, "ProgressFn | None"], HostExpertPool]
-
-
 class Engine:
     def __init__(
         self, config: EngineConfig, progress: ProgressFn | None = None, weights: WeightSource | None = None
@@ -64,34 +55,11 @@ class Engine:
         """Build once. `weights` fills the model and returns the expert pool; default: the folder's
         safetensors (a benchmark can pass random weights made in memory)."""
         self.engine_config = config
-        path = Path(config.model_path)
-        gguf = None
-        if is_gguf(path):
-            self.config, self.tokenizer, gguf = open_gguf(path)
-        elif path.is_dir():
-            self.config = load_model_config(path)
-            self.tokenizer = Tokenizer.from_dir(path)
-        else:
-            raise FreeTokenError(f"{path}: model folder not found")
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        resolve_backend(
-            config.moe, self.device, bool(self.config.moe_layers)
-        )  # bad names fail before loading
-        arch = get_architecture(self.config.architecture)
-        with torch.device("meta"):
-            model = arch.build_model(self.config).to(self.dtype)
-        model.to_empty(device=self.device)
-        model.tie_weights()
-        if weights is None and is_ftw(path):
-            weights = ftw_weights(path, verify=config.verify)
-        if weights is not None:
-            self.pool = weights(model, self.config, self.dtype, progress)
-        else:
-            with gguf or SafetensorsCheckpoint(path) as ckpt:
-                self.pool = load_weights(model, self.config, ckpt, arch.expert_naming, self.dtype, progress)
-        if self.device.type == "cuda":
-            self.pool.pin()
+        loaded = load_model(config, self.device, self.dtype, progress, weights)
+        self.config, self.tokenizer, self.pool = loaded.config, loaded.tokenizer, loaded.pool
+        model = loaded.model
         self.moe_counters = MoeCounters(self.config.moe_layers)
         self.model = model
         self.profile = load_profile() if self.config.moe_layers else None  # warns about a foreign one

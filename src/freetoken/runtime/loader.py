@@ -1,0 +1,66 @@
+"""Build a model and fill it from whatever MODEL is: an HF folder, an FTW folder, a GGUF file, or a
+weight source given by the caller (random weights in memory)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from freetoken.errors import FreeTokenError
+from freetoken.formats.ftw import is_ftw
+from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
+from freetoken.runtime.config import EngineConfig, ModelConfig, load_model_config
+from freetoken.runtime.ftw_load import ftw_weights
+from freetoken.runtime.gguf_load import is_gguf, open_gguf
+from freetoken.runtime.models import get_architecture
+from freetoken.runtime.moe.executor import resolve_backend
+from freetoken.runtime.moe.pool import HostExpertPool
+from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.weights import ProgressFn, load_weights
+
+WeightSource = Callable[[nn.Module, ModelConfig, torch.dtype, "ProgressFn | None"], HostExpertPool]
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    tokenizer: Tokenizer
+    model: nn.Module
+    pool: HostExpertPool
+
+
+def load_model(
+    config: EngineConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: ProgressFn | None = None,
+    weights: WeightSource | None = None,
+) -> LoadedModel:
+    path = Path(config.model_path)
+    gguf = None
+    if is_gguf(path):
+        model_config, tokenizer, gguf = open_gguf(path)
+    elif path.is_dir():
+        model_config, tokenizer = load_model_config(path), Tokenizer.from_dir(path)
+    else:
+        raise FreeTokenError(f"{path}: model folder not found")
+    resolve_backend(config.moe, device, bool(model_config.moe_layers))  # a bad name fails before loading
+    arch = get_architecture(model_config.architecture)
+    with torch.device("meta"):
+        model = arch.build_model(model_config).to(dtype)
+    model.to_empty(device=device)
+    model.tie_weights()
+    if weights is None and is_ftw(path):
+        weights = ftw_weights(path, verify=config.verify)
+    if weights is not None:
+        pool = weights(model, model_config, dtype, progress)
+    else:
+        with gguf or SafetensorsCheckpoint(path) as ckpt:
+            pool = load_weights(model, model_config, ckpt, arch.expert_naming, dtype, progress)
+    if device.type == "cuda":
+        pool.pin()  # only now, once every bank is filled
+    return LoadedModel(model_config, tokenizer, model, pool)
