@@ -115,7 +115,9 @@ def test_bad_model_folder_is_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip() == "error: unsupported model_type 'mamba'; supported: qwen3_moe"
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["run", "--help"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["--version"], ["run", "--help"], ["convert", "--help"], ["bench", "bw", "--help"]]
+)
 def test_help_and_version_import_no_torch(args: list[str]) -> None:
     code = (
         "import sys\n"
