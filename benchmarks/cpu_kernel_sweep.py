@@ -20,7 +20,7 @@ import torch
 
 from freetoken.runtime.bandwidth import PRESETS, Bench
 from freetoken.runtime.moe.kernels.cpu_experts import read_bandwidth
-from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCE, _compiler
+from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCE, find_compiler
 
 VARIANTS = [(16, 32), (32, 8), (32, 32), (32, 128), (64, 32)]
 
@@ -29,7 +29,7 @@ def build(folder: Path, lanes: int, block: int) -> ctypes.CDLL:
     out = folder / f"k_{lanes}_{block}.so"
     subprocess.run(
         [
-            _compiler(),
+            find_compiler(),
             *FLAGS,
             f"-DLANES={lanes}",
             f"-DDOWN_BLOCK={block}",

@@ -64,7 +64,7 @@ def test_torch_path_when_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_missing_compiler_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loader, "_compiler", lambda: None)
+    monkeypatch.setattr(loader, "find_compiler", lambda: None)
     with pytest.warns(UserWarning, match="no C compiler"):
         assert loader.load_library() is None
     gate_up, down = banks()

@@ -32,7 +32,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _compiler() -> str | None:
+def find_compiler() -> str | None:
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name
@@ -56,7 +56,7 @@ def load_library() -> ctypes.CDLL | None:
     """The compiled kernel library, or None (with one warning) when it cannot be had."""
     if cpu_kernel_choice() == "torch":
         return None
-    compiler = _compiler()
+    compiler = find_compiler()
     if compiler is None:
         warnings.warn("no C compiler found: CPU experts use the slower torch path", stacklevel=2)
         return None
