@@ -40,30 +40,30 @@ def cpu_experts(
             result = grouped_experts(x.to(dtype), ids, weights.to(dtype), gate_up_bank, down_bank).float()
         return result if out is None else out.copy_(result)
     hidden, inter = gate_up_bank.shape[2], down_bank.shape[2]
-    flat = ids.reshape(-1).numpy().astype(np.int64)
-    keep = np.flatnonzero(flat >= 0)
-    order = keep[np.argsort(flat[keep], kind="stable")]
-    experts, counts = np.unique(flat[order], return_counts=True)
-    k = ids.shape[1]
-    tok = np.ascontiguousarray(order // k, dtype=np.int32)
-    wts = np.ascontiguousarray(weights.reshape(-1).float().numpy()[order], dtype=np.float32)
-    offsets = np.zeros(len(experts) + 1, dtype=np.int32)
-    np.cumsum(counts, out=offsets[1:])
-    gu_stride = gate_up_bank.stride(0) * 2
-    dn_stride = down_bank.stride(0) * 2
-    gu_ptrs = (ctypes.c_void_p * len(experts))(
-        *(gate_up_bank.data_ptr() + int(e) * gu_stride for e in experts)
-    )
-    dn_ptrs = (ctypes.c_void_p * len(experts))(*(down_bank.data_ptr() + int(e) * dn_stride for e in experts))
-    xf = x.float().contiguous()
-    act = torch.empty(max(len(tok), 1), inter, dtype=torch.float32)
     if out is None:
         out = torch.zeros(x.shape[0], hidden, dtype=torch.float32)
     else:
         out.zero_()
+    flat = ids.reshape(-1).numpy()
+    keep = np.flatnonzero(flat >= 0)
+    if keep.size == 0:
+        return out
+    # Entries grouped by expert: (token row, routing weight), experts ascending.
+    order = keep[np.argsort(flat[keep], kind="stable")]
+    by_expert = flat[order]
+    starts = np.flatnonzero(np.concatenate(([True], by_expert[1:] != by_expert[:-1])))
+    experts = by_expert[starts].astype(np.uint64)
+    offsets = np.append(starts, order.size).astype(np.int32)
+    tok = (order // ids.shape[1]).astype(np.int32)
+    wts = weights.reshape(-1).float().numpy()[order].astype(np.float32)
+    # Addresses of each expert's banks: an array of pointers, as the kernel takes them.
+    gu_ptrs = np.uint64(gate_up_bank.data_ptr()) + experts * np.uint64(gate_up_bank.stride(0) * 2)
+    dn_ptrs = np.uint64(down_bank.data_ptr()) + experts * np.uint64(down_bank.stride(0) * 2)
+    xf = x.float().contiguous()
+    act = torch.empty(order.size, inter, dtype=torch.float32)
     lib.ft_experts_bf16(
-        gu_ptrs,
-        dn_ptrs,
+        gu_ptrs.ctypes.data,
+        dn_ptrs.ctypes.data,
         len(experts),
         hidden,
         inter,
