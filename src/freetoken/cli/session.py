@@ -101,7 +101,9 @@ def stats_line(stats: GenerationStats, engine: Engine) -> str:
         f"decode {stats.decode_tok_s:.1f} tok/s · first token {stats.ttft_s * 1000:.0f} ms"
     )
     counters = engine.moe_counters
-    if counters.tokens:
+    if counters.tokens and engine.num_slots == 0:
+        line += f" · experts: {counters.per_token()['cpu']:.1f} per token computed from the host pool"
+    elif counters.tokens:
         per_token = counters.per_token()
         line += (
             f" · experts: {100 * counters.miss_rate():.1f}% missed, {per_token['fills']:.1f} fetched and "
