@@ -6,10 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from freetoken.errors import FreeTokenError
 from freetoken.runtime.engine import Engine, build_engine
 from freetoken.runtime.sampling import SamplingParams
+from oracle import rel_err
 
 PROMPT = [5, 77, 301, 12, 9, 250, 33, 401]
 
@@ -101,3 +103,34 @@ def test_prompt_limits(engine: Engine) -> None:
         engine.add_request([], SamplingParams())
     with pytest.raises(FreeTokenError, match="leaves no room"):
         engine.add_request([1] * 1024, SamplingParams())
+
+
+@pytest.mark.parametrize("backend", ["fused", "offload"])
+def test_chunked_prefill_equals_unchunked(tiny_model: tuple[Path, Any], backend: str) -> None:
+    ids = [int(i) for i in torch.randint(0, 700, (150,), generator=torch.Generator().manual_seed(3))]
+    options = {"cache_size": 4} if backend == "offload" else {}
+    results = {}
+    for chunk in (7, 64, 150, 8192):
+        engine = build_engine(
+            tiny_model[0],
+            device="cpu",
+            dtype="float32",
+            moe_backend=backend,
+            max_prefill_tokens=chunk,
+            **options,
+        )
+        seq = engine.new_sequence()
+        last = engine.prefill(seq, ids)
+        assert seq.kv.length == len(ids) and last.shape[0] == 1
+        tokens = [e.token_id for e in engine.generate(ids, SamplingParams(max_tokens=12, ignore_eos=True))]
+        results[chunk] = (last, tokens)
+        engine.close()
+    ref_last, ref_tokens = results[8192]
+    for chunk, (last, tokens) in results.items():
+        assert rel_err(last, ref_last) < 1e-5, chunk
+        assert tokens == ref_tokens, chunk
+
+
+def test_max_prefill_tokens_must_be_positive(tiny_model: tuple[Path, Any]) -> None:
+    with pytest.raises(FreeTokenError, match="--max-prefill-tokens 0"):
+        build_engine(tiny_model[0], device="cpu", max_prefill_tokens=0)

@@ -76,6 +76,10 @@ def run(
     moe_cpu_threads: CpuThreadsOpt = None,
     moe_pcie_gbps: PcieOpt = None,
     moe_host_gbps: HostOpt = None,
+    max_prefill_tokens: Annotated[
+        int,
+        typer.Option("--max-prefill-tokens", min=1, help="Prompt tokens per forward pass (bounds memory)."),
+    ] = 8192,
     verify: Annotated[
         bool, typer.Option("--verify", help="Check every checksum of an FTW model while loading.")
     ] = False,
@@ -114,6 +118,7 @@ def run(
         dtype=dtype,
         moe=moe,
         verify=verify,
+        max_prefill_tokens=max_prefill_tokens,
         as_json=as_json,
     )
     if prompt is None and stdin_is_terminal() and not as_json:

@@ -35,6 +35,7 @@ class RunOptions:
     dtype: str
     moe: MoeConfig
     verify: bool
+    max_prefill_tokens: int
     as_json: bool
 
 
@@ -66,7 +67,14 @@ def load_engine(opts: RunOptions) -> Engine:
         disable=opts.as_json or not err.is_terminal,
     ) as bar:
         task = bar.add_task("loading weights", total=None)
-        config = EngineConfig(path, opts.device, opts.dtype, opts.moe, verify=opts.verify)
+        config = EngineConfig(
+            path,
+            opts.device,
+            opts.dtype,
+            opts.moe,
+            max_prefill_tokens=opts.max_prefill_tokens,
+            verify=opts.verify,
+        )
         engine = Engine(config, progress=lambda done, total: bar.update(task, completed=done, total=total))
     if not opts.as_json:
         if is_random_model(path):

@@ -121,7 +121,12 @@ class EngineConfig:
     dtype: str = "auto"
     moe: MoeConfig = field(default_factory=MoeConfig)
     max_seq_len: int | None = None
+    max_prefill_tokens: int = 8192  # prompt tokens per forward pass
     verify: bool = False  # check every checksum of an FTW folder while loading
+
+    def __post_init__(self) -> None:
+        if self.max_prefill_tokens < 1:
+            raise FreeTokenError(f"--max-prefill-tokens {self.max_prefill_tokens} is out of range")
 
 
 def parse_cpu_layers(spec: str | None, moe_layers: tuple[int, ...]) -> frozenset[int]:

@@ -219,8 +219,16 @@ class Engine:
         reuse = min(seq.common_prefix(request.prompt_ids), len(request.prompt_ids) - 1)
         seq.truncate(reuse)
         request.cached_tokens = reuse
-        logits = self.forward(seq, request.prompt_ids[reuse:])
+        logits = self.prefill(seq, request.prompt_ids[reuse:])
         return self._accept(request, request.sampler(logits[-1]), first=True)
+
+    def prefill(self, seq: Sequence, ids: list[int]) -> torch.Tensor:
+        """Append a prompt in chunks of at most `max_prefill_tokens` (bounding activation memory);
+        returns the last position's logits [1, V], the same as one unchunked forward."""
+        chunk = self.engine_config.max_prefill_tokens
+        for start in range(0, len(ids) - chunk, chunk):
+            self.forward(seq, ids[start : start + chunk])
+        return self.forward(seq, ids[len(ids) - ((len(ids) - 1) % chunk + 1) :])
 
     def _decode(self, request: Request) -> TokenEvent:
         assert self._sequence is not None and request.next_token is not None
@@ -266,8 +274,10 @@ def build_engine(
     dtype: str = "auto",
     moe_backend: str = "auto",
     progress: Callable[[int, int], None] | None = None,
+    max_prefill_tokens: int = 8192,
     **moe_options: Any,
 ) -> Engine:
     """Build an engine; `moe_options` are MoeConfig fields (cache_size, cache_ratio, cpu_layers, ...)."""
     moe = MoeConfig(backend=moe_backend, **moe_options)
-    return Engine(EngineConfig(Path(model_path), device, dtype, moe), progress)
+    config = EngineConfig(Path(model_path), device, dtype, moe, max_prefill_tokens=max_prefill_tokens)
+    return Engine(config, progress)
