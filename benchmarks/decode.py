@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC, write_random_model
+from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import Engine, build_engine
 from freetoken.runtime.sampling import SamplingParams
 
@@ -33,17 +34,12 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     for _ in range(5):
         dst.copy_(src)
-    sync(device)
+    sync_device(device)
     return 2 * nbytes * 5 / (time.perf_counter() - t0)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def step_bytes(engine: Engine) -> int:

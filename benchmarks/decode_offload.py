@@ -122,8 +122,8 @@ def main() -> None:
         )
     engine.close()
     doc = {
-        "shape": "qwen3-30b-a3b",
-        "layers": args.layers,
+        "shape": "demo" if args.small else "qwen3-30b-a3b",
+        "layers": spec.num_layers,
         "cache_ratio": args.ratio,
         "pool_GiB": engine.pool.nbytes / 2**30,
         "expert_MiB": size / 2**20,

@@ -11,10 +11,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC, write_random_model
+from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import build_engine
 
 SPECS = {"demo": DEMO_SPEC, "qwen3-30b-a3b": QWEN3_30B_A3B_SPEC}
@@ -36,7 +36,10 @@ def main() -> None:
     engine.forward(seq, list(range(64)))
     for _ in range(3):
         engine.forward(seq, [7])
-    sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
+
+    def sync() -> None:
+        sync_device(engine.device)
+
     sync()
     t0 = time.perf_counter()
     for _ in range(args.steps):

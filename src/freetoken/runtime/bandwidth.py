@@ -16,6 +16,7 @@ import torch
 
 from freetoken.errors import FreeTokenError
 from freetoken.runtime.config import load_model_config
+from freetoken.runtime.devices import sync_device
 from freetoken.runtime.moe.cpu_branch import CpuBranch
 from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, kernel_available, read_bandwidth
 from freetoken.runtime.moe.pool import HostExpertPool
@@ -87,8 +88,7 @@ class Bench:
         self._rotation = 0
 
     def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
+        sync_device(self.device)
 
     def _experts(self, n: int) -> np.ndarray:
         """n distinct experts, rotating through the pool so no call finds its weights in cache."""

@@ -35,3 +35,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return {v: k for k, v in _TORCH_DTYPES.items()}[dtype]
+
+
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU); for timing."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -14,6 +14,7 @@ import torch
 
 from freetoken.runtime.config import EngineConfig, MoeConfig
 from freetoken.runtime.demo import DEMO_SPEC, RandomModelSpec, random_weights, write_random_model
+from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import Engine
 
 
@@ -61,11 +62,6 @@ def uniform_routing(engine: Engine, seed: int = 0) -> None:
         block.route = route
 
 
-def sync(engine: Engine) -> None:
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
-
-
 def decode_steps(engine: Engine, warm: int, tokens: int, seed: int = 0) -> float:
     """Seconds per decode step over a fixed pseudo-random token stream (the same for every backend):
     `warm` steps to settle the cache, then `tokens` measured. Expert counters cover the measured ones."""
@@ -77,9 +73,9 @@ def decode_steps(engine: Engine, warm: int, tokens: int, seed: int = 0) -> float
     for token in stream[:warm].tolist():
         engine.forward(seq, [token])
     engine.moe_counters.reset()
-    sync(engine)
+    sync_device(engine.device)
     t0 = time.perf_counter()
     for token in stream[warm:].tolist():
         int(engine.forward(seq, [token])[-1].argmax())  # the sampler's read-back, as in real decoding
-    sync(engine)
+    sync_device(engine.device)
     return (time.perf_counter() - t0) / tokens
