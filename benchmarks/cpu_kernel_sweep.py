@@ -3,7 +3,8 @@
     python benchmarks/cpu_kernel_sweep.py [--threads 16] [--json]
 
 Each variant is the shipped source with other -D values (accumulator lanes, rows of `down` per work
-item); the table says which one the machine likes, against the STREAM-like read in the same run.
+item, software prefetch distance in elements, gate and up rows in one loop); the table says which one
+the machine likes, against a STREAM-like read measured right before each row (a shared host drifts).
 """
 
 from __future__ import annotations
@@ -22,17 +23,30 @@ from freetoken.runtime.bandwidth import PRESETS, Bench
 from freetoken.runtime.moe.kernels.cpu_experts import read_bandwidth
 from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCE, find_compiler
 
-VARIANTS = [(16, 32), (32, 8), (32, 32), (32, 128), (64, 32)]
+# (lanes, down block, prefetch elements, gate and up in one loop)
+VARIANTS = [
+    (32, 32, 0, 0),
+    (32, 32, 0, 1),
+    (16, 32, 0, 1),
+    (32, 32, 256, 0),
+    (32, 32, 1024, 0),
+    (32, 32, 512, 1),
+    (64, 32, 0, 0),
+    (32, 128, 0, 0),
+    (32, 128, 0, 1),
+]
 
 
-def build(folder: Path, lanes: int, block: int) -> ctypes.CDLL:
-    out = folder / f"k_{lanes}_{block}.so"
+def build(folder: Path, lanes: int, block: int, prefetch: int, fuse: int) -> ctypes.CDLL:
+    out = folder / f"k_{lanes}_{block}_{prefetch}_{fuse}.so"
     subprocess.run(
         [
             find_compiler(),
             *FLAGS,
             f"-DLANES={lanes}",
             f"-DDOWN_BLOCK={block}",
+            f"-DPREFETCH={prefetch}",
+            f"-DFUSE_GATE_UP={fuse}",
             str(SOURCE),
             "-o",
             str(out),
@@ -90,29 +104,43 @@ def main() -> None:
     h, i = 2048, 768  # Qwen3-30B-A3B experts
     gu = (torch.randn(args.experts, 2 * i, h) * 0.02).bfloat16()
     dn = (torch.randn(args.experts, h, i) * 0.02).bfloat16()
-    read = read_bandwidth(threads=args.threads)
-    rows = []
+    rows: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for lanes, block in VARIANTS:
-            bw = time_variant(build(Path(tmp), lanes, block), gu, dn, args.threads)
-            rows.append({"lanes": lanes, "down_block": block, "GBps": bw / 1e9, "of_read": bw / read})
+        for lanes, block, prefetch, fuse in VARIANTS:
+            lib = build(Path(tmp), lanes, block, prefetch, fuse)
+            # The read ceiling right beside each variant: on a shared host it drifts between minutes.
+            read = read_bandwidth(threads=args.threads)
+            bw = time_variant(lib, gu, dn, args.threads)
+            rows.append(
+                {
+                    "lanes": lanes,
+                    "down_block": block,
+                    "prefetch": prefetch,
+                    "fuse_gate_up": fuse,
+                    "GBps": bw / 1e9,
+                    "read_GBps": read / 1e9,
+                    "of_read": bw / read,
+                }
+            )
     # The same kernel through the runtime's wrapper, on a pool that is pinned when CUDA is present
     # (bench bw's B_H): the gap to the rows above is what the wrapper and the pool's pages cost.
     bench = Bench(PRESETS["qwen3-30b-a3b"], args.threads)
-    runtime = {"pinned": bench.cuda, "GBps": bench.host_bw() / 1e9}
+    read = read_bandwidth(threads=args.threads)
+    runtime = {"pinned": bench.cuda, "GBps": bench.host_bw() / 1e9, "read_GBps": read / 1e9}
     if bench.cuda:  # and on an unpinned copy of the same experts
         plain = Bench(PRESETS["qwen3-30b-a3b"], args.threads, pin=False)
         runtime["unpinned_GBps"] = plain.host_bw() / 1e9
-    doc = {"threads": args.threads, "host_read_GBps": read / 1e9, "variants": rows, "runtime_path": runtime}
+    doc = {"threads": args.threads, "variants": rows, "runtime_path": runtime}
     if args.json:
         print(json.dumps(doc, indent=2))
         return
-    print(f"host read {read / 1e9:.1f} GB/s, {args.threads} threads")
+    print(f"{args.threads} threads; each row's read ceiling is measured right before it")
     print(f"runtime path: {runtime}")
     for r in rows:
         print(
-            f"lanes {r['lanes']:3d}  down block {r['down_block']:4d}  {r['GBps']:6.1f} GB/s  "
-            f"{r['of_read']:.2f} × read"
+            f"lanes {r['lanes']:3d}  down block {r['down_block']:4d}  prefetch {r['prefetch']:5d}  "
+            f"fused g/u {r['fuse_gate_up']}  "
+            f"{r['GBps']:6.1f} GB/s  read {r['read_GBps']:6.1f}  {r['of_read']:.2f} × read"
         )
 
 

@@ -66,7 +66,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--warm", type=int, default=16, help="decode tokens before measuring")
     ap.add_argument("--backends", default="fused,offload,cpu,hybrid")
-    ap.add_argument("--cpu-threads", type=int)
+    ap.add_argument(
+        "--cpu-threads",
+        default="",
+        help="CPU-branch threads, a list runs each (e.g. 16,15): the thread that launches GPU work "
+        "needs a core too",
+    )
     ap.add_argument("--device", default="cuda", help="cuda; cpu stands in for a smoke test with --small")
     ap.add_argument("--small", action="store_true", help="the demo shape instead of Qwen3-30B-A3B")
     ap.add_argument(
@@ -84,8 +89,7 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     if args.routing == "uniform":
         uniform_routing(engine)
-    if args.cpu_threads:
-        torch.set_num_threads(args.cpu_threads)
+    thread_counts = [int(t) for t in args.cpu_threads.split(",") if t] or [torch.get_num_threads()]
     profile = load_profile()
     if profile is not None:  # what `freetoken bench bw` measured here, its measured split included
         b_p, b_h, correction = profile.b_p, profile.b_h, profile.fetch_correction()
@@ -94,13 +98,19 @@ def main() -> None:
     size = engine.pool.expert_nbytes
     rows = []
     gpu_ms = None
-    for backend in args.backends.split(","):
+    runs = [
+        (backend, threads)
+        for backend in args.backends.split(",")
+        for threads in (thread_counts[:1] if backend == "fused" else thread_counts)
+    ]
+    for backend, threads in runs:
         if backend == "fused":
             moe = MoeConfig("fused")
         else:
             moe = MoeConfig(
                 backend,
                 cache_ratio=args.ratio,
+                cpu_threads=threads,
                 pcie_gbps=b_p / 1e9 if b_p else None,
                 host_gbps=b_h / 1e9,
                 fetch_correction=correction,
@@ -114,6 +124,7 @@ def main() -> None:
         rows.append(
             {
                 "backend": backend,
+                "threads": threads,
                 "slots": engine.num_slots,
                 **result,
                 "floor_ms": floor_ms,
@@ -134,7 +145,6 @@ def main() -> None:
         "from_profile": profile is not None,
         "q_over_m_model": min(1.0, (b_p or 0.0) / b_h),
         "gpu_ms": gpu_ms,
-        "threads": torch.get_num_threads(),
         "rows": rows,
     }
     if args.json:
@@ -148,6 +158,7 @@ def main() -> None:
     table = Table(title=title)
     for col in (
         "backend",
+        "threads",
         "slots",
         "tok/s",
         "ms/token",
@@ -163,6 +174,7 @@ def main() -> None:
     for r in rows:
         table.add_row(
             r["backend"],
+            str(r["threads"]),
             str(r["slots"]),
             f"{r['tok_s']:.1f}",
             f"{r['step_ms']:.2f}",

@@ -88,6 +88,6 @@ def test_cached_backends_on_cuda_equal_fused(
         totals = gpu.moe_counters.totals()
         assert totals["fills"] + totals["cpu"] == totals["misses"]
         assert (gpu.executor.bank.table.cpu().numpy() == gpu.executor.cache.slot_of).all()
-        assert gpu.pool.gate_up[0].is_pinned()
+        assert gpu.pool.pinned
     finally:
         gpu.close()

@@ -42,7 +42,10 @@ def bw(
         ),
     ] = "qwen3-30b-a3b",
     threads: Annotated[
-        int | None, typer.Option("--threads", min=1, help="CPU threads (default: all).")
+        int | None,
+        typer.Option(
+            "--threads", min=1, help="CPU kernel threads (default: all cores, less 2 beside a GPU)."
+        ),
     ] = None,
     reps: Annotated[
         int, typer.Option("--reps", min=1, help="Repetitions per measurement (best is kept).")

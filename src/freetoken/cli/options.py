@@ -58,7 +58,11 @@ MaxFetchOpt = Annotated[
     int | None, typer.Option("--moe-hybrid-max-fetch", help="Most misses hybrid fetches per layer step.")
 ]
 CpuThreadsOpt = Annotated[
-    int | None, typer.Option("--moe-cpu-threads", help="Threads for CPU expert compute (default: all cores).")
+    int | None,
+    typer.Option(
+        "--moe-cpu-threads",
+        help="Threads for CPU expert compute (default: all cores, less 2 beside a GPU for the launcher).",
+    ),
 ]
 PcieOpt = Annotated[
     float | None,

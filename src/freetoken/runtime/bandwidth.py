@@ -18,7 +18,12 @@ from freetoken.errors import FreeTokenError
 from freetoken.runtime.config import load_model_config
 from freetoken.runtime.devices import sync_device
 from freetoken.runtime.moe.cpu_branch import CpuBranch
-from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, kernel_available, read_bandwidth
+from freetoken.runtime.moe.kernels.cpu_experts import (
+    branch_threads,
+    cpu_experts,
+    kernel_available,
+    read_bandwidth,
+)
 from freetoken.runtime.moe.pool import HostExpertPool
 from freetoken.runtime.moe.slot_bank import SlotBank
 from freetoken.runtime.profile import BandwidthProfile, current_versions, this_machine
@@ -184,7 +189,7 @@ def measure(
     shape: ExpertShape, threads: int | None = None, reps: int = 5, miss_rate: float = 0.63
 ) -> BandwidthProfile:
     """`miss_rate`: the share of a layer's top-k expected to miss (0.63 ≈ a cache of 37% of the pool)."""
-    threads = threads or torch.get_num_threads()
+    threads = threads or branch_threads()
     machine = this_machine(threads)
     bench = Bench(shape, threads, reps=reps)
     host_read = read_bandwidth(threads=threads)

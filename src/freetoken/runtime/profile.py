@@ -41,6 +41,7 @@ class MachineIdentity:
 def this_machine(threads: int | None = None) -> MachineIdentity:
     import torch
 
+    from freetoken.runtime.moe.kernels.cpu_experts import branch_threads
     from freetoken.runtime.moe.kernels.loader import cpu_model
 
     gpu_name = gpu_uuid = None
@@ -48,7 +49,7 @@ def this_machine(threads: int | None = None) -> MachineIdentity:
         props = torch.cuda.get_device_properties(0)
         gpu_name = props.name
         gpu_uuid = str(getattr(props, "uuid", "")) or None
-    return MachineIdentity(gpu_name, gpu_uuid, cpu_model(), threads or torch.get_num_threads())
+    return MachineIdentity(gpu_name, gpu_uuid, cpu_model(), threads or branch_threads())
 
 
 @dataclass(frozen=True)

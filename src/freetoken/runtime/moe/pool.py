@@ -33,6 +33,7 @@ class HostExpertPool:
     gate_up: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E, 2I, H]
     down: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E, H, I]
     _filled: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)  # -> [E] bool
+    pinned: bool = False  # page-locked by pin()
 
     @classmethod
     def allocate(
@@ -114,17 +115,20 @@ class HostExpertPool:
         Called once after loading, never before: pinning first would make every write go to locked
         pages and would hold the memory before the checkpoint is known to be whole.
         """
+        if self.pinned:
+            return
         cudart = torch.cuda.cudart()
         registered: list[int] = []
         for bank in (self.gate_up, self.down):
             for layer, tensor in bank.items():
-                if tensor.is_pinned():
-                    continue
                 code = cudart.cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
                 if int(code) == 0:
                     registered.append(tensor.data_ptr())
                 else:  # registration refused (limits): fall back to a pinned copy
                     bank[layer] = tensor.pin_memory()
+        # Not tensor.is_pinned(): torch asks about the storage's first byte, and an aligned bank is a view
+        # that starts past it, so a registered bank reads as unpinned there.
+        self.pinned = True
         # Unregister before the banks are freed: a stale registration over reused addresses would let
         # later copies DMA from pages that are no longer these. Weakref callbacks run before the pool's
         # attributes are cleared, so the banks are still alive then.

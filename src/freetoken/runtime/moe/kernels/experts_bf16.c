@@ -25,17 +25,52 @@ static inline float bf16_to_f32(uint16_t v) {
 #ifndef DOWN_BLOCK
 #define DOWN_BLOCK 32  // rows of `down` per work item
 #endif
+// Software prefetch distance in bf16 elements (0: none). A thread's rows are contiguous, but the
+// hardware streamer stops at every 4 KiB page, which is one row of `gate_up` here; prefetching past
+// the row's end keeps the stream going into the next one. Prefetches never fault, so running past
+// the end of a thread's range is harmless.
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
+// 1: the gate and up rows of one output are read in one loop (two streams, x loaded once).
+#ifndef FUSE_GATE_UP
+#define FUSE_GATE_UP 0
+#endif
 
 static inline float dot_bf16(const uint16_t *restrict w, const float *restrict x, int n) {
     float acc[LANES] = {0};
     int i = 0;
     for (; i + LANES <= n; i += LANES) {
+#if PREFETCH > 0
+        __builtin_prefetch(w + i + PREFETCH, 0, 0);
+#endif
         for (int j = 0; j < LANES; j++) acc[j] += bf16_to_f32(w[i + j]) * x[i + j];
     }
     float s = 0.0f;
     for (int j = 0; j < LANES; j++) s += acc[j];
     for (; i < n; i++) s += bf16_to_f32(w[i]) * x[i];
     return s;
+}
+
+static inline void dot2_bf16(const uint16_t *restrict g, const uint16_t *restrict u, const float *restrict x,
+                             int n, float *gv, float *uv) {
+    float ag[LANES] = {0}, au[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+#if PREFETCH > 0
+        __builtin_prefetch(g + i + PREFETCH, 0, 0);
+        __builtin_prefetch(u + i + PREFETCH, 0, 0);
+#endif
+        for (int j = 0; j < LANES; j++) {
+            ag[j] += bf16_to_f32(g[i + j]) * x[i + j];
+            au[j] += bf16_to_f32(u[i + j]) * x[i + j];
+        }
+    }
+    float sg = 0.0f, su = 0.0f;
+    for (int j = 0; j < LANES; j++) sg += ag[j], su += au[j];
+    for (; i < n; i++) sg += bf16_to_f32(g[i]) * x[i], su += bf16_to_f32(u[i]) * x[i];
+    *gv = sg;
+    *uv = su;
 }
 
 // gate_up[e]: [2I, H] (gate rows, then up rows); down[e]: [H, I]; x: [T, H] fp32; out: [T, H] fp32
@@ -53,7 +88,12 @@ void ft_experts_bf16(const uint16_t *const *gate_up, const uint16_t *const *down
             const uint16_t *u = gate_up[e] + (long)(i + inter) * hidden;
             for (int n = offsets[e]; n < offsets[e + 1]; n++) {
                 const float *xn = x + (long)tok[n] * hidden;
+#if FUSE_GATE_UP
+                float gv, uv;
+                dot2_bf16(g, u, xn, hidden, &gv, &uv);
+#else
                 const float gv = dot_bf16(g, xn, hidden), uv = dot_bf16(u, xn, hidden);
+#endif
                 act[(long)n * inter + i] = weight[n] * (gv / (1.0f + expf(-gv))) * uv;
             }
         }
