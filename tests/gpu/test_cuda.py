@@ -91,3 +91,45 @@ def test_cached_backends_on_cuda_equal_fused(
         assert gpu.pool.pinned
     finally:
         gpu.close()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"prefill_overlap": True},
+        {"prefill_overlap": False},
+        {"prefill_overlap": True, "prefill_hit_d2d": True},
+    ],
+    ids=["overlap", "serial", "hit-d2d"],
+)
+def test_streamed_prefill_on_cuda_equals_fused(tmp_path: Path, options: dict) -> None:
+    """Double buffering on the transfer stream with its ready/release events, against fused on the CPU."""
+    from freetoken.runtime.sampling import SamplingParams
+    from oracle import build_hf_model
+
+    build_hf_model(tmp_path, num_hidden_layers=5, mlp_only_layers=[1])  # 4 MoE layers of 8 experts
+    prompt = [(37 * i + 11) % 700 for i in range(150)]
+    ref = build_engine(tmp_path, device="cpu", dtype="float32", moe_backend="fused")
+    gpu = build_engine(
+        tmp_path,
+        device="cuda",
+        dtype="float32",
+        moe_backend="offload",
+        cache_size=20,
+        max_prefill_tokens=7,
+        prefill_stream="on",
+        **options,
+    )
+    try:
+        want = ref.forward(ref.new_sequence(), prompt, all_logits=True)[-1:]
+        assert rel_err(gpu.prefill(gpu.new_sequence(), prompt), want) < 1e-4
+        assert gpu.moe_counters.totals()["streamed"] > 0
+        params = SamplingParams(max_tokens=12, ignore_eos=True)
+        gpu.reset()
+        ref.reset()
+        assert [e.token_id for e in gpu.generate(prompt, params)] == [
+            e.token_id for e in ref.generate(prompt, params)
+        ]
+        assert (gpu.executor.bank.table.cpu().numpy() == gpu.executor.cache.slot_of).all()
+    finally:
+        gpu.close()

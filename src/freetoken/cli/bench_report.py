@@ -93,7 +93,15 @@ def print_report(doc: dict[str, Any]) -> None:
     table.add_row(
         "B_H", _gbps(doc["b_h"]), f"CPU expert kernel ({doc['kernel']}) at batch 1: {ratio:.2f} × host read"
     )
+    for n, bw in doc.get("b_h_batch", {}).items():
+        table.add_row(f"  B_H at {n} tokens", _gbps(bw), "per expert (prefill chunks)")
     table.add_row("B_P", _gbps(doc["b_p"]), "expert fills, pinned pool -> device slots")
+    if doc.get("device_pairs_s"):
+        table.add_row(
+            "device experts",
+            f"{doc['device_pairs_s'] / 1e6:.2f} M pairs/s",
+            "(token, expert) pairs, 512 tokens",
+        )
     table.add_row("H2D / D2H", f"{_gbps(doc['h2d'])} / {_gbps(doc['d2h'])}", "256 MiB pinned copies")
     table.add_row(
         "CPU branch launch", f"{doc['cpu_fixed_s'] * 1e6:.0f} µs", "hand-off, staging copies, merge"

@@ -72,3 +72,25 @@ HostOpt = Annotated[
     float | None,
     typer.Option("--moe-host-gbps", help="B_H, CPU expert compute bandwidth in GB/s (for hybrid)."),
 ]
+PrefillStreamOpt = Annotated[
+    str,
+    typer.Option(
+        "--moe-prefill-stream",
+        help="Stream whole expert layers through two slot buffers during prefill: auto (when the measured "
+        "bandwidths say it beats on-demand misses for the chunk), on, off.",
+    ),
+]
+PrefillHitD2dOpt = Annotated[
+    bool,
+    typer.Option(
+        "--moe-prefill-hit-d2d",
+        help="While streaming, copy experts already in a slot device-to-device; only misses cross PCIe.",
+    ),
+]
+NoPrefillOverlapOpt = Annotated[
+    bool,
+    typer.Option(
+        "--disable-moe-prefill-overlap",
+        help="Copy each layer when it is needed, then compute (no double buffering): for comparison.",
+    ),
+]

@@ -21,7 +21,10 @@ from freetoken.cli.options import (
     MaxFetchOpt,
     ModelArg,
     MoeBackendOpt,
+    NoPrefillOverlapOpt,
     PcieOpt,
+    PrefillHitD2dOpt,
+    PrefillStreamOpt,
 )
 
 
@@ -76,6 +79,9 @@ def run(
     moe_cpu_threads: CpuThreadsOpt = None,
     moe_pcie_gbps: PcieOpt = None,
     moe_host_gbps: HostOpt = None,
+    moe_prefill_stream: PrefillStreamOpt = "auto",
+    moe_prefill_hit_d2d: PrefillHitD2dOpt = False,
+    disable_moe_prefill_overlap: NoPrefillOverlapOpt = False,
     max_prefill_tokens: Annotated[
         int,
         typer.Option("--max-prefill-tokens", min=1, help="Prompt tokens per forward pass (bounds memory)."),
@@ -103,6 +109,9 @@ def run(
         pcie_gbps=moe_pcie_gbps,
         host_gbps=moe_host_gbps,
         reprofile=not no_reprofile,
+        prefill_stream=moe_prefill_stream,
+        prefill_hit_d2d=moe_prefill_hit_d2d,
+        prefill_overlap=not disable_moe_prefill_overlap,
     )
     opts = RunOptions(
         model=model,

@@ -18,6 +18,7 @@ from freetoken.errors import FreeTokenError
 from freetoken.runtime.config import load_model_config
 from freetoken.runtime.devices import sync_device
 from freetoken.runtime.moe.cpu_branch import CpuBranch
+from freetoken.runtime.moe.experts import routed_experts
 from freetoken.runtime.moe.kernels.cpu_experts import (
     branch_threads,
     cpu_experts,
@@ -40,6 +41,8 @@ class ExpertShape:
     def nbytes(self) -> int:  # bf16
         return 3 * self.hidden * self.intermediate * 2
 
+
+HOST_BATCHES = (4, 16, 64)  # tokens per expert at which B_H is measured besides 1 (prefill chunks)
 
 PRESETS = {
     "qwen3-30b-a3b": ExpertShape(2048, 768, 8, 128),
@@ -101,17 +104,33 @@ class Bench:
         self._rotation = (self._rotation + n) % self.pool.num_experts
         return (start + np.arange(n)) % self.pool.num_experts
 
-    def cpu_step(self, n: int) -> None:
+    def cpu_step(self, n: int, batch: int = 1) -> None:
+        """n experts on the CPU, each for `batch` tokens (every token routed to all n)."""
         if n <= 0:
             return
-        ids = torch.from_numpy(self._experts(n))[None]
-        x = torch.randn(1, self.shape.hidden)
-        w = torch.full((1, n), 1.0 / n)
+        ids = torch.from_numpy(self._experts(n))[None].expand(batch, n)
+        x = torch.randn(batch, self.shape.hidden)
+        w = torch.full((batch, n), 1.0 / n)
         cpu_experts(x, ids, w, self.pool.gate_up[0], self.pool.down[0], self.threads)
 
-    def host_bw(self) -> float:
+    def host_bw(self, batch: int = 1) -> float:
+        """Expert weight bytes per second through the CPU kernel at `batch` tokens per expert."""
         k = self.shape.top_k
-        return k * self.shape.nbytes / _timed(lambda: self.cpu_step(k), self.reps, self.sync)
+        return k * self.shape.nbytes / _timed(lambda: self.cpu_step(k, batch), self.reps, self.sync)
+
+    def device_pairs(self, bank: SlotBank, tokens: int = 512) -> float:
+        """(token, expert) pairs per second of expert compute on the device, prefill-sized batches."""
+        k = self.shape.top_k
+        x = torch.randn(tokens, self.shape.hidden, dtype=bank.gate_up.dtype, device=self.device)
+        gen = torch.Generator().manual_seed(1)
+        slots = torch.stack([torch.randperm(k, generator=gen) for _ in range(tokens)])  # [T, k] all slots
+        w = torch.full((tokens, k), 1.0 / k, dtype=x.dtype, device=self.device)
+
+        def compute() -> None:
+            with torch.inference_mode():
+                routed_experts(x, slots, w, bank.gate_up[:k], bank.down[:k])
+
+        return tokens * k / _timed(compute, self.reps, self.sync)
 
     def fill_bw(self, bank: SlotBank) -> float:
         k = self.shape.top_k
@@ -194,7 +213,8 @@ def measure(
     bench = Bench(shape, threads, reps=reps)
     host_read = read_bandwidth(threads=threads)
     b_h = bench.host_bw()
-    b_p = h2d = d2h = None
+    b_h_batch = {str(n): bench.host_bw(n) for n in HOST_BATCHES}
+    b_p = h2d = d2h = device_pairs = None
     overlap: list[dict[str, float]] = []
     misses = max(1, round(shape.top_k * miss_rate))
     if bench.cuda:
@@ -202,6 +222,7 @@ def measure(
         b_p = bench.fill_bw(bank)
         h2d, d2h = bench.linear()
         overlap = bench.overlap(bank, misses)
+        device_pairs = bench.device_pairs(bank)
     fixed = bench.cpu_fixed_cost()
     backend, fraction = recommend(overlap, misses)
     return BandwidthProfile(
@@ -223,6 +244,8 @@ def measure(
         },
         host_read=host_read,
         b_h=b_h,
+        b_h_batch=b_h_batch,
+        device_pairs_s=device_pairs,
         b_p=b_p,
         h2d=h2d,
         d2h=d2h,

@@ -76,6 +76,9 @@ class ModelConfig:
         return 3 * self.hidden_size * self.moe_intermediate_size
 
 
+PREFILL_STREAM_CHOICES = ("auto", "on", "off")
+
+
 @dataclass(frozen=True)
 class MoeConfig:
     """Expert placement choices (`--moe-*` flags). None means: decide from the machine."""
@@ -92,6 +95,11 @@ class MoeConfig:
     fetch_correction: float = 1.0  # measured best q/m over B_P/B_H (from the profile)
     reprofile: bool = True  # probe B_P and B_H at safe points while running
     reprofile_interval_s: float = 30.0
+    prefill_stream: str = "auto"  # stream whole expert layers in prefill: auto (when it wins) | on | off
+    prefill_hit_d2d: bool = False  # streamed experts already resident are copied on the device
+    prefill_overlap: bool = True  # copy the next layer behind this layer's compute
+    host_batch_scale: tuple[tuple[int, float], ...] = ()  # B_H(n)/B_H(1) at n tokens per expert (profile)
+    device_pairs_per_s: float | None = None  # device expert compute, (token, expert) pairs/s (profile)
 
     def __post_init__(self) -> None:
         checks = (
@@ -108,6 +116,9 @@ class MoeConfig:
         for flag, value, ok in checks:
             if value is not None and not ok(value):
                 raise FreeTokenError(f"{flag} {value} is out of range")
+        if self.prefill_stream not in PREFILL_STREAM_CHOICES:
+            choices = ", ".join(PREFILL_STREAM_CHOICES)
+            raise FreeTokenError(f"--moe-prefill-stream {self.prefill_stream!r}: expected one of {choices}")
         if self.cache_size is not None and self.cache_ratio is not None:
             raise FreeTokenError("give --moe-cache-size or --moe-cache-ratio, not both")
 

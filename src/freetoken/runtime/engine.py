@@ -135,7 +135,11 @@ class Engine:
                 f"sequence of {seq.kv.length + len(ids)} tokens exceeds the context of {self.max_seq_len}"
             )
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
-        logits = self.model(tokens, seq.kv, all_logits=all_logits)
+        self.executor.begin_pass(len(ids))
+        try:
+            logits = self.model(tokens, seq.kv, all_logits=all_logits)
+        finally:
+            self.executor.end_pass()
         seq.kv.advance(len(ids))
         seq.token_ids.extend(ids)
         return logits

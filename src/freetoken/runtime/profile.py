@@ -66,6 +66,8 @@ class BandwidthProfile:
     d2h: float | None
     cpu_fixed_s: float  # fixed cost of one CPU-branch launch (hand-off and copies), seconds
     kernel: str  # "compiled" or "torch"
+    b_h_batch: dict[str, float] = field(default_factory=dict)  # tokens per expert -> B_H there
+    device_pairs_s: float | None = None  # device expert compute, (token, expert) pairs/s at 512 tokens
     overlap: list[dict[str, float]] = field(default_factory=list)  # [{q, seconds}]: one layer step of m
     # misses (expert_shape.overlap_misses), q fetched and m − q through the CPU branch, at once
     measured_fetch_fraction: float | None = None  # best q/m from the overlapped runs
@@ -155,4 +157,14 @@ def with_profile(moe: MoeConfig, profile: BandwidthProfile | None) -> MoeConfig:
     correction = moe.fetch_correction
     if moe.pcie_gbps is None and moe.host_gbps is None:
         correction = profile.fetch_correction()
-    return replace(moe, pcie_gbps=pcie, host_gbps=host, fetch_correction=correction)
+    scale = tuple(
+        sorted((int(n), bw / profile.b_h) for n, bw in {"1": profile.b_h, **profile.b_h_batch}.items())
+    )
+    return replace(
+        moe,
+        pcie_gbps=pcie,
+        host_gbps=host,
+        fetch_correction=correction,
+        host_batch_scale=moe.host_batch_scale or scale,
+        device_pairs_per_s=moe.device_pairs_per_s or profile.device_pairs_s,
+    )

@@ -8,6 +8,8 @@ Per MoE layer per step, with the routing read back once:
             hybrid   fetch q = clamp(round(m·B_P/B_H), 1, min(m, max_fetch)), the CPU takes m − q
 The CPU branch is launched first; fills run on the transfer stream while the hits compute; the fetched
 experts compute after the fills land; partial sums are added (an exact merge: each pair counted once).
+A prefill pass where streaming whole layers wins (prefill_plan) runs every layer from a LayerStreamer's
+double buffers instead, with no routing read-back.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from freetoken.runtime.moe.cpu_branch import CpuBranch
 from freetoken.runtime.moe.executor import ExecutorContext, ExpertExecutor
 from freetoken.runtime.moe.experts import GATHER_MAX_PAIRS, routed_experts
 from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts
+from freetoken.runtime.moe.layer_stream import LayerStreamer
 from freetoken.runtime.moe.policy import choose_fetches, fetch_count
+from freetoken.runtime.moe.prefill_plan import PrefillCosts
 from freetoken.runtime.moe.slot_bank import SlotBank
 from freetoken.runtime.moe.slot_cache import EMPTY, SlotCache
 
@@ -39,6 +43,7 @@ class CachedExecutor(ExpertExecutor):
         self.pcie_bw = ctx.moe.pcie_gbps * gb if ctx.moe.pcie_gbps else None
         self.host_bw = ctx.moe.host_gbps * gb if ctx.moe.host_gbps else None
         self.probes = 0
+        self.streamer: LayerStreamer | None = None
         if warm:
             self._warm_up()
 
@@ -63,9 +68,67 @@ class CachedExecutor(ExpertExecutor):
         moe = self.ctx.moe
         return fetch_count(misses, self.pcie_bw, self.host_bw, moe.hybrid_max_fetch, moe.fetch_correction)
 
+    def prefill_costs(self) -> PrefillCosts:
+        moe = self.ctx.moe
+        return PrefillCosts(
+            num_experts=self.pool.num_experts,
+            top_k=self.ctx.num_experts_per_tok,
+            expert_bytes=self.pool.expert_nbytes,
+            pcie_bw=self.pcie_bw,
+            host_bw=self.host_bw,
+            host_batch_scale=moe.host_batch_scale,
+            device_pairs_per_s=moe.device_pairs_per_s,
+            mode=self.mode,
+            hit_d2d=moe.prefill_hit_d2d,
+        )
+
+    def resident_per_layer(self) -> float:
+        return float((self.cache.slot_of != EMPTY).sum()) / len(self.pool.layers)
+
+    def begin_pass(self, tokens: int) -> None:
+        """Stream whole layers through two buffers for this pass when --moe-prefill-stream and the
+        measured costs say so (and the slots hold two full layers)."""
+        moe = self.ctx.moe
+        if tokens < 2 or moe.prefill_stream == "off" or self.cache.num_slots < 2 * self.pool.num_experts:
+            return
+        if moe.prefill_stream == "auto" and not self.prefill_costs().stream_wins(
+            tokens, self.resident_per_layer()
+        ):
+            return
+        self.streamer = LayerStreamer(self.cache, self.bank, moe.prefill_hit_d2d, moe.prefill_overlap)
+        self.streamer.stage(self.pool.layers[0])  # behind the embedding and the first attention
+
+    def end_pass(self) -> None:
+        streamer, self.streamer = self.streamer, None
+        if streamer is None:
+            return
+        streamer.finish(self._compute_stream())
+        for layer, (pcie, d2d) in streamer.copies.items():
+            self.counters.add(self.cache.row_of[layer], streamed=pcie, d2d=d2d)
+
+    def _compute_stream(self) -> torch.cuda.Stream | None:
+        return torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+
+    def _forward_streamed(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        assert self.streamer is not None
+        stream = self._compute_stream()
+        slot_ids = self.streamer.acquire(layer, stream)[topk_ids]  # [T, K]
+        if x.device.type == "cpu" or topk_ids.numel() > GATHER_MAX_PAIRS:
+            slot_ids = slot_ids.cpu()  # grouping happens on the host anyway
+        out = routed_experts(x, slot_ids, topk_weights, self.bank.gate_up, self.bank.down)
+        self.streamer.release(layer, stream)
+        if self.cache.row_of[layer] == 0:
+            self.counters.tokens += x.shape[0]
+            self.counters.steps += 1
+        return out
+
     def forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
+        if self.streamer is not None:
+            return self._forward_streamed(layer, x, topk_ids, topk_weights)
         cache, row = self.cache, self.cache.row_of[layer]
         ids = topk_ids.cpu().numpy()  # [T, K]: the one routing read-back of this layer step
         weights = topk_weights.float().cpu().numpy()

@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-FIELDS = ("hits", "misses", "fills", "evictions", "cpu")
+# streamed / d2d: experts copied by prefill layer streaming over PCIe / on the device (its passes read no
+# routing back, so they count no hits or misses).
+FIELDS = ("hits", "misses", "fills", "evictions", "cpu", "streamed", "d2d")
 
 
 @dataclass

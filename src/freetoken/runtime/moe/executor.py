@@ -54,6 +54,12 @@ class ExpertExecutor(ABC):
     ) -> torch.Tensor:
         """x [T, H] on the compute device, topk_ids/topk_weights [T, K] -> [T, H] on the compute device."""
 
+    def begin_pass(self, tokens: int) -> None:  # noqa: B027 - only cached executors stream prefill
+        """Before a forward pass of `tokens` new tokens."""
+
+    def end_pass(self) -> None:  # noqa: B027
+        """After the forward pass (also when it raised)."""
+
     def probe(self) -> None:  # noqa: B027 - only executors that split misses use bandwidths
         """Re-measure B_P and B_H cheaply (one expert each) and fold them into the running estimates."""
 

@@ -29,13 +29,35 @@ class SlotBank:
 
     def fill(self, slot: int, layer: int, expert: int) -> None:
         """Copy (layer, expert) from the pool into `slot` (on the transfer stream when there is one)."""
+        self._copy(
+            (self.gate_up[slot], self.pool.gate_up[layer][expert]),
+            (self.down[slot], self.pool.down[layer][expert]),
+        )
+
+    def fill_run(self, slot: int, layer: int, expert: int, count: int) -> None:
+        """Experts [expert, expert + count) of `layer` into slots [slot, slot + count): one copy per bank."""
+        self._copy(
+            (self.gate_up[slot : slot + count], self.pool.gate_up[layer][expert : expert + count]),
+            (self.down[slot : slot + count], self.pool.down[layer][expert : expert + count]),
+        )
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """One slot's expert into another, device to device (on the transfer stream when there is one)."""
+        self._copy((self.gate_up[dst], self.gate_up[src]), (self.down[dst], self.down[src]))
+
+    def _copy(self, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
         if self.stream is None:
-            self.gate_up[slot].copy_(self.pool.gate_up[layer][expert])
-            self.down[slot].copy_(self.pool.down[layer][expert])
+            for dst, src in pairs:
+                dst.copy_(src)
             return
         with torch.cuda.stream(self.stream):
-            self.gate_up[slot].copy_(self.pool.gate_up[layer][expert], non_blocking=True)
-            self.down[slot].copy_(self.pool.down[layer][expert], non_blocking=True)
+            for dst, src in pairs:
+                dst.copy_(src, non_blocking=True)
+
+    def transfer_waits(self, event: torch.cuda.Event | None) -> None:
+        """Later copies on the transfer stream start after `event` (e.g. a compute stream's last read)."""
+        if self.stream is not None and event is not None:
+            self.stream.wait_event(event)
 
     def publish(self, slot_of: np.ndarray) -> None:
         """Mirror the host residency table [L, E] into the device table (on the transfer stream)."""

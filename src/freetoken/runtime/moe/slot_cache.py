@@ -63,5 +63,15 @@ class SlotCache:
         self.touch(np.array([slot]))
         return evicted
 
+    def evict(self, slot: int) -> tuple[int, int] | None:
+        """Empty `slot` (it is taken first by the next victims call); returns the (layer, expert) it held."""
+        old_row, old_expert = (int(v) for v in self.owner[slot])
+        self.owner[slot] = EMPTY
+        self.last_used[slot] = EMPTY
+        if old_row == EMPTY:
+            return None
+        self.slot_of[old_row, old_expert] = EMPTY
+        return self.moe_layers[old_row], old_expert
+
     def resident(self) -> set[tuple[int, int]]:
         return {(self.moe_layers[r], int(e)) for r, e in self.owner if r != EMPTY}

@@ -1,0 +1,141 @@
+"""Prefill layer streaming (two full-layer buffers from the slot pool) equals `fused`, and leaves the
+residency table true to the slots' contents. The cpu device stands in for the accelerator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from freetoken.runtime.engine import Engine, build_engine
+from freetoken.runtime.moe.slot_cache import EMPTY
+from freetoken.runtime.sampling import SamplingParams
+from oracle import build_hf_model, rel_err
+
+PROMPT = [(37 * i + 11) % 700 for i in range(150)]
+LAYERS = dict(num_hidden_layers=5, mlp_only_layers=[1])  # MoE layers 0, 2, 3, 4; 8 experts each
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("stream-model")
+    build_hf_model(folder, **LAYERS)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(model: Path) -> tuple[torch.Tensor, list[int]]:
+    fused = build_engine(model, device="cpu", dtype="float32", moe_backend="fused")
+    logits = fused.forward(fused.new_sequence(), PROMPT, all_logits=True)
+    fused.reset()
+    tokens = [e.token_id for e in fused.generate(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True))]
+    return logits[-1:], tokens
+
+
+def streaming(model: Path, chunk: int, backend: str = "offload", slots: int = 20, **moe: Any) -> Engine:
+    extra = {"pcie_gbps": 25.0, "host_gbps": 100.0} if backend == "hybrid" else {}
+    return build_engine(
+        model,
+        device="cpu",
+        dtype="float32",
+        moe_backend=backend,
+        cache_size=slots,
+        max_prefill_tokens=chunk,
+        prefill_stream="on",
+        **extra,
+        **moe,
+    )
+
+
+def assert_residency_true(engine: Engine) -> None:
+    ex = engine.executor
+    assert (ex.bank.table.cpu().numpy() == ex.cache.slot_of).all()
+    for row, layer in enumerate(ex.cache.moe_layers):
+        for expert, slot in enumerate(ex.cache.slot_of[row].tolist()):
+            if slot != EMPTY:
+                assert torch.equal(ex.bank.gate_up[slot], engine.pool.gate_up[layer][expert])
+                assert torch.equal(ex.bank.down[slot], engine.pool.down[layer][expert])
+                assert tuple(ex.cache.owner[slot]) == (row, expert)
+    for slot, (row, expert) in enumerate(ex.cache.owner.tolist()):  # no expert owns two slots
+        assert row == EMPTY or ex.cache.slot_of[row, expert] == slot
+
+
+@pytest.mark.parametrize("hit_d2d", [False, True], ids=["pcie", "hit-d2d"])
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
+@pytest.mark.parametrize("chunk", [7, 64, len(PROMPT)], ids=["7", "64", "whole"])
+def test_streamed_prefill_equals_fused(
+    model: Path, reference: tuple[torch.Tensor, list[int]], chunk: int, overlap: bool, hit_d2d: bool
+) -> None:
+    engine = streaming(model, chunk, prefill_overlap=overlap, prefill_hit_d2d=hit_d2d)
+    try:
+        seq = engine.new_sequence()
+        assert rel_err(engine.prefill(seq, PROMPT), reference[0]) < 1e-4
+        totals = engine.moe_counters.totals()
+        chunks = -(-len(PROMPT) // chunk)
+        assert totals["streamed"] + totals["d2d"] == chunks * 4 * 8  # every expert of every layer, per chunk
+        assert totals["misses"] == 0  # no on-demand step ran
+        if hit_d2d and chunks > 1:
+            assert totals["d2d"] > 0
+        assert_residency_true(engine)
+        # the last two layers streamed stay resident: decode finds them
+        ex = engine.executor
+        assert (ex.cache.slot_of[-2:] != EMPTY).all()
+        engine.reset()
+        tokens = [e.token_id for e in engine.generate(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True))]
+        assert tokens == reference[1]
+        assert_residency_true(engine)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "hybrid"])
+def test_streaming_under_other_cached_backends(
+    model: Path, reference: tuple[torch.Tensor, list[int]], backend: str
+) -> None:
+    engine = streaming(model, 64, backend=backend, slots=16)  # exactly the two buffers
+    try:
+        assert rel_err(engine.prefill(engine.new_sequence(), PROMPT), reference[0]) < 1e-4
+        assert_residency_true(engine)
+    finally:
+        engine.close()
+
+
+def test_too_few_slots_or_off_means_on_demand(model: Path, reference: tuple[torch.Tensor, list[int]]) -> None:
+    for options in ({"slots": 15}, {"slots": 20, "prefill_stream": "off"}):
+        slots = options.pop("slots")
+        engine = build_engine(
+            model, device="cpu", dtype="float32", moe_backend="offload", cache_size=slots, **options
+        )
+        try:
+            assert rel_err(engine.prefill(engine.new_sequence(), PROMPT), reference[0]) < 1e-4
+            totals = engine.moe_counters.totals()
+            assert totals["streamed"] == 0 and totals["misses"] > 0
+        finally:
+            engine.close()
+
+
+def test_auto_without_a_link_does_not_stream(model: Path) -> None:
+    """The cpu device has no B_P: streaming cannot win, the plan says on demand."""
+    engine = build_engine(model, device="cpu", dtype="float32", moe_backend="offload", cache_size=20)
+    try:
+        engine.prefill(engine.new_sequence(), PROMPT)
+        assert engine.moe_counters.totals()["streamed"] == 0
+    finally:
+        engine.close()
+
+
+def test_buffers_come_from_the_least_recent_slots(model: Path) -> None:
+    engine = streaming(model, len(PROMPT))
+    try:
+        cache = engine.executor.cache
+        oldest = set(np.argsort(cache.last_used, kind="stable")[:16].tolist())
+        engine.executor.begin_pass(len(PROMPT))
+        streamer = engine.executor.streamer
+        assert streamer is not None
+        assert set(np.concatenate(streamer.slots).tolist()) == oldest
+        engine.executor.end_pass()
+    finally:
+        engine.close()
