@@ -27,7 +27,7 @@ from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC
 from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.profile import load_profile
-from freetoken.runtime.synthetic import synthetic_engine
+from freetoken.runtime.synthetic import synthetic_engine, uniform_routing
 
 VARIANTS = {
     "stream": {"prefill_stream": "on"},
@@ -64,6 +64,7 @@ def main() -> None:
     prompts = [int(p) for p in args.prompts.split(",")]
     engine = synthetic_engine(spec, args.device, MoeConfig("cpu", cache_size=0), dtype="bfloat16")
     engine.engine_config = replace(engine.engine_config, max_prefill_tokens=args.chunk)
+    uniform_routing(engine)  # a real long prompt routes to nearly every expert; random weights do not
     profile = load_profile()
     b_p = (
         profile.b_p if profile is not None and profile.b_p else bandwidths(engine, torch.get_num_threads())[0]

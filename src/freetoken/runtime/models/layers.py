@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 
 class RMSNorm(nn.Module):
@@ -55,12 +56,20 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     t, s = q.shape[1], k.shape[1]
     if t == 1:
         return decode_attention(q, k, v, scale)
-    mask = None
-    if s > t:
-        rows = torch.arange(t, device=q.device)[:, None] + (s - t)  # absolute position of each query
-        mask = torch.arange(s, device=q.device)[None, :] <= rows
+    if s == t:
+        with sdpa_kernel(_SDPA_BACKENDS):
+            out = F.scaled_dot_product_attention(
+                q[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=True
+            )  # [1, NH, T, D]
+        return out[0].transpose(0, 1).reshape(t, -1)
+    # A chunk after cached keys: bottom-right causal alignment, which the flash and memory-efficient kernels
+    # take natively (a dense boolean mask would fall back to the math kernel: [NH, T, S] scores in memory).
+    # Their lower-right path wants as many key heads as query heads.
+    group = q.shape[0] // k.shape[0]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
     with sdpa_kernel(_SDPA_BACKENDS):
         out = F.scaled_dot_product_attention(
-            q[None], k[None], v[None], attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
-        )  # [1, NH, T, D]
+            q[None], k[None], v[None], attn_mask=causal_lower_right(t, s), scale=scale
+        )
     return out[0].transpose(0, 1).reshape(t, -1)
