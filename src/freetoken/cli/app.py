@@ -10,6 +10,7 @@ from freetoken import __version__
 from freetoken.cli.bench import bench_app
 from freetoken.cli.convert import convert
 from freetoken.cli.run import run
+from freetoken.cli.serve import serve
 
 app = typer.Typer(
     name="freetoken",
@@ -22,6 +23,7 @@ app = typer.Typer(
 )
 app.command("run")(run)
 app.command("convert")(convert)
+app.command("serve")(serve)
 app.add_typer(bench_app, name="bench")
 
 

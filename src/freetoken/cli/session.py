@@ -43,7 +43,16 @@ def _stderr() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def load_engine(opts: RunOptions) -> Engine:
+def load_engine(
+    model: str,
+    device: str,
+    dtype: str,
+    moe: MoeConfig,
+    max_prefill_tokens: int = 8192,
+    verify: bool = False,
+    quiet: bool = False,
+) -> Engine:
+    """Resolve the model, load it with a progress bar on stderr, and say what runs where."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
     from freetoken.runtime.config import EngineConfig
@@ -54,9 +63,9 @@ def load_engine(opts: RunOptions) -> Engine:
     from freetoken.runtime.moe.executor import CACHED_BACKENDS
 
     err = _stderr()
-    if opts.model == "demo" and not opts.as_json:
+    if model == "demo" and not quiet:
         err.print("[dim]preparing the demo model…[/dim]")
-    path = resolve_model(opts.model)
+    path = resolve_model(model)
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -64,19 +73,19 @@ def load_engine(opts: RunOptions) -> Engine:
         TransferSpeedColumn(),
         console=err,
         transient=True,
-        disable=opts.as_json or not err.is_terminal,
+        disable=quiet or not err.is_terminal,
     ) as bar:
         task = bar.add_task("loading weights", total=None)
         config = EngineConfig(
             path,
-            opts.device,
-            opts.dtype,
-            opts.moe,
-            max_prefill_tokens=opts.max_prefill_tokens,
-            verify=opts.verify,
+            device,
+            dtype,
+            moe,
+            max_prefill_tokens=max_prefill_tokens,
+            verify=verify,
         )
         engine = Engine(config, progress=lambda done, total: bar.update(task, completed=done, total=total))
-    if not opts.as_json:
+    if not quiet:
         if is_random_model(path):
             err.print(
                 f"[yellow]note:[/yellow] {path.name} has random weights: the text is noise; "
@@ -86,6 +95,12 @@ def load_engine(opts: RunOptions) -> Engine:
         where = f"{path} · {engine.device} · {dtype_name(engine.dtype)} · moe backend {engine.backend}"
         err.print(f"[dim]{where}{slots}[/dim]")
     return engine
+
+
+def _load(opts: RunOptions) -> Engine:
+    return load_engine(
+        opts.model, opts.device, opts.dtype, opts.moe, opts.max_prefill_tokens, opts.verify, opts.as_json
+    )
 
 
 def sampling_params(opts: RunOptions, engine: Engine) -> SamplingParams:
@@ -141,7 +156,7 @@ def run_once(opts: RunOptions, prompt: str) -> None:
 
     if not prompt.strip():
         raise FreeTokenError("empty prompt: pass --prompt TEXT or pipe text on stdin")
-    engine = load_engine(opts)
+    engine = _load(opts)
     params = sampling_params(opts, engine)
     if opts.raw:
         ids = engine.tokenizer.encode(prompt)
@@ -180,7 +195,7 @@ def split_reasoning(text: str) -> dict[str, str]:
 
 
 def run_chat(opts: RunOptions) -> None:
-    engine = load_engine(opts)
+    engine = _load(opts)
     params = sampling_params(opts, engine)
     err = _stderr()
     err.print("[dim]chat: /reset clears the history, /exit (or Ctrl-D) quits, Ctrl-C stops an answer[/dim]")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,28 +23,10 @@ from freetoken.runtime.memory import plan_slots
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
 from freetoken.runtime.profile import load_profile, with_profile
-from freetoken.runtime.sampling import Sampler, SamplingParams
-from freetoken.runtime.sequence import GenerationStats, Sequence, TokenEvent
-from freetoken.runtime.stopping import StopStrings
-from freetoken.runtime.tokenizer import IncrementalDetokenizer
+from freetoken.runtime.request import Request, accept_token, new_request
+from freetoken.runtime.sampling import SamplingParams
+from freetoken.runtime.sequence import Sequence, TokenEvent
 from freetoken.runtime.weights import ProgressFn
-
-
-@dataclass
-class Request:
-    id: int
-    prompt_ids: list[int]
-    params: SamplingParams
-    sampler: Sampler
-    detok: IncrementalDetokenizer
-    stops: StopStrings
-    stop_ids: frozenset[int]
-    output_ids: list[int] = field(default_factory=list)
-    next_token: int | None = None  # sampled, not yet fed to the model
-    cached_tokens: int = 0
-    t_start: float = 0.0
-    t_first: float = 0.0
-    finished: bool = False
 
 
 class Engine:
@@ -144,6 +125,27 @@ class Engine:
         seq.token_ids.extend(ids)
         return logits
 
+    @torch.inference_mode()
+    def decode_batch(self, seqs: list[Sequence], ids: list[int]) -> torch.Tensor:
+        """One decode step for several sequences at once: ids[i] continues seqs[i] -> logits [B, V]."""
+        if len(seqs) == 1:
+            return self.forward(seqs[0], ids)
+        for seq in seqs:
+            if seq.kv.length + 1 > self.max_seq_len:
+                raise FreeTokenError(
+                    f"sequence of {seq.kv.length + 1} tokens exceeds the context of {self.max_seq_len}"
+                )
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
+        self.executor.begin_pass(1)
+        try:
+            logits = self.model.decode_batch(tokens, [seq.kv for seq in seqs])
+        finally:
+            self.executor.end_pass()
+        for seq, token in zip(seqs, ids, strict=True):
+            seq.kv.advance(1)
+            seq.token_ids.append(token)
+        return logits
+
     # -- requests --------------------------------------------------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
@@ -153,16 +155,7 @@ class Engine:
             raise FreeTokenError(
                 f"prompt of {len(prompt_ids)} tokens leaves no room in the context of {self.max_seq_len}"
             )
-        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.stop_ids)
-        request = Request(
-            id=self._next_id,
-            prompt_ids=list(prompt_ids),
-            params=params,
-            sampler=Sampler(params),
-            detok=self.tokenizer.detokenizer(),
-            stops=StopStrings(params.stop),
-            stop_ids=stop_ids,
-        )
+        request = new_request(self._next_id, prompt_ids, params, self.tokenizer, self.stop_ids)
         self._next_id += 1
         self._queue.append(request)
         return request.id
@@ -240,36 +233,8 @@ class Engine:
         return self._accept(request, request.sampler(logits[-1]), first=False)
 
     def _accept(self, request: Request, token: int, first: bool) -> TokenEvent:
-        now = time.perf_counter()
-        if first:
-            request.t_first = now
-        request.output_ids.append(token)
-        reason = None
-        if token in request.stop_ids:
-            reason, text = "stop", ""
-        else:
-            text = request.stops.push(request.detok.push(token))
-            if request.stops.stopped:
-                reason = "stop"
-            elif len(request.output_ids) >= request.params.max_tokens or (
-                self._sequence is not None and self._sequence.kv.length + 1 >= self.max_seq_len
-            ):
-                reason = "length"
-        if reason is None:
-            request.next_token = token
-            return TokenEvent(request.id, token, text)
-        if not request.stops.stopped:
-            text += request.stops.push(request.detok.flush()) + request.stops.flush()
-        request.finished = True
-        stats = GenerationStats(
-            prompt_tokens=len(request.prompt_ids),
-            cached_tokens=request.cached_tokens,
-            completion_tokens=len(request.output_ids),
-            prefill_s=request.t_first - request.t_start,
-            decode_s=now - request.t_first,
-            ttft_s=request.t_first - request.t_start,
-        )
-        return TokenEvent(request.id, token, text, finish_reason=reason, stats=stats)
+        room = self._sequence is None or self._sequence.kv.length + 1 < self.max_seq_len
+        return accept_token(request, token, first, room)
 
 
 def build_engine(

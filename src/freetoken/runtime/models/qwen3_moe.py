@@ -16,7 +16,7 @@ from freetoken.formats.tensor_names import QWEN3_MOE_EXPERTS
 from freetoken.runtime.config import ModelConfig, eos_ids, rope_from_hf
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.models.base import Architecture
-from freetoken.runtime.models.layers import RMSNorm, SwiGLUMLP, causal_attention
+from freetoken.runtime.models.layers import RMSNorm, SwiGLUMLP, causal_attention, decode_attention
 from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
 from freetoken.runtime.moe.executor import ExpertExecutor
 
@@ -46,6 +46,21 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k_all, v_all = kv.write(self.layer, start, k, v)  # [KVH, start + T, D]
         return self.o_proj(causal_attention(q, k_all, v_all, self.head_dim**-0.5))
+
+    def forward_batch(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
+    ) -> torch.Tensor:
+        """x [B, H]: one new token of each of B sequences (row i continues kvs[i] at starts[i])."""
+        b = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(b, self.num_heads, self.head_dim)).transpose(0, 1)  # [NH, B, D]
+        k = self.k_norm(self.k_proj(x).view(b, self.num_kv_heads, self.head_dim)).transpose(0, 1)
+        v = self.v_proj(x).view(b, self.num_kv_heads, self.head_dim).transpose(0, 1)  # [KVH, B, D]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        rows = []
+        for i, (kv, start) in enumerate(zip(kvs, starts, strict=True)):
+            k_all, v_all = kv.write(self.layer, start, k[:, i : i + 1], v[:, i : i + 1])
+            rows.append(decode_attention(q[:, i : i + 1], k_all, v_all, self.head_dim**-0.5))  # [1, NH*D]
+        return self.o_proj(torch.cat(rows))
 
 
 class SparseMoeBlock(nn.Module):
@@ -92,6 +107,12 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, start)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def forward_batch(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
+    ) -> torch.Tensor:
+        x = x + self.self_attn.forward_batch(self.input_layernorm(x), cos, sin, kvs, starts)
+        return x + self.mlp(self.post_attention_layernorm(x))  # the experts see the whole batch at once
+
 
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -134,6 +155,21 @@ class Qwen3MoeForCausalLM(nn.Module):
             x = layer(x, cos, sin, kv, start)
         if not all_logits:
             x = x[-1:]
+        return self.lm_head(self.model.norm(x))
+
+    def decode_batch(self, input_ids: torch.Tensor, kvs: list[KVCache]) -> torch.Tensor:
+        """input_ids [B]: the next token of each of B sequences -> logits [B, V].
+
+        Attention runs per sequence against its own cache; norms, projections and the experts run on
+        the batch, so an expert wanted by several sequences is read once. The caller advances each kv.
+        """
+        starts = [kv.length for kv in kvs]
+        for kv, start in zip(kvs, starts, strict=True):
+            kv.reserve(start + 1)
+        x = self.model.embed_tokens(input_ids)  # [B, H]
+        cos, sin = self.rotary(torch.tensor(starts, device=input_ids.device), x.dtype)  # [B, D]
+        for layer in self.model.layers:
+            x = layer.forward_batch(x, cos, sin, kvs, starts)
         return self.lm_head(self.model.norm(x))
 
 

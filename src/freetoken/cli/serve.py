@@ -1,0 +1,117 @@
+"""`freetoken serve`: OpenAI- and Anthropic-compatible HTTP server over one engine."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from freetoken.cli.errors import reports_errors
+from freetoken.cli.options import (
+    CacheRatioOpt,
+    CacheSizeOpt,
+    CpuLayersOpt,
+    CpuThreadsOpt,
+    DeviceOpt,
+    DtypeOpt,
+    HostOpt,
+    KvReserveOpt,
+    MaxFetchOpt,
+    ModelArg,
+    MoeBackendOpt,
+    NoPrefillOverlapOpt,
+    PcieOpt,
+    PrefillHitD2dOpt,
+    PrefillStreamOpt,
+)
+
+
+@reports_errors
+def serve(
+    model: ModelArg = "demo",
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="FREETOKEN_API_KEY",
+            help="Require this key (Authorization: Bearer, or x-api-key) on every API request.",
+        ),
+    ] = None,
+    max_running_requests: Annotated[
+        int, typer.Option("--max-running-requests", min=1, help="Sequences decoded together; more wait.")
+    ] = 4,
+    max_queued_requests: Annotated[
+        int, typer.Option("--max-queued-requests", min=0, help="Waiting requests before answering 429.")
+    ] = 64,
+    max_prefill_tokens: Annotated[
+        int, typer.Option("--max-prefill-tokens", min=1, help="Prompt tokens per forward pass.")
+    ] = 8192,
+    prefix_cache_tokens: Annotated[
+        int,
+        typer.Option(
+            "--prefix-cache-tokens", min=0, help="Tokens of KV kept for reuse across requests (0: off)."
+        ),
+    ] = 65536,
+    served_model_name: Annotated[
+        list[str] | None,
+        typer.Option("--served-model-name", help="Model name(s) reported by /v1/models (repeatable)."),
+    ] = None,
+    max_body_mib: Annotated[
+        int, typer.Option("--max-body-mib", min=1, help="Largest request body accepted (413 above).")
+    ] = 32,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    moe_backend: MoeBackendOpt = "auto",
+    moe_cache_size: CacheSizeOpt = None,
+    moe_cache_ratio: CacheRatioOpt = None,
+    kv_reserve_tokens: KvReserveOpt = 8192,
+    moe_cpu_layers: CpuLayersOpt = None,
+    moe_hybrid_max_fetch: MaxFetchOpt = None,
+    moe_cpu_threads: CpuThreadsOpt = None,
+    moe_pcie_gbps: PcieOpt = None,
+    moe_host_gbps: HostOpt = None,
+    moe_prefill_stream: PrefillStreamOpt = "auto",
+    moe_prefill_hit_d2d: PrefillHitD2dOpt = False,
+    disable_moe_prefill_overlap: NoPrefillOverlapOpt = False,
+    no_reprofile: Annotated[
+        bool, typer.Option("--no-reprofile", help="Do not re-measure B_P and B_H while serving.")
+    ] = False,
+) -> None:
+    """Serve a model over HTTP: /v1/chat/completions, /v1/completions, /v1/messages, /metrics."""
+    import uvicorn
+
+    from freetoken.cli.session import load_engine
+    from freetoken.runtime.batcher import Batcher
+    from freetoken.runtime.config import MoeConfig
+    from freetoken.serve.app import create_app
+    from freetoken.serve.state import ServeState
+
+    moe = MoeConfig(
+        backend=moe_backend,
+        cache_size=moe_cache_size,
+        cache_ratio=moe_cache_ratio,
+        kv_reserve_tokens=kv_reserve_tokens,
+        cpu_layers=moe_cpu_layers,
+        hybrid_max_fetch=moe_hybrid_max_fetch,
+        cpu_threads=moe_cpu_threads,
+        pcie_gbps=moe_pcie_gbps,
+        host_gbps=moe_host_gbps,
+        reprofile=not no_reprofile,
+        prefill_stream=moe_prefill_stream,
+        prefill_hit_d2d=moe_prefill_hit_d2d,
+        prefill_overlap=not disable_moe_prefill_overlap,
+    )
+    engine = load_engine(model, device, dtype, moe, max_prefill_tokens)
+    batcher = Batcher(engine, max_running_requests, max_queued_requests, prefix_cache_tokens)
+    names = tuple(served_model_name or ()) or (
+        model if model == "demo" else engine.engine_config.model_path.name,
+    )
+    state = ServeState(batcher, names, api_key=api_key, max_body_bytes=max_body_mib << 20)
+    batcher.start()
+    try:
+        uvicorn.run(create_app(state), host=host, port=port, log_level="info")
+    finally:
+        batcher.stop()
+        engine.close()

@@ -1,0 +1,205 @@
+"""Continuous batching: one engine loop on its own thread, serving many requests.
+
+Each turn of the loop: drop cancelled requests; admit queued ones up to `max_running` (each prefills
+alone, its KV first loaded from the prefix cache as far as it matches); then one decode step for every
+running request together (`Engine.decode_batch`: the experts see the whole batch, so an expert two
+sequences want is read once). Requests join and leave at these step boundaries. A finished or
+cancelled request's KV goes into the prefix cache, then its sequence is dropped.
+
+Events go to each request's callback, on the loop's thread. A request that fails (a bad prompt, an
+error inside the engine) gets the exception as its last event; the loop itself carries on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from freetoken.errors import FreeTokenError
+from freetoken.runtime.engine import Engine
+from freetoken.runtime.kv.prefix_cache import PrefixCache
+from freetoken.runtime.request import Request, accept_token, new_request
+from freetoken.runtime.sampling import SamplingParams
+from freetoken.runtime.sequence import TokenEvent
+
+Callback = Callable[[TokenEvent | Exception], None]
+
+
+class Overloaded(FreeTokenError):
+    """The queue is full: the caller should answer 429."""
+
+
+@dataclass
+class BatcherStats:
+    submitted: int = 0
+    finished: int = 0
+    cancelled: int = 0
+    rejected: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    batched_rows: int = 0  # sum of batch sizes over decode steps
+    ttft_s_sum: float = 0.0
+    ttft_count: int = 0
+
+
+class Batcher:
+    def __init__(
+        self, engine: Engine, max_running: int = 4, max_queued: int = 64, prefix_cache_tokens: int = 65536
+    ) -> None:
+        self.engine = engine
+        self.max_running, self.max_queued = max_running, max_queued
+        self.prefix = PrefixCache(prefix_cache_tokens)
+        self.stats = BatcherStats()
+        self.started_at = time.monotonic()
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[Request, Callback]] = deque()
+        self._running: list[tuple[Request, Callback]] = []
+        self._cancelled: set[int] = set()
+        self._next_id = 0
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # -- called from any thread ------------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, on_event: Callback) -> int:
+        engine = self.engine
+        if not prompt_ids:
+            raise FreeTokenError("empty prompt")
+        if len(prompt_ids) >= engine.max_seq_len:
+            raise FreeTokenError(
+                f"prompt of {len(prompt_ids)} tokens leaves no room in the context of {engine.max_seq_len}"
+            )
+        with self._cond:
+            if len(self._queue) >= self.max_queued:
+                self.stats.rejected += 1
+                raise Overloaded(f"{len(self._queue)} requests already queued")
+            request = new_request(self._next_id, prompt_ids, params, engine.tokenizer, engine.stop_ids)
+            self._next_id += 1
+            self._queue.append((request, on_event))
+            self.stats.submitted += 1
+            self._cond.notify()
+        return request.id
+
+    def cancel(self, request_id: int) -> None:
+        with self._cond:
+            self._cancelled.add(request_id)
+            self._cond.notify()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="freetoken-batcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    # -- the loop's thread -----------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._queue and not self._running and not self._cancelled:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                cancelled, self._cancelled = self._cancelled, set()
+                self._queue = deque(item for item in self._queue if item[0].id not in cancelled)
+                room = self.max_running - len(self._running) + len(cancelled & self._running_ids())
+                admitted = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
+            for item in [item for item in self._running if item[0].id in cancelled]:
+                self._running.remove(item)
+                self.stats.cancelled += 1
+                self._retire(item[0])
+            for item in admitted:
+                self._guarded(item, self._prefill)
+            if self._running:
+                self._decode_step()
+
+    def _running_ids(self) -> set[int]:
+        return {request.id for request, _ in self._running}
+
+    def _guarded(self, item: tuple[Request, Callback], step: Callable[[Request, Callback], None]) -> None:
+        try:
+            step(*item)
+        except Exception as exc:  # the request fails; the loop and the other requests go on
+            self.stats.failed += 1
+            if item in self._running:
+                self._running.remove(item)
+            item[0].seq = None
+            item[1](exc)
+
+    def _prefill(self, request: Request, on_event: Callback) -> None:
+        engine = self.engine
+        request.t_start = time.perf_counter()
+        seq = request.seq = engine.new_sequence()
+        prompt = request.prompt_ids
+        cached = self.prefix.load(prompt, seq.kv, limit=len(prompt) - 1)  # one token left to compute
+        seq.token_ids = list(prompt[:cached])
+        request.cached_tokens = cached
+        logits = engine.prefill(seq, prompt[cached:])
+        self.stats.prompt_tokens += len(prompt)
+        self.stats.cached_tokens += cached
+        self._emit(request, on_event, request.sampler(logits[-1]), first=True)
+        if not request.finished:
+            self._running.append((request, on_event))
+
+    def _decode_step(self) -> None:
+        batch = list(self._running)
+        seqs = [request.seq for request, _ in batch]
+        tokens = [request.next_token for request, _ in batch]
+        try:
+            logits = self.engine.decode_batch(seqs, tokens)  # type: ignore[arg-type]
+        except Exception:  # find who: step each alone, so one bad sequence fails only itself
+            for item in batch:
+                self._guarded(item, self._decode_alone)
+            return
+        self.stats.decode_steps += 1
+        self.stats.batched_rows += len(batch)
+        for i, item in enumerate(batch):
+            request, on_event = item
+            self._emit(request, on_event, request.sampler(logits[i]), first=False)
+            if request.finished:
+                self._running.remove(item)
+
+    def _decode_alone(self, request: Request, on_event: Callback) -> None:
+        assert request.seq is not None and request.next_token is not None
+        logits = self.engine.decode_batch([request.seq], [request.next_token])
+        self._emit(request, on_event, request.sampler(logits[-1]), first=False)
+        if request.finished:
+            self._running.remove((request, on_event))
+
+    def _emit(self, request: Request, on_event: Callback, token: int, first: bool) -> None:
+        assert request.seq is not None
+        room = request.seq.kv.length + 1 < self.engine.max_seq_len
+        event = accept_token(request, token, first, room)
+        self.stats.generated_tokens += 1
+        if first:
+            self.stats.ttft_s_sum += request.t_first - request.t_start
+            self.stats.ttft_count += 1
+        if event.finished:
+            self.stats.finished += 1
+            self._retire(request)
+        on_event(event)
+
+    def _retire(self, request: Request) -> None:
+        """Keep what the sequence computed for later requests sharing its prefix; free the sequence."""
+        seq, request.seq = request.seq, None
+        if seq is not None and seq.token_ids:
+            self.prefix.insert(seq.token_ids, seq.kv)

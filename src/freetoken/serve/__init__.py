@@ -1,0 +1,1 @@
+"""OpenAI/Anthropic-compatible serving."""

@@ -1,0 +1,264 @@
+"""Anthropic-compatible endpoints: /v1/messages (streamed or not) and /v1/messages/count_tokens.
+
+Messages map onto the chat template's OpenAI-style roles: text blocks join into content, thinking
+blocks become reasoning_content, tool_use blocks tool_calls, and each tool_result block a `tool` message.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from freetoken.runtime.sampling import SamplingParams
+from freetoken.serve.errors import bad, get, in_range
+from freetoken.serve.generation import Outcome, Prompt, complete, parsed, render_chat
+from freetoken.serve.output_parser import ReasoningDelta, TextDelta, ToolCallDelta
+from freetoken.serve.state import ServeState, read_json
+
+router = APIRouter()
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def _text_of(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad(where, "expected a string or an array of blocks")
+    parts = []
+    for j, block in enumerate(content):
+        if (
+            not isinstance(block, dict)
+            or block.get("type") != "text"
+            or not isinstance(block.get("text"), str)
+        ):
+            raise bad(f"{where}[{j}]", "expected a text block")
+        parts.append(block["text"])
+    return "".join(parts)
+
+
+def to_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None:
+        out.append({"role": "system", "content": _text_of(system, "system")})
+    messages = get(body, "messages", list)
+    if not messages:
+        raise bad("messages", "at least one message is required")
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad(where, "expected an object")
+        role = get(message, "role", str, where=f"{where}.")
+        if role not in ("user", "assistant"):
+            raise bad(f"{where}.role", f"{role!r} is not user or assistant")
+        content = get(message, "content", (str, list), where=f"{where}.")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        text, reasoning, calls, results = [], [], [], []
+        for j, block in enumerate(blocks):
+            at = f"{where}.content[{j}]"
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                text.append(get(block, "text", str, where=f"{at}."))
+            elif kind == "thinking" and role == "assistant":
+                reasoning.append(get(block, "thinking", str, where=f"{at}."))
+            elif kind == "redacted_thinking" and role == "assistant":
+                continue
+            elif kind == "tool_use" and role == "assistant":
+                call_input = get(block, "input", dict, default={}, where=f"{at}.")
+                name = get(block, "name", str, where=f"{at}.")
+                calls.append({"id": block.get("id"), "function": {"name": name, "arguments": call_input}})
+            elif kind == "tool_result" and role == "user":
+                result = block.get("content", "")
+                results.append({"role": "tool", "content": _text_of(result, f"{at}.content")})
+            else:
+                raise bad(f"{at}.type", f"{kind!r} is not supported in a {role} message")
+        out.extend(results)
+        if role == "user" and (text or not results):
+            out.append({"role": "user", "content": "".join(text)})
+        if role == "assistant":
+            item: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+            if reasoning:
+                item["reasoning_content"] = "".join(reasoning)
+            if calls:
+                item["tool_calls"] = calls
+            out.append(item)
+    return out
+
+
+def to_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    tools = get(body, "tools", list, default=None)
+    choice = get(body, "tool_choice", dict, default={})
+    if not tools or choice.get("type") == "none":
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise bad(f"tools[{i}]", "expected an object")
+        name = get(tool, "name", str, where=f"tools[{i}].")
+        schema = get(tool, "input_schema", dict, default={"type": "object"}, where=f"tools[{i}].")
+        fn = {"name": name, "description": tool.get("description", ""), "parameters": schema}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def prompt_of(state: ServeState, body: dict[str, Any]) -> Prompt:
+    thinking = get(body, "thinking", dict, default=None)
+    kwargs = {} if thinking is None else {"enable_thinking": thinking.get("type") == "enabled"}
+    return render_chat(state.batcher, to_chat(body), to_tools(body), **kwargs)
+
+
+def sampling(body: dict[str, Any], state: ServeState) -> SamplingParams:
+    max_tokens = get(body, "max_tokens", int)
+    if max_tokens < 1:
+        raise bad("max_tokens", f"{max_tokens} must be >= 1")
+    stops = get(body, "stop_sequences", list, default=[])
+    if not all(isinstance(s, str) for s in stops):
+        raise bad("stop_sequences", "expected an array of strings")
+    return SamplingParams(
+        temperature=in_range("temperature", get(body, "temperature", float, default=1.0), 0.0, 1.0) or 0.0,
+        top_p=in_range("top_p", get(body, "top_p", float, default=1.0), 1e-9, 1.0) or 1.0,
+        top_k=int(in_range("top_k", get(body, "top_k", int, default=0), 0, 1 << 30) or 0),
+        max_tokens=min(max_tokens, state.engine_context()),
+        stop=tuple(stops),
+    )
+
+
+def _usage(outcome: Outcome) -> dict[str, int]:
+    return {
+        "input_tokens": outcome.prompt_tokens - outcome.cached_tokens,
+        "output_tokens": outcome.completion_tokens,
+        "cache_read_input_tokens": outcome.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def _tool_block(call: ToolCallDelta) -> dict[str, Any]:
+    return {
+        "type": "tool_use",
+        "id": "toolu_" + call.id.removeprefix("call_"),
+        "name": call.name,
+        "input": {},
+    }
+
+
+@router.post("/v1/messages")
+async def messages(request: Request) -> Any:
+    state: ServeState = request.app.state.serve
+    body = await read_json(request)
+    prompt, params = prompt_of(state, body), sampling(body, state)
+    model = get(body, "model", str)
+    message_id = f"msg_{secrets.token_hex(12)}"
+    if get(body, "stream", bool, default=False):
+        events = _stream(state, prompt, params, message_id, model)
+        first = await events.__anext__()  # submitted: a refusal is still an HTTP error
+        return StreamingResponse(_chain(first, events), media_type="text/event-stream")
+    outcome = await complete(state.batcher, prompt, params)
+    content: list[dict[str, Any]] = []
+    if outcome.reasoning:
+        content.append({"type": "thinking", "thinking": outcome.reasoning, "signature": ""})
+    if outcome.content:
+        content.append({"type": "text", "text": outcome.content})
+    for call in outcome.tool_calls:
+        content.append({**_tool_block(call), "input": json.loads(call.arguments)})
+    return JSONResponse(
+        {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": STOP_REASONS.get(outcome.finish_reason, "end_turn"),
+            "stop_sequence": None,
+            "usage": _usage(outcome),
+        }
+    )
+
+
+def _event(kind: str, doc: dict[str, Any]) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **doc}, ensure_ascii=False)}\n\n"
+
+
+async def _stream(
+    state: ServeState, prompt: Prompt, params: SamplingParams, message_id: str, model: str
+) -> AsyncIterator[str]:
+    items = parsed(state.batcher, prompt, params)
+    first = await items.__anext__()
+    start = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": len(prompt.ids), "output_tokens": 0},
+    }
+    yield _event("message_start", {"message": start})
+    index, open_kind = -1, None  # the content block being streamed
+
+    def close() -> str:
+        return _event("content_block_stop", {"index": index})
+
+    async for item in _chain(first, items):
+        if isinstance(item, Outcome):
+            if open_kind == "thinking":
+                yield _event(
+                    "content_block_delta",
+                    {"index": index, "delta": {"type": "signature_delta", "signature": ""}},
+                )
+            if open_kind is not None:
+                yield close()
+            delta = {"stop_reason": STOP_REASONS.get(item.finish_reason, "end_turn"), "stop_sequence": None}
+            yield _event("message_delta", {"delta": delta, "usage": _usage(item)})
+            yield _event("message_stop", {})
+            return
+        kind = (
+            "text"
+            if isinstance(item, TextDelta)
+            else "thinking"
+            if isinstance(item, ReasoningDelta)
+            else "tool"
+        )
+        if kind != open_kind or kind == "tool":
+            if open_kind == "thinking":
+                yield _event(
+                    "content_block_delta",
+                    {"index": index, "delta": {"type": "signature_delta", "signature": ""}},
+                )
+            if open_kind is not None:
+                yield close()
+            index += 1
+            open_kind = kind
+            block: dict[str, Any] = (
+                {"type": "text", "text": ""}
+                if kind == "text"
+                else {"type": "thinking", "thinking": ""}
+                if kind == "thinking"
+                else _tool_block(item)  # type: ignore[arg-type]
+            )
+            yield _event("content_block_start", {"index": index, "content_block": block})
+        if isinstance(item, TextDelta):
+            delta = {"type": "text_delta", "text": item.text}
+        elif isinstance(item, ReasoningDelta):
+            delta = {"type": "thinking_delta", "thinking": item.text}
+        else:
+            delta = {"type": "input_json_delta", "partial_json": item.arguments}
+        yield _event("content_block_delta", {"index": index, "delta": delta})
+
+
+async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for item in rest:
+        yield item
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request) -> JSONResponse:
+    state: ServeState = request.app.state.serve
+    body = await read_json(request)
+    return JSONResponse({"input_tokens": len(prompt_of(state, body).ids)})

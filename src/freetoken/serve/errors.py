@@ -1,0 +1,86 @@
+"""Errors as each protocol spells them, and field validation that names the field.
+
+OpenAI:    {"error": {"message", "type", "param", "code"}}
+Anthropic: {"type": "error", "error": {"type", "message"}}
+The protocol is chosen by path: /v1/messages* is Anthropic's, everything else OpenAI's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+# status -> (OpenAI type, Anthropic type)
+_TYPES = {
+    400: ("invalid_request_error", "invalid_request_error"),
+    401: ("authentication_error", "authentication_error"),
+    404: ("not_found_error", "not_found_error"),
+    413: ("invalid_request_error", "request_too_large"),
+    429: ("rate_limit_error", "rate_limit_error"),
+    500: ("server_error", "api_error"),
+    503: ("server_error", "overloaded_error"),
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def is_anthropic(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def error_body(path: str, status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    openai_type, anthropic_type = _TYPES.get(status, _TYPES[500])
+    if is_anthropic(path):
+        return {"type": "error", "error": {"type": anthropic_type, "message": message}}
+    return {"error": {"message": message, "type": openai_type, "param": param, "code": None}}
+
+
+def error_response(path: str, status: int, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(path, status, message, param), status_code=status)
+
+
+def bad(field: str, message: str) -> ApiError:
+    return ApiError(400, f"{field}: {message}", param=field)
+
+
+_MISSING = object()
+
+
+def get(
+    body: dict[str, Any],
+    field: str,
+    kinds: type | tuple[type, ...],
+    default: Any = _MISSING,
+    where: str = "",
+) -> Any:
+    """body[field] checked against `kinds` (bool is not an int here); a missing field is `default`, or a
+    400 naming it when there is none. `where` prefixes the name (e.g. 'messages[2].')."""
+    name = f"{where}{field}"
+    if field not in body or body[field] is None:
+        if default is _MISSING:
+            raise bad(name, "field required")
+        return default
+    value = body[field]
+    kinds_t = kinds if isinstance(kinds, tuple) else (kinds,)
+    numeric = float in kinds_t and isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, bool) and bool not in kinds_t:
+        raise bad(name, f"expected {_names(kinds_t)}, got a boolean")
+    if not numeric and not isinstance(value, kinds_t):
+        raise bad(name, f"expected {_names(kinds_t)}, got {type(value).__name__}")
+    return float(value) if numeric else value
+
+
+def in_range(name: str, value: float | None, low: float, high: float) -> float | None:
+    if value is not None and not low <= value <= high:
+        raise bad(name, f"{value} is outside [{low}, {high}]")
+    return value
+
+
+def _names(kinds: tuple[type, ...]) -> str:
+    words = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array"}
+    return " or ".join(words.get(k, "an object" if k is dict else k.__name__) for k in kinds)

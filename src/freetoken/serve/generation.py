@@ -1,0 +1,121 @@
+"""Between the HTTP handlers and the batcher: prompts in, parsed output events out.
+
+`stream` submits a request and yields the batcher's token events as they come (the batcher calls back
+on its own thread; the events cross into the event loop with call_soon_threadsafe). Leaving the
+iteration early — a client that disconnected — cancels the request, which frees its sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from freetoken.errors import FreeTokenError
+from freetoken.runtime.batcher import Batcher, Overloaded
+from freetoken.runtime.sampling import SamplingParams
+from freetoken.runtime.sequence import TokenEvent
+from freetoken.serve.errors import ApiError
+from freetoken.serve.output_parser import Event, OutputParser, ToolCallDelta
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    in_reasoning: bool  # the template opened a <think> block the model continues
+    tools: bool
+
+
+def render_chat(
+    batcher: Batcher, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kwargs: Any
+) -> Prompt:
+    tokenizer = batcher.engine.tokenizer
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, **kwargs
+        )
+    except FreeTokenError as exc:
+        raise ApiError(400, str(exc), param="messages") from None
+    except Exception as exc:  # a template that raises on these messages
+        raise ApiError(400, f"the chat template cannot render these messages: {exc}", "messages") from None
+    in_reasoning = text.rstrip().endswith("<think>")
+    return Prompt(tokenizer.encode(text), in_reasoning, bool(tools))
+
+
+async def stream(
+    batcher: Batcher, prompt_ids: list[int], params: SamplingParams
+) -> AsyncIterator[TokenEvent]:
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[TokenEvent | Exception] = asyncio.Queue()
+    try:
+        request_id = batcher.submit(
+            prompt_ids, params, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev)
+        )
+    except Overloaded as exc:
+        raise ApiError(429, f"server busy: {exc}; retry later") from None
+    except FreeTokenError as exc:
+        raise ApiError(400, str(exc), param="messages") from None
+    finished = False
+    try:
+        while True:
+            event = await queue.get()
+            if isinstance(event, Exception):
+                finished = True
+                raise ApiError(500, f"generation failed: {event}")
+            finished = event.finished
+            yield event
+            if finished:
+                return
+    finally:
+        if not finished:
+            batcher.cancel(request_id)
+
+
+@dataclass
+class Outcome:
+    """Everything one generation produced, once it is over."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    finish_reason: str = "stop"  # stop | length | tool_calls
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+async def parsed(
+    batcher: Batcher, prompt: Prompt, params: SamplingParams, reasoning: bool = True
+) -> AsyncIterator[Event | Outcome]:
+    """Parsed output events as they come, then one Outcome."""
+    parser = OutputParser(reasoning=reasoning, tools=prompt.tools, starts_in_reasoning=prompt.in_reasoning)
+    outcome = Outcome(prompt_tokens=len(prompt.ids))
+    async for event in stream(batcher, prompt.ids, params):
+        for item in parser.push(event.text):
+            yield item
+        if event.finished:
+            for item in parser.flush():
+                yield item
+            assert event.stats is not None
+            outcome.cached_tokens = event.stats.cached_tokens
+            outcome.completion_tokens = event.stats.completion_tokens
+            outcome.finish_reason = event.finish_reason or "stop"
+    outcome.content, outcome.reasoning, outcome.tool_calls = (
+        parser.content,
+        parser.reasoning,
+        parser.tool_calls,
+    )
+    if outcome.tool_calls and outcome.finish_reason == "stop":
+        outcome.finish_reason = "tool_calls"
+    yield outcome
+
+
+async def complete(
+    batcher: Batcher, prompt: Prompt, params: SamplingParams, reasoning: bool = True
+) -> Outcome:
+    result = Outcome()
+    async for item in parsed(batcher, prompt, params, reasoning):
+        if isinstance(item, Outcome):
+            result = item
+    return result

@@ -1,0 +1,191 @@
+"""Incremental parser of a Qwen-family model's output into reasoning, content and tool calls.
+
+Formats (Qwen3 chat template):
+
+* Reasoning: ``<think>`` ... ``</think>``; the text inside is reasoning. Qwen writes
+  ``<think>\\n...\\n</think>\\n\\n``, so whitespace touching a tag is dropped: at the start and end of the
+  reasoning and at the start of the content after it. When the prompt already ends in ``<think>\\n``
+  (``starts_in_reasoning=True``), the output starts inside reasoning and a bare ``</think>`` closes it.
+  ``<think>`` opens reasoning at most once per generation; after that, and with ``reasoning=False``, think
+  tags are ordinary text.
+* Tool calls: ``<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>``, possibly several in a row
+  and possibly after some text. The body is buffered until ``</tool_call>`` and then parsed. It is a call if
+  it is a JSON object with a non-empty string ``name`` and ``arguments`` an object, or a JSON string holding
+  an object, or missing (``{}``). Anything else, and a call still open at the end, becomes content text
+  verbatim, tags included, exactly as if tool parsing were off (``tools=False``). Whitespace touching a valid
+  call is dropped.
+
+Streaming: text arrives in arbitrary chunks (``"<too"`` + ``"l_call>"``). Everything is emitted at once except
+(a) a suffix that could still grow into a tag, (b) trailing whitespace of a segment, which is dropped if a tag
+follows, and (c) the body of an open tool call. Hence the concatenated events never depend on the split.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """One complete tool call, emitted when its closing tag arrives."""
+
+    index: int  # 0, 1, ... in order of appearance (valid calls only)
+    id: str  # "call_" + 24 hex chars
+    name: str
+    arguments: str  # JSON text of the arguments object
+
+
+Event = TextDelta | ReasoningDelta | ToolCallDelta
+
+
+def _parse_call(body: str) -> tuple[str, str] | None:
+    """(name, arguments as JSON text) of a tool-call body, or None if it is not a valid call."""
+    try:
+        obj = json.loads(body)
+        if not isinstance(obj, dict):
+            return None
+        args = obj.get("arguments", {})
+        if isinstance(args, str):
+            args = json.loads(args)
+    except (ValueError, RecursionError):
+        return None
+    name = obj.get("name")
+    if not isinstance(name, str) or not name or not isinstance(args, dict):
+        return None
+    return name, json.dumps(args, ensure_ascii=False)
+
+
+def _partial_tag_len(text: str, tags: tuple[str, ...]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of one of `tags`."""
+    return max((n for tag in tags for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
+
+
+class OutputParser:
+    def __init__(self, reasoning: bool = True, tools: bool = True, starts_in_reasoning: bool = False) -> None:
+        self._think_on = reasoning
+        self._tools_on = tools
+        # "content", "reasoning" or "tool" (inside <tool_call>, buffering the body)
+        self._mode = "reasoning" if reasoning and starts_in_reasoning else "content"
+        self._think_seen = self._mode == "reasoning"  # <think> opens reasoning at most once
+        self._buf = ""  # unprocessed text: a possible partial tag, or the body of the open tool call
+        self._ws = ""  # trailing whitespace of the current segment, held back: dropped if a tag follows
+        self._lead = self._mode == "reasoning"  # the segment follows a tag: drop its leading whitespace
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self.tool_calls: list[ToolCallDelta] = []
+
+    @property
+    def content(self) -> str:
+        return "".join(self._content)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self._reasoning)
+
+    def push(self, text: str) -> list[Event]:
+        """Events for this chunk; adjacent deltas of the same kind are merged, none is empty."""
+        out: list[Event] = []
+        self._buf += text
+        while self._buf:
+            if self._mode == "tool":
+                end = self._buf.find(TOOL_CLOSE)
+                if end < 0:
+                    break
+                body, self._buf = self._buf[:end], self._buf[end + len(TOOL_CLOSE) :]
+                self._close_call(body, out)
+                continue
+            tags = self._tags()
+            hits = [(i, tag) for tag in tags if (i := self._buf.find(tag)) >= 0]
+            if not hits:
+                cut = len(self._buf) - _partial_tag_len(self._buf, tags)
+                self._text(self._buf[:cut], out)
+                self._buf = self._buf[cut:]
+                break
+            i, tag = min(hits)
+            self._text(self._buf[:i], out)
+            self._buf = self._buf[i + len(tag) :]
+            self._open(tag)
+        return out
+
+    def flush(self) -> list[Event]:
+        """End of generation: release held-back text; an open tool call becomes text."""
+        out: list[Event] = []
+        if self._mode == "tool":
+            self._mode = "content"
+            self._text(TOOL_OPEN + self._buf, out)
+        else:
+            self._text(self._buf, out)
+        self._buf = ""
+        ws, self._ws = self._ws, ""
+        self._emit(ws, out)
+        return out
+
+    def _tags(self) -> tuple[str, ...]:
+        """The tags that end the current (content or reasoning) segment."""
+        if self._mode == "reasoning":
+            return (THINK_CLOSE,)
+        on = ((THINK_OPEN, self._think_on and not self._think_seen), (TOOL_OPEN, self._tools_on))
+        return tuple(tag for tag, enabled in on if enabled)
+
+    def _open(self, tag: str) -> None:
+        if tag == TOOL_OPEN:
+            # _ws and _lead are kept: if the call turns out invalid it is put back as text
+            self._mode = "tool"
+            return
+        self._mode = "reasoning" if tag == THINK_OPEN else "content"
+        self._think_seen = True
+        self._ws, self._lead = "", True
+
+    def _close_call(self, body: str, out: list[Event]) -> None:
+        self._mode = "content"
+        parsed = _parse_call(body)
+        if parsed is None:
+            self._text(TOOL_OPEN + body + TOOL_CLOSE, out)
+            return
+        call = ToolCallDelta(len(self.tool_calls), "call_" + secrets.token_hex(12), *parsed)
+        self.tool_calls.append(call)
+        out.append(call)
+        self._ws, self._lead = "", True
+
+    def _text(self, text: str, out: list[Event]) -> None:
+        """Segment text: drop leading whitespace after a tag, hold back trailing whitespace."""
+        if self._lead:
+            text = text.lstrip()
+            self._lead = not text
+        text = self._ws + text
+        body = text.rstrip()
+        self._ws = text[len(body) :]
+        self._emit(body, out)
+
+    def _emit(self, text: str, out: list[Event]) -> None:
+        if not text:
+            return
+        reasoning = self._mode == "reasoning"
+        (self._reasoning if reasoning else self._content).append(text)
+        kind = ReasoningDelta if reasoning else TextDelta
+        if out and type(out[-1]) is kind:
+            text = out.pop().text + text  # type: ignore[union-attr]
+        out.append(kind(text))
+
+
+def parse_output(text: str, **kwargs: bool) -> OutputParser:
+    """Parse a whole generation at once: push(text) + flush()."""
+    parser = OutputParser(**kwargs)
+    parser.push(text)
+    parser.flush()
+    return parser

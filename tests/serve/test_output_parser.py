@@ -1,0 +1,233 @@
+"""Incremental parsing of Qwen output into reasoning, content and tool calls."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+from itertools import pairwise
+
+import pytest
+
+from freetoken.serve.output_parser import (
+    Event,
+    OutputParser,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    parse_output,
+)
+
+WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TIME = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>'
+
+# (text, parser options) covering every tag, whitespace rule and degraded call
+SAMPLES: list[tuple[str, dict[str, bool]]] = [
+    ("<think>\nLet me think.\n</think>\n\nThe answer is 4.", {}),
+    ("I should greet.\n</think>\n\nHello  there!\n", {"starts_in_reasoning": True}),
+    (f"<think>\nNeed weather.\n</think>\n\nLet me check.\n\n{WEATHER}\n{TIME}", {}),
+    ('Hi <tool_call>\n{"name": "f", "arguments": "{\\"a\\": [1, 2]}"}\n</tool_call> bye', {}),
+    ("Before\n<tool_call>\n{not json\n</tool_call>\nafter </tool_call> <think", {}),
+    ('<think>\n思考中…\n</think>\n\nこんにちは 🌍\n<tool_call>{"name": "f", "argu', {}),
+    ("a < b <t <th <thinking> <tool <tool_cal x", {}),
+    ("<think>x</think>y<think>z</think>", {}),
+    (f"<think>\nr\n</think>\n\n{WEATHER}", {"reasoning": False, "tools": False}),
+]
+
+
+def summary(p: OutputParser) -> tuple[str, str, list[tuple[int, str, str]]]:
+    return p.content, p.reasoning, [(c.index, c.name, c.arguments) for c in p.tool_calls]
+
+
+def events_summary(events: list[Event]) -> tuple[str, str, list[tuple[int, str, str]]]:
+    content = "".join(e.text for e in events if isinstance(e, TextDelta))
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    calls = [(e.index, e.name, e.arguments) for e in events if isinstance(e, ToolCallDelta)]
+    return content, reasoning, calls
+
+
+def stream(pieces: list[str], **kwargs: bool) -> tuple[OutputParser, list[Event]]:
+    p = OutputParser(**kwargs)
+    events: list[Event] = []
+    for piece in pieces:
+        batch = p.push(piece)
+        assert_well_formed(batch)
+        events += batch
+    batch = p.flush()
+    assert_well_formed(batch)
+    return p, events + batch
+
+
+def assert_well_formed(batch: list[Event]) -> None:
+    for e in batch:
+        if not isinstance(e, ToolCallDelta):
+            assert e.text, "empty delta"
+    for a, b in pairwise(batch):
+        assert not (type(a) is type(b) and not isinstance(a, ToolCallDelta)), "unmerged deltas"
+
+
+@pytest.mark.parametrize(("text", "kwargs"), SAMPLES)
+def test_every_split_matches_one_shot(text: str, kwargs: dict[str, bool]) -> None:
+    whole, events = stream([text], **kwargs)
+    expected = summary(whole)
+    assert events_summary(events) == expected
+    splits = [[text[:i], text[i:]] for i in range(len(text) + 1)] + [list(text)]
+    rng = random.Random(0)
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(text)), 4))
+        splits.append([text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)])
+    for pieces in splits:
+        p, events = stream(pieces, **kwargs)
+        assert summary(p) == expected, pieces
+        assert events_summary(events) == expected, pieces
+
+
+def test_reasoning_then_content() -> None:
+    p = parse_output("<think>\nStep 1.\n\nStep 2.\n</think>\n\nThe answer\n\nis 4.")
+    assert p.reasoning == "Step 1.\n\nStep 2."
+    assert p.content == "The answer\n\nis 4."
+    assert p.tool_calls == []
+
+
+def test_reasoning_started_in_prompt() -> None:
+    text = "I should greet.\n</think>\n\nHello!"
+    p = parse_output(text, starts_in_reasoning=True)
+    assert (p.reasoning, p.content) == ("I should greet.", "Hello!")
+    assert parse_output(text).content == text  # without it, a bare </think> is text
+    assert parse_output("still thinking\n", starts_in_reasoning=True).reasoning == "still thinking\n"
+
+
+def test_streaming_emits_at_once_and_holds_only_partial_tags() -> None:
+    p = OutputParser()
+    assert p.push("<think>\nHmm") == [ReasoningDelta("Hmm")]
+    assert p.push(", ok\n</thi") == [ReasoningDelta(", ok")]
+    assert p.push("nk>\n\nHi <too") == [TextDelta("Hi")]
+    assert p.push("l_call>") == []
+    assert p.push('{"name": "f"}') == []
+    call, text = p.push("</tool_call>\nx <")
+    assert isinstance(call, ToolCallDelta) and (call.name, call.arguments) == ("f", "{}")
+    assert text == TextDelta("x")  # " " may still touch a tag, "<" may still start one
+    assert p.push("b") == [TextDelta(" <b")]  # "<b" cannot become a tag: released
+    assert p.flush() == []
+
+
+def test_two_tool_calls_after_text() -> None:
+    p = parse_output(f"Let me check.\n\n{WEATHER}\n{TIME}")
+    assert p.content == "Let me check."
+    assert p.reasoning == ""
+    first, second = p.tool_calls
+    assert (first.index, first.name, json.loads(first.arguments)) == (0, "get_weather", {"city": "Paris"})
+    assert (second.index, second.name) == (1, "get_time")
+    assert json.loads(second.arguments) == {"tz": "Europe/Paris"}
+    assert all(re.fullmatch(r"call_[0-9a-f]{24}", c.id) for c in p.tool_calls)
+    assert first.id != second.id
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.name = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ('"{\\"city\\": \\"Zürich\\"}"', '{"city": "Zürich"}'),  # a JSON string holding an object
+        ('{"city": "Zürich", "days": [1, 2]}', '{"city": "Zürich", "days": [1, 2]}'),  # ensure_ascii=False
+        ("{}", "{}"),
+    ],
+)
+def test_arguments(arguments: str, expected: str) -> None:
+    [call] = parse_output(f'<tool_call>\n{{"name": "f", "arguments": {arguments}}}\n</tool_call>').tool_calls
+    assert call.arguments == expected
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "{not json",
+        '{"arguments": {}}',
+        '{"name": "", "arguments": {}}',
+        '{"name": 3, "arguments": {}}',
+        "[1, 2]",
+        '"just a string"',
+        '{"name": "f", "arguments": [1]}',
+        '{"name": "f", "arguments": null}',
+        '{"name": "f", "arguments": "not json"}',
+        '{"name": "f", "arguments": "[1]"}',
+        "[" * 100_000,
+    ],
+)
+def test_invalid_call_degrades_to_raw_text(body: str) -> None:
+    text = f"Before\n<tool_call>\n{body}\n</tool_call>\nafter"
+    p = parse_output(text)
+    assert p.content == text
+    assert p.tool_calls == []
+    assert summary(p) == summary(parse_output(text, tools=False))
+
+
+def test_valid_call_after_invalid_one_gets_index_zero() -> None:
+    bad = "<tool_call>\n{oops}\n</tool_call>"
+    p = parse_output(f"{bad}\n{WEATHER}")
+    assert p.content == bad
+    [call] = p.tool_calls
+    assert (call.index, call.name) == (0, "get_weather")
+
+
+@pytest.mark.parametrize("cut", [1, 5, 11, 12, 30, len(WEATHER) - 1])
+def test_unterminated_call_at_flush_is_text(cut: int) -> None:
+    text = "Sure.\n" + WEATHER[:cut]
+    p, events = stream([text])
+    assert p.content == text
+    assert p.tool_calls == []
+    assert events_summary(events) == (text, "", [])
+
+
+def test_open_call_is_held_until_flush() -> None:
+    p = OutputParser()
+    assert p.push('Ok <tool_call>\n{"name": "f", "arguments": {"a": "</tool') == [TextDelta("Ok")]
+    assert p.flush() == [TextDelta(' <tool_call>\n{"name": "f", "arguments": {"a": "</tool')]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected_content", "expected_reasoning", "calls"),
+    [
+        ({"reasoning": False}, "<think>\nr\n</think>\n\nx", "", 1),
+        ({"tools": False}, "x\n\n" + WEATHER, "r", 0),
+        ({"reasoning": False, "tools": False, "starts_in_reasoning": True}, None, "", 0),
+    ],
+)
+def test_disabled_tags_are_text(
+    kwargs: dict[str, bool], expected_content: str | None, expected_reasoning: str, calls: int
+) -> None:
+    text = f"<think>\nr\n</think>\n\nx\n\n{WEATHER}"
+    p = parse_output(text, **kwargs)
+    assert p.content == (text if expected_content is None else expected_content)
+    assert p.reasoning == expected_reasoning
+    assert len(p.tool_calls) == calls
+
+
+def test_think_opens_reasoning_only_once() -> None:
+    p = parse_output("<think>a</think>b <think>c</think>")
+    assert (p.reasoning, p.content) == ("a", "b <think>c</think>")
+    p = parse_output("<think>x</think>", starts_in_reasoning=True)
+    assert (p.reasoning, p.content) == ("<think>x", "")
+
+
+def test_tool_tags_inside_reasoning_are_reasoning() -> None:
+    p = parse_output(f"<think>\nmaybe {WEATHER}\n</think>\n\nno")
+    assert p.reasoning == f"maybe {WEATHER}"
+    assert (p.content, p.tool_calls) == ("no", [])
+
+
+def test_unicode_char_by_char() -> None:
+    text = "<think>\n思考中…\n</think>\n\nこんにちは 🌍 " + WEATHER.replace("Paris", "東京")
+    p, events = stream(list(text))
+    assert (p.reasoning, p.content) == ("思考中…", "こんにちは 🌍")
+    assert json.loads(p.tool_calls[0].arguments) == {"city": "東京"}
+    assert "東京" in p.tool_calls[0].arguments
+    assert events_summary(events) == summary(p)
+
+
+def test_empty_and_whitespace_only_output() -> None:
+    assert summary(parse_output("")) == ("", "", [])
+    assert summary(parse_output("<think>\n\n</think>\n\n")) == ("", "", [])
+    p, events = stream(["\n", "\n"])
+    assert (p.content, events) == ("\n\n", [TextDelta("\n\n")])  # no tag follows: kept
