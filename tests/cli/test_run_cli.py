@@ -116,7 +116,15 @@ def test_bad_model_folder_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [["--help"], ["--version"], ["run", "--help"], ["convert", "--help"], ["bench", "bw", "--help"]]
+    "args",
+    [
+        ["--help"],
+        ["--version"],
+        ["run", "--help"],
+        ["convert", "--help"],
+        ["bench", "bw", "--help"],
+        ["serve", "--help"],
+    ],
 )
 def test_help_and_version_import_no_torch(args: list[str]) -> None:
     code = (

@@ -1,7 +1,8 @@
 """Engine: build once; `add_request` / `step` / `generate`.
 
-One sequence runs at a time (batching arrives with the server); its KV cache is kept between requests,
-so a request that extends the previous conversation only prefills what is new.
+`step` runs one sequence at a time (the server's Batcher runs many, through `decode_batch`); its KV
+cache is kept between requests, so a request that extends the previous conversation only prefills
+what is new.
 """
 
 from __future__ import annotations

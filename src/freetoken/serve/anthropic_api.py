@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from freetoken.runtime.sampling import SamplingParams
-from freetoken.serve.errors import bad, get, in_range
+from freetoken.serve.errors import bad, get, in_range, sse_guard
 from freetoken.serve.generation import Outcome, Prompt, complete, parsed, render_chat
 from freetoken.serve.output_parser import ReasoningDelta, TextDelta, ToolCallDelta
 from freetoken.serve.state import ServeState, read_json
@@ -156,7 +156,9 @@ async def messages(request: Request) -> Any:
     if get(body, "stream", bool, default=False):
         events = _stream(state, prompt, params, message_id, model)
         first = await events.__anext__()  # submitted: a refusal is still an HTTP error
-        return StreamingResponse(_chain(first, events), media_type="text/event-stream")
+        return StreamingResponse(
+            sse_guard("/v1/messages", _chain(first, events)), media_type="text/event-stream"
+        )
     outcome = await complete(state.batcher, prompt, params)
     content: list[dict[str, Any]] = []
     if outcome.reasoning:

@@ -7,6 +7,8 @@ The protocol is chosen by path: /v1/messages* is Anthropic's, everything else Op
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -84,3 +86,17 @@ def in_range(name: str, value: float | None, low: float, high: float) -> float |
 def _names(kinds: tuple[type, ...]) -> str:
     words = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array"}
     return " or ".join(words.get(k, "an object" if k is dict else k.__name__) for k in kinds)
+
+
+async def sse_guard(path: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A failure after the stream started cannot change the status any more: it ends the stream with
+    an error event in the protocol's schema instead of a cut connection."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as exc:
+        status, message = (
+            (exc.status, exc.message) if isinstance(exc, ApiError) else (500, f"internal error: {exc}")
+        )
+        doc = json.dumps(error_body(path, status, message))
+        yield f"event: error\ndata: {doc}\n\n" if is_anthropic(path) else f"data: {doc}\n\n"

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from freetoken.runtime.sampling import SamplingParams
-from freetoken.serve.errors import bad, get, in_range
+from freetoken.serve.errors import bad, get, in_range, sse_guard
 from freetoken.serve.generation import Outcome, Prompt, complete, parsed, render_chat, stream
 from freetoken.serve.output_parser import ReasoningDelta, TextDelta, ToolCallDelta
 from freetoken.serve.state import ServeState, read_json
@@ -40,6 +40,7 @@ def sampling(body: dict[str, Any], state: ServeState, default_max: int) -> Sampl
         seed=get(body, "seed", int, default=None),
         max_tokens=min(limit or default_max, state.engine_context()),
         stop=tuple(stop),
+        ignore_eos=get(body, "ignore_eos", bool, default=False),  # an extension, as in vLLM
     )
 
 
@@ -125,7 +126,10 @@ async def models(request: Request) -> JSONResponse:
     )
 
 
-@router.post("/v1/chat/completions")
+CHAT_PATH = "/v1/chat/completions"
+
+
+@router.post(CHAT_PATH)
 async def chat_completions(request: Request) -> Any:
     state: ServeState = request.app.state.serve
     body = await read_json(request)
@@ -139,7 +143,7 @@ async def chat_completions(request: Request) -> Any:
     if get(body, "stream", bool, default=False):
         options = get(body, "stream_options", dict, default={})
         events = _chat_stream(state, prompt, params, meta, bool(options.get("include_usage")))
-        return StreamingResponse(await _primed(events), media_type="text/event-stream")
+        return StreamingResponse(await _primed(events, CHAT_PATH), media_type="text/event-stream")
     outcome = await complete(state.batcher, prompt, params)
     message: dict[str, Any] = {"role": "assistant", "content": outcome.content or None}
     if outcome.reasoning:
@@ -192,10 +196,10 @@ async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
         yield item
 
 
-async def _primed(events: AsyncIterator[str]) -> AsyncIterator[str]:
+async def _primed(events: AsyncIterator[str], path: str) -> AsyncIterator[str]:
     """Start the stream before answering, so a request refused at submission (400, 429) is still an
-    HTTP error rather than a broken stream."""
-    return _chain(await events.__anext__(), events)
+    HTTP error rather than a broken stream; later failures end it with an error event."""
+    return sse_guard(path, _chain(await events.__anext__(), events))
 
 
 @router.post("/v1/completions")
@@ -216,7 +220,8 @@ async def completions(request: Request) -> Any:
     meta = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": model}
     if get(body, "stream", bool, default=False):
         return StreamingResponse(
-            await _primed(_text_stream(state, ids, params, meta)), media_type="text/event-stream"
+            await _primed(_text_stream(state, ids, params, meta), "/v1/completions"),
+            media_type="text/event-stream",
         )
     text, finish, stats = "", "stop", None
     async for event in stream(state.batcher, ids, params):

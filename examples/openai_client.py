@@ -1,0 +1,23 @@
+"""Chat with a running `freetoken serve` through the OpenAI SDK (streamed).
+
+    freetoken serve demo &        # or any model; add --api-key KEY to require one
+    python examples/openai_client.py
+"""
+
+import os
+
+from openai import OpenAI
+
+client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=os.environ.get("FREETOKEN_API_KEY", "none"))
+stream = client.chat.completions.create(
+    model="demo",
+    messages=[{"role": "user", "content": "Write one line about the sea."}],
+    max_tokens=48,
+    stream=True,
+    stream_options={"include_usage": True},
+)
+for chunk in stream:
+    if chunk.choices and chunk.choices[0].delta.content:
+        print(chunk.choices[0].delta.content, end="", flush=True)
+    if chunk.usage:
+        print(f"\n[{chunk.usage.prompt_tokens} prompt tokens, {chunk.usage.completion_tokens} generated]")
