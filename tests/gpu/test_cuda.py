@@ -133,3 +133,23 @@ def test_streamed_prefill_on_cuda_equals_fused(tmp_path: Path, options: dict) ->
         assert (gpu.executor.bank.table.cpu().numpy() == gpu.executor.cache.slot_of).all()
     finally:
         gpu.close()
+
+
+def test_batched_decode_on_cuda_equals_one_at_a_time(tiny_model: tuple[Path, Any]) -> None:
+    """Several sequences in one decode step, experts through the slot cache on CUDA."""
+    ref = build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused")
+    gpu = build_engine(tiny_model[0], device="cuda", dtype="float32", moe_backend="hybrid", cache_size=4)
+    prompts = [[5, 77, 301, 12], [9, 250, 33, 401, 18], [111, 7]]
+    try:
+        seqs, refs = [gpu.new_sequence() for _ in prompts], [ref.new_sequence() for _ in prompts]
+        nxt = []
+        for seq, r, prompt in zip(seqs, refs, prompts, strict=True):
+            gpu.forward(seq, prompt)
+            nxt.append(int(ref.forward(r, prompt)[-1].argmax()))
+        for _ in range(5):
+            logits = gpu.decode_batch(seqs, nxt)
+            for i, r in enumerate(refs):
+                assert rel_err(logits[i], ref.forward(r, [nxt[i]])[-1]) < 1e-4
+            nxt = [int(row.argmax()) for row in logits]
+    finally:
+        gpu.close()
