@@ -49,10 +49,7 @@ class CachedExecutor(ExpertExecutor):
 
     def _warm_up(self) -> None:
         """Start with an equal share of every MoE layer resident (lowest expert ids), oldest first."""
-        layers = self.pool.layers
-        for slot in range(min(self.cache.num_slots, len(layers) * self.pool.num_experts)):
-            layer, expert = layers[slot % len(layers)], slot // len(layers)
-            self.cache.admit(layer, expert, slot)
+        for slot, layer, expert in self.cache.warm_start():
             self.bank.fill(slot, layer, expert)
         self.bank.publish(self.cache.slot_of)
         event = self.bank.fills_done()
@@ -135,9 +132,7 @@ class CachedExecutor(ExpertExecutor):
         experts, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
         inverse = inverse.reshape(ids.shape)
         weight_sums = np.bincount(inverse.ravel(), weights=weights.ravel(), minlength=len(experts))
-        slots = cache.lookup(layer, experts)
-        hit = slots != EMPTY
-        cache.touch(slots[hit])
+        slots, hit = cache.demand(layer, experts)
         miss_idx = np.flatnonzero(~hit)
         q = min(self.fetch_budget(layer, len(miss_idx)), len(miss_idx))
         # Never evict this step's own experts; with more misses than free slots, the rest go to the CPU.
@@ -161,9 +156,8 @@ class CachedExecutor(ExpertExecutor):
         # 2. Fills into the least recently demanded slots, on the transfer stream.
         evictions = 0
         if fetch.any():
-            victims = cache.victims(int(fetch.sum()), protected=slots[hit])
+            victims, evictions = cache.admit_misses(layer, experts[fetch], protected=slots[hit])
             for slot, expert in zip(victims.tolist(), experts[fetch].tolist(), strict=True):
-                evictions += cache.admit(layer, expert, slot) is not None
                 self.bank.fill(slot, layer, expert)
             self.bank.publish(cache.slot_of)
         fills_done = self.bank.fills_done() if fetch.any() else None

@@ -73,5 +73,33 @@ class SlotCache:
         self.slot_of[old_row, old_expert] = EMPTY
         return self.moe_layers[old_row], old_expert
 
+    def warm_start(self) -> list[tuple[int, int, int]]:
+        """Fill the empty cache with an equal share of every layer (lowest expert ids), oldest first;
+        returns the (slot, layer, expert) admitted so the caller can copy them in."""
+        layers = self.moe_layers
+        placed = []
+        for slot in range(min(self.num_slots, len(layers) * self.num_experts)):
+            layer, expert = layers[slot % len(layers)], slot // len(layers)
+            self.admit(layer, expert, slot)
+            placed.append((slot, layer, expert))
+        return placed
+
+    def demand(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One layer step asks for `experts` [M] (distinct): their slots [M] and hit mask [M]; the hits
+        are touched (recency follows the router)."""
+        slots = self.lookup(layer, experts)
+        hit = slots != EMPTY
+        self.touch(slots[hit])
+        return slots, hit
+
+    def admit_misses(self, layer: int, experts: np.ndarray, protected: np.ndarray) -> tuple[np.ndarray, int]:
+        """Admit `experts` (misses of this step) into the least recent slots outside `protected`;
+        returns (their slots, evictions)."""
+        victims = self.victims(len(experts), protected)
+        evictions = 0
+        for slot, expert in zip(victims.tolist(), experts.tolist(), strict=True):
+            evictions += self.admit(layer, expert, slot) is not None
+        return victims, evictions
+
     def resident(self) -> set[tuple[int, int]]:
         return {(self.moe_layers[r], int(e)) for r, e in self.owner if r != EMPTY}

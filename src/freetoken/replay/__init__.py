@@ -1,0 +1,1 @@
+"""Routing traces and agent sessions, replayed against placement policies and the engine."""
