@@ -114,10 +114,9 @@ def load_trace(path: Path | str) -> RoutingTrace:
     n = experts.shape[0] if experts.ndim == 3 else -1
     if n < 0 or any(arrays[k].shape != (n,) for k in ("phase", "request", "pass_id")):
         raise FreeTokenError(f"{path}: arrays of inconsistent shapes (experts {list(experts.shape)})")
-    if experts.shape[1] != len(meta.get("moe_layers", [])):
-        raise FreeTokenError(
-            f"{path}: {experts.shape[1]} layers of routing but metadata lists {len(meta.get('moe_layers', []))}"
-        )
+    listed = len(meta.get("moe_layers", []))
+    if experts.shape[1] != listed:
+        raise FreeTokenError(f"{path}: {experts.shape[1]} layers of routing but the metadata lists {listed}")
     if n and (experts.min() < 0 or experts.max() >= int(meta["num_experts"])):
         raise FreeTokenError(f"{path}: expert ids outside [0, {meta['num_experts']})")
     return RoutingTrace(experts.astype(np.int64), arrays["phase"], arrays["request"], arrays["pass_id"], meta)
