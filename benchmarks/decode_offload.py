@@ -14,20 +14,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
+from freetoken.errors import FreeTokenError
+from freetoken.replay.trace import load_trace
 from freetoken.runtime.bandwidth import Bench, ExpertShape
 from freetoken.runtime.config import MoeConfig
 from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.moe.slot_bank import SlotBank
 from freetoken.runtime.profile import load_profile
-from freetoken.runtime.synthetic import decode_steps, synthetic_engine, uniform_routing
+from freetoken.runtime.synthetic import decode_steps, synthetic_engine, trace_routing, uniform_routing
 
 
 def bandwidths(engine: Engine, threads: int) -> tuple[float | None, float]:
@@ -80,6 +84,12 @@ def main() -> None:
         default="uniform",
         help="uniform: random top-k per token (no locality); model: the random model's own router",
     )
+    ap.add_argument(
+        "--routing-trace",
+        type=Path,
+        help="replay a recorded routing trace (freetoken run/serve --record-routing) instead of a router; "
+        "its layer and expert counts must match the model (see --layers)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     base = DEMO_SPEC if args.small else QWEN3_30B_A3B_SPEC
@@ -87,7 +97,9 @@ def main() -> None:
     t0 = time.perf_counter()
     engine = synthetic_engine(spec, args.device, MoeConfig("cpu", cache_size=0), dtype="bfloat16")
     build_s = time.perf_counter() - t0
-    if args.routing == "uniform":
+    if args.routing_trace is not None:
+        trace_routing(engine, load_trace(args.routing_trace))
+    elif args.routing == "uniform":
         uniform_routing(engine)
     thread_counts = [int(t) for t in args.cpu_threads.split(",") if t] or [torch.get_num_threads()]
     profile = load_profile()
@@ -151,7 +163,8 @@ def main() -> None:
         print(json.dumps(doc, indent=2))
         return
     title = (
-        f"decode, {doc['shape']} shape, {spec.num_layers} layers, {args.routing} routing, "
+        f"decode, {doc['shape']} shape, {spec.num_layers} layers, "
+        f"{'trace' if args.routing_trace else args.routing} routing, "
         f"cache {args.ratio:.0%} of "
         f"{doc['pool_GiB']:.2f} GiB · B_P {doc['B_P_GBps']:.1f} GB/s · B_H {doc['B_H_GBps']:.1f} GB/s"
     )
@@ -190,4 +203,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except FreeTokenError as exc:
+        sys.exit(f"error: {exc}")

@@ -9,6 +9,7 @@ import typer
 from freetoken import __version__
 from freetoken.cli.bench import bench_app
 from freetoken.cli.convert import convert
+from freetoken.cli.replay import replay_app
 from freetoken.cli.run import run
 from freetoken.cli.serve import serve
 
@@ -25,6 +26,7 @@ app.command("run")(run)
 app.command("convert")(convert)
 app.command("serve")(serve)
 app.add_typer(bench_app, name="bench")
+app.add_typer(replay_app, name="replay")
 
 
 def _version(value: bool) -> None:

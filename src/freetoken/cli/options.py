@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -92,5 +93,14 @@ NoPrefillOverlapOpt = Annotated[
     typer.Option(
         "--disable-moe-prefill-overlap",
         help="Copy each layer when it is needed, then compute (no double buffering): for comparison.",
+    ),
+]
+RecordRoutingOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--record-routing",
+        help="Write every token's expert choices (per MoE layer, with phase and request) to this .npz "
+        "trace on exit, for `freetoken replay routing`.",
+        dir_okay=False,
     ),
 ]

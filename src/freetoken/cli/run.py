@@ -25,6 +25,7 @@ from freetoken.cli.options import (
     PcieOpt,
     PrefillHitD2dOpt,
     PrefillStreamOpt,
+    RecordRoutingOpt,
 )
 
 
@@ -82,6 +83,7 @@ def run(
     moe_prefill_stream: PrefillStreamOpt = "auto",
     moe_prefill_hit_d2d: PrefillHitD2dOpt = False,
     disable_moe_prefill_overlap: NoPrefillOverlapOpt = False,
+    record_routing: RecordRoutingOpt = None,
     max_prefill_tokens: Annotated[
         int,
         typer.Option("--max-prefill-tokens", min=1, help="Prompt tokens per forward pass (bounds memory)."),
@@ -129,6 +131,7 @@ def run(
         verify=verify,
         max_prefill_tokens=max_prefill_tokens,
         as_json=as_json,
+        record_routing=record_routing,
     )
     if prompt is None and stdin_is_terminal() and not as_json:
         run_chat(opts)

@@ -23,6 +23,7 @@ from freetoken.cli.options import (
     PcieOpt,
     PrefillHitD2dOpt,
     PrefillStreamOpt,
+    RecordRoutingOpt,
 )
 
 
@@ -75,6 +76,7 @@ def serve(
     moe_prefill_stream: PrefillStreamOpt = "auto",
     moe_prefill_hit_d2d: PrefillHitD2dOpt = False,
     disable_moe_prefill_overlap: NoPrefillOverlapOpt = False,
+    record_routing: RecordRoutingOpt = None,
     no_reprofile: Annotated[
         bool, typer.Option("--no-reprofile", help="Do not re-measure B_P and B_H while serving.")
     ] = False,
@@ -82,7 +84,7 @@ def serve(
     """Serve a model over HTTP: /v1/chat/completions, /v1/completions, /v1/messages, /metrics."""
     import uvicorn
 
-    from freetoken.cli.session import load_engine
+    from freetoken.cli.session import load_engine, save_routing
     from freetoken.runtime.batcher import Batcher
     from freetoken.runtime.config import MoeConfig
     from freetoken.serve.app import create_app
@@ -104,6 +106,10 @@ def serve(
         prefill_overlap=not disable_moe_prefill_overlap,
     )
     engine = load_engine(model, device, dtype, moe, max_prefill_tokens)
+    if record_routing is not None:
+        from freetoken.replay.recorder import attach_recorder
+
+        attach_recorder(engine)
     batcher = Batcher(engine, max_running_requests, max_queued_requests, prefix_cache_tokens)
     names = tuple(served_model_name or ()) or (
         model if model == "demo" else engine.engine_config.model_path.name,
@@ -114,4 +120,5 @@ def serve(
         uvicorn.run(create_app(state), host=host, port=port, log_level="info")
     finally:
         batcher.stop()
+        save_routing(engine, record_routing)
         engine.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -37,6 +38,7 @@ class RunOptions:
     verify: bool
     max_prefill_tokens: int
     as_json: bool
+    record_routing: Path | None = None
 
 
 def _stderr() -> Console:
@@ -98,9 +100,23 @@ def load_engine(
 
 
 def _load(opts: RunOptions) -> Engine:
-    return load_engine(
+    engine = load_engine(
         opts.model, opts.device, opts.dtype, opts.moe, opts.max_prefill_tokens, opts.verify, opts.as_json
     )
+    if opts.record_routing is not None:
+        from freetoken.replay.recorder import attach_recorder
+
+        attach_recorder(engine)
+    return engine
+
+
+def save_routing(engine: Engine, path: Path | None, quiet: bool = False) -> None:
+    """Write the recorded routing trace (when --record-routing was given)."""
+    if path is None or engine.recorder is None:
+        return
+    engine.recorder.save(path)
+    if not quiet:
+        _stderr().print(f"[dim]routing of {engine.recorder.passes} passes written to {path}[/dim]")
 
 
 def sampling_params(opts: RunOptions, engine: Engine) -> SamplingParams:
@@ -166,7 +182,10 @@ def run_once(opts: RunOptions, prompt: str) -> None:
         )
         ids = engine.tokenizer.encode(text)
     engine.moe_counters.reset()
-    text, last = _stream(engine.generate(ids, params), echo=not opts.as_json)
+    try:
+        text, last = _stream(engine.generate(ids, params), echo=not opts.as_json)
+    finally:
+        save_routing(engine, opts.record_routing, quiet=opts.as_json)
     assert last.stats is not None
     if opts.as_json:
         doc = {
@@ -196,6 +215,13 @@ def split_reasoning(text: str) -> dict[str, str]:
 
 def run_chat(opts: RunOptions) -> None:
     engine = _load(opts)
+    try:
+        _chat_loop(opts, engine)
+    finally:
+        save_routing(engine, opts.record_routing)
+
+
+def _chat_loop(opts: RunOptions, engine: Engine) -> None:
     params = sampling_params(opts, engine)
     err = _stderr()
     err.print("[dim]chat: /reset clears the history, /exit (or Ctrl-D) quits, Ctrl-C stops an answer[/dim]")

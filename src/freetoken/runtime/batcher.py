@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from freetoken.errors import FreeTokenError
+from freetoken.replay.trace import DECODE, PREFILL
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.kv.prefix_cache import PrefixCache
 from freetoken.runtime.request import Request, accept_token, new_request
@@ -153,6 +154,7 @@ class Batcher:
         cached = self.prefix.load(prompt, seq.kv, limit=len(prompt) - 1)  # one token left to compute
         seq.token_ids = list(prompt[:cached])
         request.cached_tokens = cached
+        engine.routing_context(PREFILL, [request.id])
         logits = engine.prefill(seq, prompt[cached:])
         self.stats.prompt_tokens += len(prompt)
         self.stats.cached_tokens += cached
@@ -164,6 +166,7 @@ class Batcher:
         batch = list(self._running)
         seqs = [request.seq for request, _ in batch]
         tokens = [request.next_token for request, _ in batch]
+        self.engine.routing_context(DECODE, [request.id for request, _ in batch])
         try:
             logits = self.engine.decode_batch(seqs, tokens)  # type: ignore[arg-type]
         except Exception:  # find who: step each alone, so one bad sequence fails only itself
@@ -180,6 +183,7 @@ class Batcher:
 
     def _decode_alone(self, request: Request, on_event: Callback) -> None:
         assert request.seq is not None and request.next_token is not None
+        self.engine.routing_context(DECODE, [request.id])
         logits = self.engine.decode_batch([request.seq], [request.next_token])
         self._emit(request, on_event, request.sampler(logits[-1]), first=False)
         if request.finished:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from freetoken.errors import FreeTokenError
+from freetoken.replay.recorder import RoutingRecorder
+from freetoken.replay.trace import DECODE, PREFILL
 from freetoken.runtime.config import EngineConfig, MoeConfig, parse_cpu_layers
 from freetoken.runtime.devices import resolve_device, resolve_dtype
 from freetoken.runtime.kv.cache import KVCache
@@ -55,6 +57,18 @@ class Engine:
         self._sequence: Sequence | None = None
         self._queue: deque[Request] = deque()
         self._next_id = 0
+        self.recorder: RoutingRecorder | None = None
+
+    def record_routing(self, recorder: RoutingRecorder | None) -> None:
+        """Hand every MoE layer's routing to `recorder` (None stops recording)."""
+        self.recorder = recorder
+        for block in self.model.moe_blocks():
+            block.recorder = recorder
+
+    def routing_context(self, phase: int, request_ids: list[int]) -> None:
+        """What the next passes' rows are (for the routing recorder, when one is on)."""
+        if self.recorder is not None:
+            self.recorder.context(phase, request_ids)
 
     def configure_moe(self, moe: MoeConfig) -> None:
         """(Re)build the expert executor for `moe`; the pool stays, so only speed changes.
@@ -122,6 +136,8 @@ class Engine:
             logits = self.model(tokens, seq.kv, all_logits=all_logits)
         finally:
             self.executor.end_pass()
+            if self.recorder is not None:
+                self.recorder.end_pass(len(ids))
         seq.kv.advance(len(ids))
         seq.token_ids.extend(ids)
         return logits
@@ -142,6 +158,8 @@ class Engine:
             logits = self.model.decode_batch(tokens, [seq.kv for seq in seqs])
         finally:
             self.executor.end_pass()
+            if self.recorder is not None:
+                self.recorder.end_pass(len(ids))
         for seq, token in zip(seqs, ids, strict=True):
             seq.kv.advance(1)
             seq.token_ids.append(token)
@@ -217,6 +235,7 @@ class Engine:
         reuse = min(seq.common_prefix(request.prompt_ids), len(request.prompt_ids) - 1)
         seq.truncate(reuse)
         request.cached_tokens = reuse
+        self.routing_context(PREFILL, [request.id])
         logits = self.prefill(seq, request.prompt_ids[reuse:])
         return self._accept(request, request.sampler(logits[-1]), first=True)
 
@@ -230,6 +249,7 @@ class Engine:
 
     def _decode(self, request: Request) -> TokenEvent:
         assert self._sequence is not None and request.next_token is not None
+        self.routing_context(DECODE, [request.id])
         logits = self.forward(self._sequence, [request.next_token])
         return self._accept(request, request.sampler(logits[-1]), first=False)
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from freetoken.errors import FreeTokenError
+from freetoken.replay.trace import RoutingTrace
 from freetoken.runtime.config import EngineConfig, MoeConfig
 from freetoken.runtime.demo import DEMO_SPEC, RandomModelSpec, random_weights, write_random_model
 from freetoken.runtime.devices import sync_device
@@ -58,6 +60,32 @@ def uniform_routing(engine: Engine, seed: int = 0) -> None:
             scores = torch.rand(x.shape[0], block.gate.out_features, device=x.device, generator=gen)
             weights, ids = scores.topk(top_k, dim=-1)
             return ids, (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+
+        block.route = route
+
+
+def trace_routing(engine: Engine, trace: RoutingTrace) -> None:
+    """Replace every router with a recorded trace's choices, row after row (cycling at the end), with
+    equal weights: decode speed under real locality on a random-weight model of the same shape."""
+    from freetoken.replay.trace import check_matches
+
+    cfg = engine.config
+    check_matches(trace, len(cfg.moe_layers), cfg.num_experts, "--routing-trace")
+    if len(trace) == 0:
+        raise FreeTokenError("--routing-trace: the trace has no rows")
+    blocks = engine.model.moe_blocks()
+    table = torch.from_numpy(trace.experts).to(engine.device)  # [N, L, K]
+    k = trace.top_k
+    cursor = [0]
+
+    for index, block in enumerate(blocks):
+
+        def route(x: torch.Tensor, index: int = index) -> tuple[torch.Tensor, torch.Tensor]:
+            rows = (cursor[0] + torch.arange(x.shape[0], device=x.device)) % table.shape[0]
+            if index == len(blocks) - 1:
+                cursor[0] += x.shape[0]  # the pass is through its last MoE layer
+            ids = table[rows, index]
+            return ids, torch.full(ids.shape, 1.0 / k, dtype=x.dtype, device=x.device)
 
         block.route = route
 

@@ -73,6 +73,7 @@ class SparseMoeBlock(nn.Module):
         self.norm_topk_prob = cfg.norm_topk_prob
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.executor: ExpertExecutor | None = None
+        self.recorder: Any = None  # a RoutingRecorder while --record-routing is on
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> topk_ids [T, K] int64, topk_weights [T, K] in x's dtype."""
@@ -86,6 +87,8 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert self.executor is not None, "attach an expert executor before the forward pass"
         ids, weights = self.route(x)
+        if self.recorder is not None:
+            self.recorder.add(self.layer, ids)
         return self.executor.forward(self.layer, x, ids, weights)
 
 
