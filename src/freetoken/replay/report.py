@@ -29,7 +29,7 @@ def parse_capacities(spec: str, pool: int) -> list[int]:
                 raise FreeTokenError(f"--capacity {part!r}: the step must be > 0")
             fractional = any("." in b for b in bits)
             for v in np.arange(start, stop + step / 2, step):
-                values.append(f"{v:.6f}" if fractional else str(int(round(v))))
+                values.append(f"{v:.6f}" if fractional else str(round(float(v))))
         else:
             values.append(part)
     slots = []
