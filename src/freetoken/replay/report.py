@@ -114,7 +114,7 @@ def print_table(rows: list[dict[str, Any]], title: str) -> None:
             str(r["decode_misses"]),
             str(r["fetches"]),
         )
-    Console().print(table)
+    Console(width=max(Console().width, 100)).print(table)
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
