@@ -124,6 +124,8 @@ def test_bad_model_folder_is_one_line(tmp_path: Path) -> None:
         ["convert", "--help"],
         ["bench", "bw", "--help"],
         ["serve", "--help"],
+        ["replay", "routing", "--help"],
+        ["replay", "session", "--help"],
     ],
 )
 def test_help_and_version_import_no_torch(args: list[str]) -> None:
