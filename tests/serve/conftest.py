@@ -44,7 +44,7 @@ class ScriptedEngine:
         self.prompts: list[str] = []
         eos = sorted(engine.stop_ids)[0]
         self._scripts = {m: [*engine.tokenizer.encode(t), eos] for m, t in SCRIPTS.items()}
-        self._state: dict[int, list[Any]] = {}  # id(seq) -> [script tokens, next index]
+        self._state: dict[int, list[Any]] = {}  # id(seq) of a live sequence -> [script tokens, next index]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -61,6 +61,7 @@ class ScriptedEngine:
 
     def prefill(self, seq: Sequence, ids: list[int]) -> torch.Tensor:
         logits = self._engine.prefill(seq, ids)
+        self._state.pop(id(seq), None)  # ids of dead sequences are reused: never inherit a script
         text = self._engine.tokenizer.decode(seq.token_ids)
         self.prompts.append(text)
         for marker, tokens in self._scripts.items():
