@@ -1,0 +1,132 @@
+"""Gated DeltaNet linear attention (the recurrent layers of Qwen3.5/3.6 MoE, `qwen3_5_moe`).
+
+Per layer and sequence the state is small and fixed-size, whatever the length:
+  conv       [C, W-1]     the last W-1 inputs of the causal depthwise convolution (C = 2·Hk·Dk + Hv·Dv)
+  recurrent  [Hv, Dk, Dv] the delta-rule memory, fp32
+Per token t and value head h (q, k L2-normalised, q scaled by Dk^-1/2, key heads shared by Hv/Hk value heads):
+  S ← exp(g_t)·S                       decay, g_t = −exp(A_log)·softplus(a_t + dt_bias) <= 0
+  S ← S + k_t ⊗ β_t·(v_t − Sᵀk_t)      the delta rule: write only what the memory does not already predict
+  o_t = Sᵀq_t,  out = W_o · (RMSNorm(o_t) · silu(z_t))
+This is the exact token-by-token recurrence; a chunked (matmul) form for long prefills is a faster way to
+compute the same thing and can replace `delta_rule` without changing the state it leaves.
+Parameter names follow the checkpoint's (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, dt_bias,
+A_log, norm, out_proj).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LinearState:
+    """One sequence's state of one DeltaNet layer (see the module docstring for shapes)."""
+
+    conv: torch.Tensor
+    recurrent: torch.Tensor
+
+    def clone(self) -> LinearState:
+        return LinearState(self.conv.clone(), self.recurrent.clone())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.conv, self.recurrent))
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm of the attention output, then multiplied by silu(gate) (norm first, gate after)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
+        return (self.weight * normed * F.silu(gate.float())).to(dtype)
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> torch.Tensor:
+    """q, k [T, Hv, Dk], v [T, Hv, Dv], g, beta [T, Hv], state [Hv, Dk, Dv] (fp32, updated in place)
+    -> outputs [T, Hv, Dv] fp32."""
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    s = state
+    for t in range(q.shape[0]):
+        s.mul_(g[t].exp()[:, None, None])
+        predicted = torch.einsum("hkv,hk->hv", s, k[t])
+        s.add_(k[t][:, :, None] * (beta[t][:, None] * (v[t] - predicted))[:, None, :])
+        out[t] = torch.einsum("hkv,hk->hv", s, q[t])
+    return out
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_k_heads: int,
+        num_v_heads: int,
+        head_k_dim: int,
+        head_v_dim: int,
+        conv_kernel: int,
+        eps: float,
+    ) -> None:
+        super().__init__()
+        if num_v_heads % num_k_heads:
+            raise ValueError(
+                f"linear value heads {num_v_heads} are not a multiple of key heads {num_k_heads}"
+            )
+        self.hk, self.hv, self.dk, self.dv = num_k_heads, num_v_heads, head_k_dim, head_v_dim
+        self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.kernel = conv_kernel
+        self.in_proj_qkv = nn.Linear(hidden_size, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(hidden_size, num_v_heads, bias=False)
+        self.in_proj_a = nn.Linear(hidden_size, num_v_heads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(num_v_heads))
+        self.norm = GatedRMSNorm(head_v_dim, eps)
+        self.out_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+
+    def new_state(self, device: torch.device, dtype: torch.dtype) -> LinearState:
+        return LinearState(
+            torch.zeros(self.conv_dim, self.kernel - 1, dtype=dtype, device=device),
+            torch.zeros(self.hv, self.dk, self.dv, dtype=torch.float32, device=device),
+        )
+
+    def forward(self, x: torch.Tensor, state: LinearState) -> torch.Tensor:
+        """x [T, H] continuing the sequence whose state is `state` (updated in place) -> [T, H]."""
+        t = x.shape[0]
+        mixed = self.in_proj_qkv(x).transpose(0, 1)  # [C, T]
+        window = torch.cat([state.conv, mixed], dim=1)  # [C, W-1+T]: the convolution sees the past inputs
+        state.conv.copy_(window[:, -(self.kernel - 1) :])
+        weight = self.conv1d.weight  # [C, 1, W]
+        conv = F.silu(F.conv1d(window[None].to(weight.dtype), weight, groups=self.conv_dim)[0])  # [C, T]
+        q, k, v = torch.split(conv.transpose(0, 1), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        group = self.hv // self.hk
+        q = _l2norm(q.reshape(t, self.hk, self.dk).float()).repeat_interleave(group, dim=1) * self.dk**-0.5
+        k = _l2norm(k.reshape(t, self.hk, self.dk).float()).repeat_interleave(group, dim=1)
+        v = v.reshape(t, self.hv, self.dv).float()
+        beta = self.in_proj_b(x).float().sigmoid()  # [T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)  # [T, Hv]
+        out = delta_rule(q, k, v, g, beta, state.recurrent).to(x.dtype)  # [T, Hv, Dv]
+        z = self.in_proj_z(x).reshape(t, self.hv, self.dv)
+        return self.out_proj(self.norm(out, z).reshape(t, self.value_dim))
