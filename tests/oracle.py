@@ -26,6 +26,28 @@ TINY: dict[str, Any] = dict(
 )
 
 
+# A tiny Qwen3.5-MoE text model: three DeltaNet layers and one gated full-attention layer.
+HYBRID_TINY: dict[str, Any] = dict(
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+    num_experts=8,
+    num_experts_per_tok=2,
+    layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+    max_position_embeddings=1024,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+)
+
+
 def build_hf_model(folder: Path, seed: int = 0, std: float = 0.15, **overrides: Any) -> Any:
     """Save a random transformers Qwen3MoeForCausalLM (plus the demo tokenizer) into `folder`.
 

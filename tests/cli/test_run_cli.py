@@ -112,7 +112,10 @@ def test_bad_model_folder_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "mamba"}')
     result = invoke("run", str(tmp_path), "-p", "x")
     assert result.exit_code == 1
-    assert result.stderr.strip() == "error: unsupported model_type 'mamba'; supported: qwen3_moe"
+    assert (
+        result.stderr.strip()
+        == "error: unsupported model_type 'mamba'; supported: qwen3_5_moe_text, qwen3_moe"
+    )
 
 
 @pytest.mark.parametrize(

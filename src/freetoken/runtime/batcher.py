@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from freetoken.errors import FreeTokenError
 from freetoken.replay.trace import DECODE, PREFILL
-from freetoken.runtime.engine import Engine
+from freetoken.runtime.engine import Engine, reuses_kv_prefixes
 from freetoken.runtime.kv.prefix_cache import PrefixCache
 from freetoken.runtime.request import Request, accept_token, new_request
 from freetoken.runtime.sampling import SamplingParams
@@ -55,7 +55,8 @@ class Batcher:
     ) -> None:
         self.engine = engine
         self.max_running, self.max_queued = max_running, max_queued
-        self.prefix = PrefixCache(prefix_cache_tokens)
+        # K/V alone cannot resume a recurrent layer: hybrid models get no prefix reuse (yet)
+        self.prefix = PrefixCache(prefix_cache_tokens if reuses_kv_prefixes(engine) else 0)
         self.stats = BatcherStats()
         self.started_at = time.monotonic()
         self._cond = threading.Condition()

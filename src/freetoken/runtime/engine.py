@@ -118,7 +118,8 @@ class Engine:
 
     def new_sequence(self) -> Sequence:
         cfg = self.config
-        kv = KVCache(
+        cache_class = getattr(self.model, "cache_class", KVCache)  # hybrid models add recurrent state
+        kv = cache_class(
             cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device, self.max_seq_len
         )
         return Sequence(kv)
@@ -233,6 +234,8 @@ class Engine:
         if seq is None:
             seq = self._sequence = self.new_sequence()
         reuse = min(seq.common_prefix(request.prompt_ids), len(request.prompt_ids) - 1)
+        if not seq.kv.can_truncate(reuse):
+            reuse = 0  # a recurrent state cannot be rewound: start over
         seq.truncate(reuse)
         request.cached_tokens = reuse
         self.routing_context(PREFILL, [request.id])
@@ -271,3 +274,8 @@ def build_engine(
     moe = MoeConfig(backend=moe_backend, **moe_options)
     config = EngineConfig(Path(model_path), device, dtype, moe, max_prefill_tokens=max_prefill_tokens)
     return Engine(config, progress)
+
+
+def reuses_kv_prefixes(engine: Engine) -> bool:
+    """Whether K/V alone resumes a sequence (no recurrent layers), so a prefix cache of K/V is enough."""
+    return getattr(engine.model, "cache_class", KVCache) is KVCache

@@ -62,6 +62,10 @@ class KVCache:
     def advance(self, n: int) -> None:
         self.length += n
 
+    def can_truncate(self, length: int) -> bool:
+        """Whether `truncate(length)` keeps a valid prefix (always, for attention K/V)."""
+        return True
+
     def truncate(self, length: int) -> None:
         """Forget positions >= length (the prefix before them stays valid)."""
         self.length = min(self.length, max(0, length))

@@ -182,7 +182,8 @@ def _require(raw: dict[str, Any], key: str, source: str) -> Any:
     return raw[key]
 
 
-def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
+def decoder_fields(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """The ModelConfig fields every Qwen MoE decoder reads the same way (attention, rope, experts)."""
     hidden = int(_require(raw, "hidden_size", source))
     heads = int(_require(raw, "num_attention_heads", source))
     num_experts = raw.get("num_experts", raw.get("num_local_experts"))
@@ -191,14 +192,17 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
     act = raw.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise FreeTokenError(f"{source}: unsupported hidden_act {act!r}; supported: silu")
-    cfg = ModelConfig(
-        architecture="qwen3_moe",
+    kv_heads = int(raw.get("num_key_value_heads") or heads)
+    if heads % kv_heads:
+        raise FreeTokenError(
+            f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads"
+        )
+    fields = dict(
         vocab_size=int(_require(raw, "vocab_size", source)),
         hidden_size=hidden,
-        intermediate_size=int(raw.get("intermediate_size", 0)),
         num_layers=int(_require(raw, "num_hidden_layers", source)),
         num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        num_kv_heads=kv_heads,
         head_dim=int(raw.get("head_dim") or hidden // heads),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         rope=rope_from_hf(raw, source),
@@ -206,22 +210,29 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
         num_experts=int(num_experts),
         num_experts_per_tok=int(_require(raw, "num_experts_per_tok", source)),
         moe_intermediate_size=int(_require(raw, "moe_intermediate_size", source)),
-        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-        decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
-        mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=bool(raw.get("attention_bias", False)),
         hidden_act="silu",
         eos_token_ids=eos_ids(raw.get("eos_token_id")),
         torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
-        raw=raw,
     )
-    if cfg.num_heads % cfg.num_kv_heads:
+    if not 0 < fields["num_experts_per_tok"] <= fields["num_experts"]:
         raise FreeTokenError(
-            f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads"
+            f"{source}: num_experts_per_tok must be in [1, num_experts={fields['num_experts']}]"
         )
-    if not 0 < cfg.num_experts_per_tok <= cfg.num_experts:
-        raise FreeTokenError(f"{source}: num_experts_per_tok must be in [1, num_experts={cfg.num_experts}]")
+    return fields
+
+
+def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    cfg = ModelConfig(
+        architecture="qwen3_moe",
+        intermediate_size=int(raw.get("intermediate_size", 0)),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
+        mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+        raw=raw,
+        **decoder_fields(raw, source),
+    )
     dense_layers = [i for i in range(cfg.num_layers) if not cfg.is_moe_layer(i)]
     if dense_layers and cfg.intermediate_size <= 0:
         raise FreeTokenError(f"{source}: layers {dense_layers} are dense but 'intermediate_size' is missing")

@@ -1,0 +1,230 @@
+"""Qwen3.5/3.6 MoE text model (`Qwen3_5MoeForCausalLM`, model_type `qwen3_5_moe_text`).
+
+Layers alternate gated DeltaNet linear attention (`linear_attention`, state in delta_net.py) with gated
+full attention (`full_attention`: the query projection also yields a per-head sigmoid gate on the output;
+rope on the first `partial_rotary_factor` of each head). Every layer's MLP is a routed MoE (softmax top-k,
+renormalised) plus a shared expert scaled by sigmoid(shared_expert_gate(x)). Norms are zero-centred:
+x̂·(1 + w). Text positions are the same on the three mrope axes, so mrope reduces to plain rope here.
+
+A sequence's cache is a HybridCache: K/V for the full-attention layers (the KVCache layout) plus one
+LinearState per DeltaNet layer. A recurrent state cannot be rewound, so the cache only truncates to its
+own length or to zero; resuming from an earlier point needs a saved state (anchor checkpoints).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from freetoken.errors import FreeTokenError
+from freetoken.formats.tensor_names import QWEN3_MOE_EXPERTS
+from freetoken.runtime.config import ModelConfig
+from freetoken.runtime.kv.cache import KVCache
+from freetoken.runtime.models.base import Architecture
+from freetoken.runtime.models.delta_net import GatedDeltaNet, LinearState
+from freetoken.runtime.models.layers import SwiGLUMLP, causal_attention, decode_attention
+from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, SparseMoeBlock, decoder_fields
+from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
+
+
+class HybridCache(KVCache):
+    """KV of the full-attention layers plus the DeltaNet layers' states (made on first use)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.linear: dict[int, LinearState] = {}
+
+    def can_truncate(self, length: int) -> bool:
+        return length in (0, self.length)
+
+    def truncate(self, length: int) -> None:
+        if not self.can_truncate(length):
+            raise ValueError(f"a recurrent state cannot go back to position {length} of {self.length}")
+        if length == 0:
+            self.linear.clear()
+        super().truncate(length)
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rope on the first cos.shape[-1] dims of x [N, T, D]; the rest passes through."""
+    d = cos.shape[-1]
+    return torch.cat([apply_rotary(x[..., :d], cos, sin), x[..., d:]], dim=-1)
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.nh, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        h, bias = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = nn.Linear(h, self.nh * self.d * 2, bias=bias)  # per head: query, then gate
+        self.k_proj = nn.Linear(h, self.kvh * self.d, bias=bias)
+        self.v_proj = nn.Linear(h, self.kvh * self.d, bias=bias)
+        self.o_proj = nn.Linear(self.nh * self.d, h, bias=bias)
+        self.q_norm = ZeroCenteredRMSNorm(self.d, cfg.rms_norm_eps)
+        self.k_norm = ZeroCenteredRMSNorm(self.d, cfg.rms_norm_eps)
+
+    def _project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        t = x.shape[0]
+        q, gate = self.q_proj(x).view(t, self.nh, 2 * self.d).chunk(2, dim=-1)  # [T, NH, D] each
+        q = partial_rotary(self.q_norm(q).transpose(0, 1), cos, sin)  # [NH, T, D]
+        k = partial_rotary(self.k_norm(self.k_proj(x).view(t, self.kvh, self.d)).transpose(0, 1), cos, sin)
+        v = self.v_proj(x).view(t, self.kvh, self.d).transpose(0, 1)  # [KVH, T, D]
+        return q, k, v, gate.reshape(t, self.nh * self.d)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, start: int
+    ) -> torch.Tensor:
+        q, k, v, gate = self._project(x, cos, sin)
+        k_all, v_all = kv.write(self.layer, start, k, v)
+        return self.o_proj(causal_attention(q, k_all, v_all, self.d**-0.5) * torch.sigmoid(gate))
+
+    def forward_batch(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
+    ) -> torch.Tensor:
+        q, k, v, gate = self._project(x, cos, sin)
+        rows = []
+        for i, (kv, start) in enumerate(zip(kvs, starts, strict=True)):
+            k_all, v_all = kv.write(self.layer, start, k[:, i : i + 1], v[:, i : i + 1])
+            rows.append(decode_attention(q[:, i : i + 1], k_all, v_all, self.d**-0.5))
+        return self.o_proj(torch.cat(rows) * torch.sigmoid(gate))
+
+
+class SharedExpertMoeBlock(SparseMoeBlock):
+    """Routed experts (through the executor) plus a dense shared expert with a sigmoid gate."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__(cfg, layer)
+        self.shared_expert = SwiGLUMLP(cfg.hidden_size, int(cfg.raw["shared_expert_intermediate_size"]))
+        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+
+class HybridDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, kind: str) -> None:
+        super().__init__()
+        self.layer, self.kind = layer, kind
+        raw = cfg.raw
+        if kind == "linear_attention":
+            self.linear_attn = GatedDeltaNet(
+                cfg.hidden_size,
+                int(raw["linear_num_key_heads"]),
+                int(raw["linear_num_value_heads"]),
+                int(raw["linear_key_head_dim"]),
+                int(raw["linear_value_head_dim"]),
+                int(raw["linear_conv_kernel_dim"]),
+                cfg.rms_norm_eps,
+            )
+        else:
+            self.self_attn = GatedAttention(cfg, layer)
+        self.mlp = SharedExpertMoeBlock(cfg, layer)
+        self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def _state(self, kv: HybridCache, x: torch.Tensor) -> LinearState:
+        state = kv.linear.get(self.layer)
+        if state is None:
+            state = kv.linear[self.layer] = self.linear_attn.new_state(x.device, x.dtype)
+        return state
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: HybridCache, start: int
+    ) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if self.kind == "linear_attention":
+            h = self.linear_attn(h, self._state(kv, h))
+        else:
+            h = self.self_attn(h, cos, sin, kv, start)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_batch(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[HybridCache], starts: list[int]
+    ) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if self.kind == "linear_attention":
+            h = torch.cat([self.linear_attn(h[i : i + 1], self._state(kv, h)) for i, kv in enumerate(kvs)])
+        else:
+            h = self.self_attn.forward_batch(h, cos, sin, kvs, starts)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))  # the experts see the whole batch at once
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        kinds = cfg.raw["layer_types"]
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(HybridDecoderLayer(cfg, i, kinds[i]) for i in range(cfg.num_layers))
+        self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Qwen3_5MoeForCausalLM(Qwen3MoeForCausalLM):
+    """The Qwen3-MoE loop (forward, decode_batch, executor wiring) over hybrid layers and caches."""
+
+    cache_class = HybridCache
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        nn.Module.__init__(self)
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(cfg.rope, int(cfg.head_dim * cfg.rope.partial_rotary_factor))
+
+
+def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    def need(key: str) -> Any:
+        if key not in raw:
+            raise FreeTokenError(f"{source}: missing field {key!r}")
+        return raw[key]
+
+    layers = int(need("num_hidden_layers"))
+    kinds = raw.get("layer_types")
+    if kinds is None:
+        interval = int(raw.get("full_attention_interval", 4))
+        kinds = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+    if len(kinds) != layers or set(kinds) - {"linear_attention", "full_attention"}:
+        raise FreeTokenError(f"{source}: layer_types must list {layers} of linear_attention / full_attention")
+    for key in (
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_conv_kernel_dim",
+        "shared_expert_intermediate_size",
+    ):
+        need(key)
+    return ModelConfig(
+        architecture="qwen3_5_moe_text",
+        intermediate_size=0,
+        norm_topk_prob=True,
+        raw={**raw, "layer_types": list(kinds)},
+        **decoder_fields(raw, source),
+    )
+
+
+ARCHITECTURE = Architecture(
+    name="qwen3_5_moe_text",
+    hf_classes=("Qwen3_5MoeForCausalLM",),
+    parse_config=parse_config,
+    build_model=Qwen3_5MoeForCausalLM,
+    expert_naming=QWEN3_MOE_EXPERTS,
+)
