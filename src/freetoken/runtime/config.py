@@ -134,6 +134,9 @@ class EngineConfig:
     max_seq_len: int | None = None
     max_prefill_tokens: int = 8192  # prompt tokens per forward pass
     verify: bool = False  # check every checksum of an FTW folder while loading
+    state_checkpoints: int = 16  # recurrent-state checkpoints kept for the cached sequence (hybrid models)
+    checkpoint_policy: str = "anchors"  # anchors | interval | none
+    checkpoint_interval: int = 64  # spacing of the interval policy
 
     def __post_init__(self) -> None:
         if self.max_prefill_tokens < 1:

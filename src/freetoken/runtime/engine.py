@@ -18,9 +18,11 @@ import torch
 from freetoken.errors import FreeTokenError
 from freetoken.replay.recorder import RoutingRecorder
 from freetoken.replay.trace import DECODE, PREFILL
+from freetoken.runtime.anchors import AnchorTable
 from freetoken.runtime.config import EngineConfig, MoeConfig, parse_cpu_layers
 from freetoken.runtime.devices import resolve_device, resolve_dtype
 from freetoken.runtime.kv.cache import KVCache
+from freetoken.runtime.kv.state_checkpoints import StateCheckpoints
 from freetoken.runtime.loader import WeightSource, load_model
 from freetoken.runtime.memory import plan_slots
 from freetoken.runtime.moe.counters import MoeCounters
@@ -55,6 +57,14 @@ class Engine:
         )
         self.stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
         self._sequence: Sequence | None = None
+        self.checkpoints: StateCheckpoints | None = None
+        if not reuses_kv_prefixes(self):
+            self.checkpoints = StateCheckpoints(
+                AnchorTable.from_tokenizer(self.tokenizer),
+                config.state_checkpoints,
+                config.checkpoint_policy,
+                config.checkpoint_interval,
+            )
         self._queue: deque[Request] = deque()
         self._next_id = 0
         self.recorder: RoutingRecorder | None = None
@@ -113,6 +123,8 @@ class Engine:
     def reset(self) -> None:
         """Forget the cached sequence: the next request prefills its whole prompt."""
         self._sequence = None
+        if self.checkpoints is not None:
+            self.checkpoints.clear()
 
     # -- sequences -------------------------------------------------------------------------------------------
 
@@ -234,8 +246,14 @@ class Engine:
         if seq is None:
             seq = self._sequence = self.new_sequence()
         reuse = min(seq.common_prefix(request.prompt_ids), len(request.prompt_ids) - 1)
-        if not seq.kv.can_truncate(reuse):
-            reuse = 0  # a recurrent state cannot be rewound: start over
+        if not seq.kv.can_truncate(reuse):  # a recurrent state cannot be rewound: resume from a checkpoint
+            saved = self.checkpoints.best(reuse) if self.checkpoints is not None else None
+            reuse = 0 if saved is None else saved.position
+            if saved is not None:
+                seq.kv.restore(saved.position, saved.states)  # type: ignore[attr-defined]
+                del seq.token_ids[saved.position :]
+        if self.checkpoints is not None:
+            self.checkpoints.drop_after(reuse)
         seq.truncate(reuse)
         request.cached_tokens = reuse
         self.routing_context(PREFILL, [request.id])
@@ -246,14 +264,36 @@ class Engine:
         """Append a prompt in chunks of at most `max_prefill_tokens` (bounding activation memory);
         returns the last position's logits [1, V], the same as one unchunked forward."""
         chunk = self.engine_config.max_prefill_tokens
-        for start in range(0, len(ids) - chunk, chunk):
-            self.forward(seq, ids[start : start + chunk])
-        return self.forward(seq, ids[len(ids) - ((len(ids) - 1) % chunk + 1) :])
+        base, end = seq.kv.length, seq.kv.length + len(ids)
+        marks = self._checkpoint_positions(seq, ids, base, end)
+        cuts = sorted({*range(base, end, chunk), *marks} - {end})  # piece starts; pieces end at the next
+        logits = None
+        for a, b in zip(cuts, [*cuts[1:], end], strict=True):
+            self._maybe_checkpoint(seq, marks)
+            logits = self.forward(seq, ids[a - base : b - base])
+        self._maybe_checkpoint(seq, marks)
+        assert logits is not None
+        return logits
+
+    def _checkpoint_positions(self, seq: Sequence, ids: list[int], start: int, end: int) -> dict[int, str]:
+        if self.checkpoints is None or seq is not self._sequence:
+            return {}
+        return self.checkpoints.positions([*seq.token_ids, *ids], start, end)
+
+    def _maybe_checkpoint(self, seq: Sequence, marks: dict[int, str]) -> None:
+        """Save the recurrent states when the sequence stands at one of `marks`."""
+        position = seq.kv.length
+        if position in marks and position > 0 and self.checkpoints is not None:
+            self.checkpoints.save(position, marks[position], seq.kv.linear)  # type: ignore[attr-defined]
 
     def _decode(self, request: Request) -> TokenEvent:
         assert self._sequence is not None and request.next_token is not None
         self.routing_context(DECODE, [request.id])
-        logits = self.forward(self._sequence, [request.next_token])
+        seq = self._sequence
+        self._maybe_checkpoint(
+            seq, self._checkpoint_positions(seq, [request.next_token], seq.kv.length, seq.kv.length)
+        )
+        logits = self.forward(seq, [request.next_token])
         return self._accept(request, request.sampler(logits[-1]), first=False)
 
     def _accept(self, request: Request, token: int, first: bool) -> TokenEvent:

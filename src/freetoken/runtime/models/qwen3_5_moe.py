@@ -39,6 +39,11 @@ class HybridCache(KVCache):
     def can_truncate(self, length: int) -> bool:
         return length in (0, self.length)
 
+    def restore(self, position: int, states: dict[int, LinearState]) -> None:
+        """Go back to a checkpoint: the K/V prefix up to `position` and copies of the saved states."""
+        KVCache.truncate(self, position)
+        self.linear = {layer: state.clone() for layer, state in states.items()}
+
     def truncate(self, length: int) -> None:
         if not self.can_truncate(length):
             raise ValueError(f"a recurrent state cannot go back to position {length} of {self.length}")

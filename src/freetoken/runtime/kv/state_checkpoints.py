@@ -1,0 +1,87 @@
+"""Recurrent-state checkpoints of the cached sequence, so an edited context resumes instead of restarting.
+
+A recurrent layer's state is the whole prefix compressed; it cannot be rewound. A checkpoint is a copy of
+every DeltaNet layer's state at one position p (the K/V of the attention layers is a prefix of the cache
+and needs no copy). A request whose common prefix with the cached sequence is L resumes from the deepest
+checkpoint at p <= L and re-prefills only [p, end).
+
+Where checkpoints are taken (`policy`):
+  anchors   the semantic anchors of runtime/anchors.py: before block openers, after block closers
+  interval  every `interval` positions (the fixed spacing other engines use), for comparison
+  none      nowhere: a request that does not extend the cached sequence re-prefills from the start
+Only `budget` fit. Eviction keeps the latest checkpoint of each anchor kind (the boundary the next edit
+most likely leaves intact: the newest turn, the newest tool output, the newest thinking block) and drops
+the oldest of the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from freetoken.runtime.anchors import AnchorTable
+from freetoken.runtime.models.delta_net import LinearState
+
+POLICIES = ("anchors", "interval", "none")
+
+
+@dataclass
+class Checkpoint:
+    position: int
+    kind: str
+    states: dict[int, LinearState]  # layer -> state after tokens [0, position)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.states.values())
+
+
+class StateCheckpoints:
+    def __init__(
+        self, anchors: AnchorTable, budget: int = 16, policy: str = "anchors", interval: int = 64
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"checkpoint policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        self.anchors, self.budget, self.policy, self.interval = anchors, budget, policy, interval
+        self.saved: dict[int, Checkpoint] = {}  # position -> checkpoint
+
+    def positions(self, ids: Sequence[int], start: int, end: int) -> dict[int, str]:
+        """Checkpoint positions p in [start, end] for the tokens `ids` (which cover at least [0, end)),
+        with their kind."""
+        if self.budget <= 0 or self.policy == "none":
+            return {}
+        if self.policy == "interval":
+            first = -(-max(start, 1) // self.interval) * self.interval
+            return {p: "interval" for p in range(first, end + 1, self.interval)}
+        longest = max((len(m) for m, _, _ in self.anchors.markers), default=1)
+        found = self.anchors.find(ids[: end + longest], max(0, start - longest))
+        return {a.position: f"{a.kind}:{a.edge}" for a in found if start <= a.position <= end}
+
+    def save(self, position: int, kind: str, states: dict[int, LinearState]) -> None:
+        if self.budget <= 0:
+            return
+        self.saved[position] = Checkpoint(position, kind, {layer: s.clone() for layer, s in states.items()})
+        while len(self.saved) > self.budget:
+            latest = {}
+            for p in sorted(self.saved):
+                latest[self.saved[p].kind] = p
+            keep = set(latest.values())
+            victims = [p for p in sorted(self.saved) if p not in keep] or sorted(self.saved)
+            del self.saved[victims[0]]
+
+    def best(self, limit: int) -> Checkpoint | None:
+        """The deepest checkpoint at or before `limit`."""
+        fitting = [p for p in self.saved if p <= limit]
+        return self.saved[max(fitting)] if fitting else None
+
+    def drop_after(self, position: int) -> None:
+        """The cached sequence now ends at `position`: checkpoints past it described another continuation."""
+        for p in [p for p in self.saved if p > position]:
+            del self.saved[p]
+
+    def clear(self) -> None:
+        self.saved.clear()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.saved.values())
