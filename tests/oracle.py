@@ -73,6 +73,22 @@ def build_hf_model(folder: Path, seed: int = 0, std: float = 0.15, **overrides: 
     return model
 
 
+def build_hybrid_model(folder: Path, seed: int = 0) -> Any:
+    """Save a random transformers Qwen3_5MoeForCausalLM (HYBRID_TINY, demo tokenizer) into `folder`."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = Qwen3_5MoeTextConfig(vocab_size=write_demo_tokenizer(folder), **HYBRID_TINY)
+    torch.manual_seed(seed)
+    model = Qwen3_5MoeForCausalLM(cfg).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_((0.1 if "norm" in name else 0.15) * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(folder)
+    return model
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double().cpu(), b.double().cpu()
     return float((a - b).norm() / b.norm())

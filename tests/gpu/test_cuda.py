@@ -158,17 +158,9 @@ def test_batched_decode_on_cuda_equals_one_at_a_time(tiny_model: tuple[Path, Any
 def test_hybrid_model_on_cuda_equals_cpu(tmp_path: Path) -> None:
     """Qwen3.5-MoE (DeltaNet states, gated attention, shared expert) on CUDA, experts through the cache."""
     pytest.importorskip("transformers.models.qwen3_5_moe")
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+    from oracle import build_hybrid_model
 
-    from oracle import HYBRID_TINY, write_demo_tokenizer
-
-    cfg = Qwen3_5MoeTextConfig(vocab_size=write_demo_tokenizer(tmp_path), **HYBRID_TINY)
-    torch.manual_seed(0)
-    model = Qwen3_5MoeForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.15)
-    model.save_pretrained(tmp_path)
+    build_hybrid_model(tmp_path)
     cpu = build_engine(tmp_path, device="cpu", dtype="float32", moe_backend="fused")
     gpu = build_engine(tmp_path, device="cuda", dtype="float32", moe_backend="hybrid", cache_size=4)
     try:

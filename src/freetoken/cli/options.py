@@ -104,3 +104,20 @@ RecordRoutingOpt = Annotated[
         dir_okay=False,
     ),
 ]
+StateCheckpointsOpt = Annotated[
+    int,
+    typer.Option(
+        "--state-checkpoints",
+        min=0,
+        help="Recurrent-state checkpoints kept for the conversation (hybrid models such as Qwen3.5/3.6-MoE): "
+        "an edited context resumes from the deepest one before the edit.",
+    ),
+]
+CheckpointPolicyOpt = Annotated[
+    str,
+    typer.Option(
+        "--checkpoint-policy",
+        help="Where state checkpoints are taken: anchors (chat-template block boundaries: thinking, tool "
+        "calls, tool outputs, turns), interval (every 64 tokens), none.",
+    ),
+]

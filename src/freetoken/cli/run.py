@@ -11,6 +11,7 @@ from freetoken.cli.errors import reports_errors
 from freetoken.cli.options import (
     CacheRatioOpt,
     CacheSizeOpt,
+    CheckpointPolicyOpt,
     CpuLayersOpt,
     CpuThreadsOpt,
     DeviceOpt,
@@ -26,6 +27,7 @@ from freetoken.cli.options import (
     PrefillHitD2dOpt,
     PrefillStreamOpt,
     RecordRoutingOpt,
+    StateCheckpointsOpt,
 )
 
 
@@ -84,6 +86,8 @@ def run(
     moe_prefill_hit_d2d: PrefillHitD2dOpt = False,
     disable_moe_prefill_overlap: NoPrefillOverlapOpt = False,
     record_routing: RecordRoutingOpt = None,
+    state_checkpoints: StateCheckpointsOpt = 16,
+    checkpoint_policy: CheckpointPolicyOpt = "anchors",
     max_prefill_tokens: Annotated[
         int,
         typer.Option("--max-prefill-tokens", min=1, help="Prompt tokens per forward pass (bounds memory)."),
@@ -132,6 +136,8 @@ def run(
         max_prefill_tokens=max_prefill_tokens,
         as_json=as_json,
         record_routing=record_routing,
+        state_checkpoints=state_checkpoints,
+        checkpoint_policy=checkpoint_policy,
     )
     if prompt is None and stdin_is_terminal() and not as_json:
         run_chat(opts)

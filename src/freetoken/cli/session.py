@@ -39,6 +39,8 @@ class RunOptions:
     max_prefill_tokens: int
     as_json: bool
     record_routing: Path | None = None
+    state_checkpoints: int = 16
+    checkpoint_policy: str = "anchors"
 
 
 def _stderr() -> Console:
@@ -53,8 +55,10 @@ def load_engine(
     max_prefill_tokens: int = 8192,
     verify: bool = False,
     quiet: bool = False,
+    **engine_options: Any,
 ) -> Engine:
-    """Resolve the model, load it with a progress bar on stderr, and say what runs where."""
+    """Resolve the model, load it with a progress bar on stderr, and say what runs where.
+    `engine_options` are further EngineConfig fields (state_checkpoints, checkpoint_policy, ...)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
     from freetoken.runtime.config import EngineConfig
@@ -85,6 +89,7 @@ def load_engine(
             moe,
             max_prefill_tokens=max_prefill_tokens,
             verify=verify,
+            **engine_options,
         )
         engine = Engine(config, progress=lambda done, total: bar.update(task, completed=done, total=total))
     if not quiet:
@@ -101,7 +106,15 @@ def load_engine(
 
 def _load(opts: RunOptions) -> Engine:
     engine = load_engine(
-        opts.model, opts.device, opts.dtype, opts.moe, opts.max_prefill_tokens, opts.verify, opts.as_json
+        opts.model,
+        opts.device,
+        opts.dtype,
+        opts.moe,
+        opts.max_prefill_tokens,
+        opts.verify,
+        opts.as_json,
+        state_checkpoints=opts.state_checkpoints,
+        checkpoint_policy=opts.checkpoint_policy,
     )
     if opts.record_routing is not None:
         from freetoken.replay.recorder import attach_recorder

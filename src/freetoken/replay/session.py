@@ -51,6 +51,9 @@ class TurnReport:
     new_tokens: int  # what an append-only harness would prefill (module docstring); -1: unknown (server)
     ttft_s: float
     decode_tok_s: float
+    # the prompt past its longest common prefix with what the engine holds (the previous prompt and reply):
+    # the least any cache can re-prefill; -1: unknown (server)
+    suffix_tokens: int = -1
 
 
 def write_session(
@@ -145,6 +148,7 @@ def replay_in_process(engine: Engine, requests: list[dict[str, Any]], seed: int 
     for turn, request in enumerate(requests):
         messages = request["messages"]
         ids = _render(engine, messages, request)
+        suffix = len(ids) - min(_common_prefix(ids, prev_ids + prev_out[:-1]), len(ids) - 1)
         if prev is None:
             new = len(ids)
         else:
@@ -167,6 +171,7 @@ def replay_in_process(engine: Engine, requests: list[dict[str, Any]], seed: int 
                 new_tokens=new,
                 ttft_s=stats.ttft_s,
                 decode_tok_s=stats.decode_tok_s,
+                suffix_tokens=suffix,
             )
         )
         prev, prev_ids = request, ids

@@ -50,7 +50,7 @@ class AnchorTable:
         return cls(tuple(markers))
 
     def find(self, ids: Sequence[int], start: int = 0) -> list[Anchor]:
-        """Anchors in ids[start:] (positions are absolute; an opener's anchor is before it, a closer's after)."""
+        """Anchors in ids[start:]: absolute positions, an opener's before it, a closer's after it."""
         found = []
         for i in range(start, len(ids)):
             for marker, kind, edge in self.markers:

@@ -139,6 +139,12 @@ class EngineConfig:
     checkpoint_interval: int = 64  # spacing of the interval policy
 
     def __post_init__(self) -> None:
+        if self.checkpoint_policy not in ("anchors", "interval", "none"):
+            raise FreeTokenError(
+                f"--checkpoint-policy {self.checkpoint_policy!r}: expected one of anchors, interval, none"
+            )
+        if self.state_checkpoints < 0 or self.checkpoint_interval < 1:
+            raise FreeTokenError("--state-checkpoints must be >= 0 and the checkpoint interval >= 1")
         if self.max_prefill_tokens < 1:
             raise FreeTokenError(f"--max-prefill-tokens {self.max_prefill_tokens} is out of range")
 

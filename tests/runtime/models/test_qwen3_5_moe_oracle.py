@@ -12,8 +12,7 @@ import torch
 
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.sampling import SamplingParams
-from oracle import HYBRID_TINY as SHAPE
-from oracle import rel_err, write_demo_tokenizer
+from oracle import build_hybrid_model, rel_err
 
 PROMPT = [5, 77, 301, 12, 9, 250, 33, 401, 18, 2, 64, 111]
 
@@ -21,18 +20,8 @@ PROMPT = [5, 77, 301, 12, 9, 250, 33, 401, 18, 2, 64, 111]
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     pytest.importorskip("transformers.models.qwen3_5_moe")
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
-
     folder = tmp_path_factory.mktemp("tiny-qwen3-5-moe")
-    cfg = Qwen3_5MoeTextConfig(vocab_size=write_demo_tokenizer(folder), **SHAPE)
-    torch.manual_seed(0)
-    model = Qwen3_5MoeForCausalLM(cfg).eval()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_((0.1 if "norm" in name else 0.15) * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(folder)
-    return folder, model
+    return folder, build_hybrid_model(folder)
 
 
 def reference(model: Any, ids: list[int]) -> torch.Tensor:

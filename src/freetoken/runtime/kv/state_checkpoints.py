@@ -9,9 +9,11 @@ Where checkpoints are taken (`policy`):
   anchors   the semantic anchors of runtime/anchors.py: before block openers, after block closers
   interval  every `interval` positions (the fixed spacing other engines use), for comparison
   none      nowhere: a request that does not extend the cached sequence re-prefills from the start
-Only `budget` fit. Eviction keeps the latest checkpoint of each anchor kind (the boundary the next edit
-most likely leaves intact: the newest turn, the newest tool output, the newest thinking block) and drops
-the oldest of the rest.
+Only `budget` fit. Eviction keeps the latest checkpoint of each anchor kind, up to half the budget and
+openers first (the boundary the next edit most likely leaves intact: the newest turn, the newest tool
+output, the newest thinking block). Of the rest it drops the one nearest the checkpoint before it, so
+those that stay are spread over the context: harnesses edit old blocks too (tool outputs beyond a
+recent window), and an edit at position L costs the distance back to the deepest checkpoint before L.
 """
 
 from __future__ import annotations
@@ -62,12 +64,19 @@ class StateCheckpoints:
             return
         self.saved[position] = Checkpoint(position, kind, {layer: s.clone() for layer, s in states.items()})
         while len(self.saved) > self.budget:
-            latest = {}
-            for p in sorted(self.saved):
-                latest[self.saved[p].kind] = p
-            keep = set(latest.values())
-            victims = [p for p in sorted(self.saved) if p not in keep] or sorted(self.saved)
-            del self.saved[victims[0]]
+            del self.saved[self._victim()]
+
+    def _victim(self) -> int:
+        """Keep the newest checkpoint of each kind; of the rest, drop the one closest to the checkpoint
+        before it (what is left stays spread over the context, so an edit anywhere finds one near)."""
+        order = sorted(self.saved)
+        newest = {self.saved[p].kind: p for p in order}
+        # at most half the budget is held this way, openers first (an edit rewrites a block, so the
+        # state before its opener is the one that survives)
+        ranked = sorted(newest.items(), key=lambda kv: (not kv[0].endswith(":open"), -kv[1]))
+        keep = {p for _, p in ranked[: self.budget // 2]}
+        gaps = [(p - prev, p) for prev, p in zip([0, *order], order, strict=False) if p not in keep]
+        return min(gaps)[1] if gaps else order[0]
 
     def best(self, limit: int) -> Checkpoint | None:
         """The deepest checkpoint at or before `limit`."""

@@ -1,0 +1,106 @@
+"""Recurrent-state checkpoints at semantic anchors on the hybrid model: resuming equals a full
+recompute, and under the three harness edit patterns anchors re-prefill less than fixed spacing or none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from freetoken.replay.checkpoint_compare import compare
+from freetoken.runtime.anchors import AnchorTable
+from freetoken.runtime.engine import build_engine
+from freetoken.runtime.kv.state_checkpoints import StateCheckpoints
+from freetoken.runtime.sampling import SamplingParams
+from oracle import build_hybrid_model, rel_err
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers.models.qwen3_5_moe")
+    folder = tmp_path_factory.mktemp("hybrid")
+    build_hybrid_model(folder)
+    return folder
+
+
+def test_anchor_table_from_the_tokenizer(hybrid: Path) -> None:
+    engine = build_engine(hybrid, device="cpu", dtype="float32", moe_backend="fused")
+    tok = engine.tokenizer
+    table = AnchorTable.from_tokenizer(tok)
+    assert {(k, e) for _, k, e in table.markers} == {
+        (k, e) for k in ("think", "tool_call", "tool_response", "turn") for e in ("open", "close")
+    }
+    ids = tok.encode("<|im_start|>assistant\n<think>\nhm\n</think>\n\nok<|im_end|>\n")
+    think = tok.token_to_id("<think>")
+    found = table.find(ids)
+    assert found[0].position == 0 and found[0].kind == "turn"
+    assert any(a.position == ids.index(think) and a.kind == "think" and a.edge == "open" for a in found)
+    close = ids.index(tok.token_to_id("</think>")) + 1
+    assert any(a.position == close and a.edge == "close" for a in found)
+
+
+def test_eviction_keeps_the_newest_of_each_kind() -> None:
+    from freetoken.runtime.models.delta_net import LinearState
+
+    store = StateCheckpoints(AnchorTable(()), budget=3)
+    state = {0: LinearState(torch.zeros(1), torch.zeros(1))}
+    for position, kind in ((10, "turn:open"), (20, "think:open"), (30, "turn:open"), (40, "turn:open")):
+        store.save(position, kind, state)
+    assert sorted(store.saved) == [20, 30, 40]  # 10 went: nearest its predecessor, not the newest of its kind
+    store.save(50, "turn:open", state)
+    assert sorted(store.saved) == [20, 40, 50]  # 20 stays: the only think anchor
+    assert store.best(45).position == 40 and store.best(5) is None
+    store.drop_after(40)
+    assert sorted(store.saved) == [20, 40]
+
+
+def test_resuming_from_an_anchor_equals_a_full_recompute(hybrid: Path) -> None:
+    engine = build_engine(hybrid, device="cpu", dtype="float32", moe_backend="fused")
+    fresh = build_engine(hybrid, device="cpu", dtype="float32", moe_backend="fused")
+    tok = engine.tokenizer
+    turn1 = [
+        {"role": "user", "content": "What is the weather?"},
+        {"role": "assistant", "content": "<think>\nlook it up\n</think>\n\nSunny."},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    list(engine.chat(turn1, params))
+    # the harness strips the thinking from that assistant turn: the prefix up to <think> survives
+    edited = [
+        turn1[0],
+        {"role": "assistant", "content": "Sunny."},
+        turn1[2],
+        {"role": "user", "content": "Thanks"},
+    ]
+    ids = tok.encode(tok.apply_chat_template(edited, add_generation_prompt=True))
+    events = list(engine.generate(ids, SamplingParams(max_tokens=1, ignore_eos=True)))
+    cached = events[-1].stats.cached_tokens
+    assert cached > 0  # resumed from a checkpoint, not from zero
+    seq = fresh.new_sequence()
+    want = fresh.forward(seq, ids)[-1]
+    assert events[-1].token_id == int(want.argmax())
+    # and the logits of the resumed sequence equal the recompute
+    assert (
+        rel_err(
+            engine.forward(engine._sequence, [events[-1].token_id])[-1],
+            fresh.forward(seq, [events[-1].token_id])[-1],
+        )
+        < 1e-4
+    )
+
+
+def test_anchors_re_prefill_least_at_equal_budget(hybrid: Path) -> None:
+    """8 checkpoints each (the same bytes for anchors and interval-64): anchors re-prefill no more than
+    fixed spacing under every harness, far less than none; with 16, within 5% of the new suffix."""
+    rows = {(r["edit"], r["policy"]): r for r in compare(hybrid, budget=8)}
+    for edit in ("openclaw", "opencode", "swe-agent"):
+        anchors = rows[(edit, "anchors")]
+        assert anchors["checkpoint_bytes"] == rows[(edit, "interval-64")]["checkpoint_bytes"]
+        assert anchors["total_reprefilled"] <= rows[(edit, "interval-64")]["total_reprefilled"]
+        assert anchors["total_reprefilled"] <= rows[(edit, "interval-512")]["total_reprefilled"]
+        assert anchors["total_reprefilled"] < rows[(edit, "none")]["total_reprefilled"]
+        assert all(r >= s for r, s in zip(anchors["reprefilled"], anchors["suffix"], strict=True))
+    wide = {(r["edit"], r["policy"]): r for r in compare(hybrid, budget=16)}
+    for edit in ("openclaw", "opencode", "swe-agent"):
+        assert wide[(edit, "anchors")]["ratio"] <= 1.05
