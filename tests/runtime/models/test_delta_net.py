@@ -66,3 +66,21 @@ def test_state_is_what_resuming_needs(layers: tuple[torch.nn.Module, GatedDeltaN
         resumed = ours(x[7:], snapshot)
     assert torch.equal(tail, resumed)
     assert snapshot.nbytes == (2 * 16 + 32) * 3 * 4 + 4 * 8 * 8 * 4
+
+
+@pytest.mark.parametrize(("length", "chunk"), [(1, 64), (7, 64), (64, 64), (150, 64), (150, 16)])
+def test_chunked_rule_equals_the_recurrence(length: int, chunk: int) -> None:
+    from freetoken.runtime.models.delta_net import _l2norm, chunked_delta_rule, delta_rule
+
+    gen = torch.Generator().manual_seed(length)
+    hv, dk, dv = 4, 8, 6
+    q = _l2norm(torch.randn(length, hv, dk, generator=gen)) * dk**-0.5
+    k = _l2norm(torch.randn(length, hv, dk, generator=gen))
+    v = torch.randn(length, hv, dv, generator=gen)
+    g = -torch.rand(length, hv, generator=gen)  # log decays <= 0
+    beta = torch.rand(length, hv, generator=gen)
+    start = torch.randn(hv, dk, dv, generator=gen)
+    s1, s2 = start.clone(), start.clone()
+    want = delta_rule(q, k, v, g, beta, s1)
+    got = chunked_delta_rule(q, k, v, g, beta, s2, chunk=chunk)
+    assert rel_err(got, want) < 1e-5 and rel_err(s2, s1) < 1e-5

@@ -7,8 +7,8 @@ Per token t and value head h (q, k L2-normalised, q scaled by Dk^-1/2, key heads
   S ← exp(g_t)·S                       decay, g_t = −exp(A_log)·softplus(a_t + dt_bias) <= 0
   S ← S + k_t ⊗ β_t·(v_t − Sᵀk_t)      the delta rule: write only what the memory does not already predict
   o_t = Sᵀq_t,  out = W_o · (RMSNorm(o_t) · silu(z_t))
-This is the exact token-by-token recurrence; a chunked (matmul) form for long prefills is a faster way to
-compute the same thing and can replace `delta_rule` without changing the state it leaves.
+Decode steps run the recurrence token by token (`delta_rule`); prefill runs its chunked matmul form
+(`chunked_delta_rule`), which leaves the same state.
 Parameter names follow the checkpoint's (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, dt_bias,
 A_log, norm, out_proj).
 """
@@ -76,6 +76,46 @@ def delta_rule(
     return out
 
 
+def chunked_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    chunk: int = 64,
+) -> torch.Tensor:
+    """The same as `delta_rule`, a chunk of positions at a time in matmuls (for prefill).
+
+    Within a chunk starting from state S0, with γ_t the cumulative log decay and u_t the value each
+    position writes: S_t = e^{γ_t}·S0 + Σ_{j<=t} e^{γ_t−γ_j}·k_j u_jᵀ, and the delta rule gives the unit
+    lower-triangular system (I + A)·U = diag(β)·V − diag(β e^γ)·K·S0 with A_tj = β_t e^{γ_t−γ_j} k_t·k_j
+    (j < t). Then O = diag(e^γ)·Q·S0 + (M ⊙ Q·Kᵀ)·U (M_tj = e^{γ_t−γ_j}, j <= t), and the state passed on
+    is e^{γ_C}·S0 + (e^{γ_C−γ} ⊙ K)ᵀ·U. Every exponent is <= 0, so nothing overflows.
+    """
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)  # [T, Hv, Dv]
+    for a in range(0, q.shape[0], chunk):
+        b = min(a + chunk, q.shape[0])
+        qc, kc, vc = (x[a:b].transpose(0, 1) for x in (q, k, v))  # [Hv, C, D]
+        gamma = g[a:b].transpose(0, 1).cumsum(-1)  # [Hv, C]
+        bc = beta[a:b].transpose(0, 1)  # [Hv, C]
+        diff = gamma[:, :, None] - gamma[:, None, :]  # [Hv, C, C]: γ_t − γ_j
+        n = b - a
+        lower = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device))
+        decay = torch.where(lower, diff, torch.full_like(diff, -torch.inf)).exp()  # M, inclusive
+        strict = decay * ~torch.eye(n, dtype=torch.bool, device=q.device)
+        system = bc[:, :, None] * strict * (kc @ kc.transpose(1, 2))  # A
+        eye = torch.eye(n, dtype=torch.float32, device=q.device).expand_as(system)
+        rhs = bc[:, :, None] * vc - (bc * gamma.exp())[:, :, None] * (kc @ state)
+        u = torch.linalg.solve_triangular(eye + system, rhs, upper=False, unitriangular=True)  # [Hv, C, Dv]
+        out[a:b] = (
+            gamma.exp()[:, :, None] * (qc @ state) + (decay * (qc @ kc.transpose(1, 2))) @ u
+        ).transpose(0, 1)
+        tail = (gamma[:, -1:] - gamma).exp()[:, :, None]  # [Hv, C, 1]
+        state.mul_(gamma[:, -1].exp()[:, None, None]).add_((tail * kc).transpose(1, 2) @ u)
+    return out
+
+
 class GatedDeltaNet(nn.Module):
     def __init__(
         self,
@@ -127,6 +167,7 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(t, self.hv, self.dv).float()
         beta = self.in_proj_b(x).float().sigmoid()  # [T, Hv]
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)  # [T, Hv]
-        out = delta_rule(q, k, v, g, beta, state.recurrent).to(x.dtype)  # [T, Hv, Dv]
+        rule = delta_rule if t == 1 else chunked_delta_rule
+        out = rule(q, k, v, g, beta, state.recurrent).to(x.dtype)  # [T, Hv, Dv]
         z = self.in_proj_z(x).reshape(t, self.hv, self.dv)
         return self.out_proj(self.norm(out, z).reshape(t, self.value_dim))
