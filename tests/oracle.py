@@ -73,14 +73,27 @@ def build_hf_model(folder: Path, seed: int = 0, std: float = 0.15, **overrides: 
     return model
 
 
-def build_hybrid_model(folder: Path, seed: int = 0) -> Any:
-    """Save a random transformers Qwen3_5MoeForCausalLM (HYBRID_TINY, demo tokenizer) into `folder`."""
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+def build_hybrid_model(folder: Path, seed: int = 0, wrapped: bool = False) -> Any:
+    """Save a random transformers Qwen3_5MoeForCausalLM (HYBRID_TINY, demo tokenizer) into `folder`; with
+    `wrapped`, inside Qwen3_5MoeForConditionalGeneration with a tiny vision tower, as Qwen publishes it."""
+    from transformers import (
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeForCausalLM,
+        Qwen3_5MoeForConditionalGeneration,
+        Qwen3_5MoeTextConfig,
+    )
 
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = Qwen3_5MoeTextConfig(vocab_size=write_demo_tokenizer(folder), **HYBRID_TINY)
+    vocab = write_demo_tokenizer(folder)
     torch.manual_seed(seed)
-    model = Qwen3_5MoeForCausalLM(cfg).eval()
+    if wrapped:
+        vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=64)
+        cfg_vl = Qwen3_5MoeConfig(
+            text_config={**HYBRID_TINY, "vocab_size": vocab}, vision_config={**vision, "patch_size": 4}
+        )
+        model = Qwen3_5MoeForConditionalGeneration(cfg_vl).eval()
+    else:
+        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(vocab_size=vocab, **HYBRID_TINY)).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -90,8 +90,8 @@ def convert_to_ftw(
             )
             done = 0
             writer = FtwWriter(tmp, shard_bytes, label=out)
-            for name, _ in plan.dense:
-                writer.add(name, ckpt.read(name).to(target))
+            for name, _ in plan.dense:  # stored under the model's own names (FTW loads them as they are)
+                writer.add(arch.expert_naming.canonical(name) or name, ckpt.read(name).to(target))
                 done += ckpt.nbytes(name)
                 if progress is not None:
                     progress(done, total)

@@ -26,6 +26,18 @@ class ExpertNaming:
     per_expert: re.Pattern[str]  # groups: layer, expert, projection name
     fused: re.Pattern[str] | None  # groups: layer, projection name
     projection_parts: dict[str, str]  # checkpoint projection name -> pool part
+    # checkpoint prefix -> the model's (a text model saved inside a multimodal wrapper); prefixes skipped
+    renames: tuple[tuple[str, str], ...] = ()
+    ignored: tuple[str, ...] = ()
+
+    def canonical(self, name: str) -> str | None:
+        """The model's name for checkpoint tensor `name`, or None for a tensor this model does not use."""
+        if name.startswith(self.ignored):
+            return None
+        for old, new in self.renames:
+            if name.startswith(old):
+                return new + name[len(old) :]
+        return name
 
     def classify(self, name: str) -> ExpertTensor | None:
         match = self.per_expert.fullmatch(name)
@@ -46,4 +58,13 @@ QWEN3_MOE_EXPERTS = ExpertNaming(
     ),
     fused=re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|gate_proj|up_proj|down_proj)"),
     projection_parts={"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "gate_up_proj": "gate_up"},
+)
+
+# Qwen3.5/3.6-MoE as published: the text model inside Qwen3_5MoeForConditionalGeneration
+QWEN3_5_MOE_WRAPPED = ExpertNaming(
+    per_expert=QWEN3_MOE_EXPERTS.per_expert,
+    fused=QWEN3_MOE_EXPERTS.fused,
+    projection_parts=QWEN3_MOE_EXPERTS.projection_parts,
+    renames=(("model.language_model.", "model."),),
+    ignored=("model.visual.", "mtp."),
 )

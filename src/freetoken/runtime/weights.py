@@ -39,7 +39,10 @@ def plan_checkpoint(
     plan = CheckpointPlan([], {layer: [] for layer in cfg.moe_layers})
     unexpected: list[str] = []
     for name in ckpt.names():
-        target = naming.classify(name)
+        canon = naming.canonical(name)  # the plan keeps the checkpoint's name for reading
+        if canon is None:
+            continue
+        target = naming.classify(canon)
         if target is not None:
             if target.layer not in moe_layers:
                 unexpected.append(name)
@@ -47,9 +50,9 @@ def plan_checkpoint(
             expected = expert_tensor_shape(
                 target, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
             )
-        elif name in params:
-            expected = tuple(params[name].shape)
-        elif name == "lm_head.weight" and cfg.tie_word_embeddings:
+        elif canon in params:
+            expected = tuple(params[canon].shape)
+        elif canon == "lm_head.weight" and cfg.tie_word_embeddings:
             continue  # some tied checkpoints still store the head: it is the embedding
         else:
             unexpected.append(name)
@@ -61,11 +64,11 @@ def plan_checkpoint(
         if target is not None:
             plan.experts[target.layer].append((name, target))
         else:
-            plan.dense.append((name, params[name]))
+            plan.dense.append((name, params[canon]))
     if unexpected:
         raise FreeTokenError(f"{where}: unexpected tensors: {_listing(unexpected)}")
-    planned = {name for name, _ in plan.dense}
-    missing = [name for name in params if name not in planned]
+    planned = {id(param) for _, param in plan.dense}
+    missing = [name for name, param in params.items() if id(param) not in planned]
     if missing:
         raise FreeTokenError(f"{where}: missing tensors: {_listing(missing)}")
     return plan

@@ -125,3 +125,20 @@ def test_served_together_equals_alone(hybrid: tuple[Path, Any]) -> None:
         engine.close()
     assert [outputs[i] for i in range(len(prompts))] == alone
     assert batcher.stats.batched_rows > batcher.stats.decode_steps  # they really ran together
+
+
+def test_the_published_wrapped_layout_loads_from_hf_and_ftw(tmp_path: Path) -> None:
+    """model_type qwen3_5_moe: text_config nested, weights under model.language_model., vision skipped."""
+    from freetoken.formats.convert import convert_to_ftw
+
+    pytest.importorskip("transformers.models.qwen3_5_moe")
+    folder = tmp_path / "vl"
+    model = build_hybrid_model(folder, wrapped=True)
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor([PROMPT])).logits[0]
+    hf = build_engine(folder, device="cpu", dtype="float32", moe_backend="offload", cache_size=5)
+    assert hf.config.architecture == "qwen3_5_moe"
+    assert rel_err(hf.forward(hf.new_sequence(), PROMPT, all_logits=True), want) < 1e-4
+    ftw = convert_to_ftw(folder, tmp_path / "vl.ftw", dtype="float32").out
+    engine = build_engine(ftw, device="cpu", dtype="float32", moe_backend="fused")
+    assert rel_err(engine.forward(engine.new_sequence(), PROMPT, all_logits=True), want) < 1e-4

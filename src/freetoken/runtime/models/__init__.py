@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 ARCHITECTURES: dict[str, str] = {
     "qwen3_moe": "freetoken.runtime.models.qwen3_moe",
     "qwen3_5_moe_text": "freetoken.runtime.models.qwen3_5_moe",
+    "qwen3_5_moe": "freetoken.runtime.models.qwen3_5_moe_vl",
 }
 
 
