@@ -61,7 +61,8 @@ def test_num_local_experts_is_accepted(tmp_path: Path) -> None:
 
 def test_unknown_model_type_lists_supported(tmp_path: Path) -> None:
     with pytest.raises(
-        FreeTokenError, match=r"unsupported model_type 'llama'; supported: qwen3_5_moe, qwen3_5_moe_text, qwen3_moe"
+        FreeTokenError,
+        match=r"unsupported model_type 'llama'; supported: qwen3_5_moe, qwen3_5_moe_text, qwen3_moe",
     ):
         load_model_config(write_config(tmp_path, model_type="llama"))
 
