@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from freetoken.runtime.config import MoeConfig
 
 ModelArg = Annotated[
     str,
@@ -121,3 +124,25 @@ CheckpointPolicyOpt = Annotated[
         "calls, tool outputs, turns), interval (every 64 tokens), none.",
     ),
 ]
+
+
+def moe_config_from(flags: dict[str, Any]) -> MoeConfig:
+    """The MoeConfig of the `--moe-*` flags (and --kv-reserve-tokens, --no-reprofile) among a command's
+    parameters, named as `run` and `serve` both name them."""
+    from freetoken.runtime.config import MoeConfig
+
+    return MoeConfig(
+        backend=flags["moe_backend"],
+        cache_size=flags["moe_cache_size"],
+        cache_ratio=flags["moe_cache_ratio"],
+        kv_reserve_tokens=flags["kv_reserve_tokens"],
+        cpu_layers=flags["moe_cpu_layers"],
+        hybrid_max_fetch=flags["moe_hybrid_max_fetch"],
+        cpu_threads=flags["moe_cpu_threads"],
+        pcie_gbps=flags["moe_pcie_gbps"],
+        host_gbps=flags["moe_host_gbps"],
+        reprofile=not flags["no_reprofile"],
+        prefill_stream=flags["moe_prefill_stream"],
+        prefill_hit_d2d=flags["moe_prefill_hit_d2d"],
+        prefill_overlap=not flags["disable_moe_prefill_overlap"],
+    )

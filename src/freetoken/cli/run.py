@@ -28,6 +28,7 @@ from freetoken.cli.options import (
     PrefillStreamOpt,
     RecordRoutingOpt,
     StateCheckpointsOpt,
+    moe_config_from,
 )
 
 
@@ -102,23 +103,8 @@ def run(
 ) -> None:
     """Generate text with a model: one answer for --prompt, or chat interactively."""
     from freetoken.cli.session import RunOptions, run_chat, run_once
-    from freetoken.runtime.config import MoeConfig
 
-    moe = MoeConfig(
-        backend=moe_backend,
-        cache_size=moe_cache_size,
-        cache_ratio=moe_cache_ratio,
-        kv_reserve_tokens=kv_reserve_tokens,
-        cpu_layers=moe_cpu_layers,
-        hybrid_max_fetch=moe_hybrid_max_fetch,
-        cpu_threads=moe_cpu_threads,
-        pcie_gbps=moe_pcie_gbps,
-        host_gbps=moe_host_gbps,
-        reprofile=not no_reprofile,
-        prefill_stream=moe_prefill_stream,
-        prefill_hit_d2d=moe_prefill_hit_d2d,
-        prefill_overlap=not disable_moe_prefill_overlap,
-    )
+    moe = moe_config_from(locals())
     opts = RunOptions(
         model=model,
         raw=raw,

@@ -24,6 +24,7 @@ from freetoken.cli.options import (
     PrefillHitD2dOpt,
     PrefillStreamOpt,
     RecordRoutingOpt,
+    moe_config_from,
 )
 
 
@@ -86,25 +87,10 @@ def serve(
 
     from freetoken.cli.session import load_engine, save_routing
     from freetoken.runtime.batcher import Batcher
-    from freetoken.runtime.config import MoeConfig
     from freetoken.serve.app import create_app
     from freetoken.serve.state import ServeState
 
-    moe = MoeConfig(
-        backend=moe_backend,
-        cache_size=moe_cache_size,
-        cache_ratio=moe_cache_ratio,
-        kv_reserve_tokens=kv_reserve_tokens,
-        cpu_layers=moe_cpu_layers,
-        hybrid_max_fetch=moe_hybrid_max_fetch,
-        cpu_threads=moe_cpu_threads,
-        pcie_gbps=moe_pcie_gbps,
-        host_gbps=moe_host_gbps,
-        reprofile=not no_reprofile,
-        prefill_stream=moe_prefill_stream,
-        prefill_hit_d2d=moe_prefill_hit_d2d,
-        prefill_overlap=not disable_moe_prefill_overlap,
-    )
+    moe = moe_config_from(locals())
     engine = load_engine(model, device, dtype, moe, max_prefill_tokens)
     if record_routing is not None:
         from freetoken.replay.recorder import attach_recorder
