@@ -15,8 +15,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from freetoken.runtime.sampling import SamplingParams
-from freetoken.serve.errors import bad, get, in_range, sse_guard
-from freetoken.serve.generation import Outcome, Prompt, complete, parsed, render_chat
+from freetoken.serve.errors import bad, get, in_range, join_text_blocks, sse_guard
+from freetoken.serve.generation import Outcome, Prompt, chain, complete, parsed, render_chat
 from freetoken.serve.output_parser import ReasoningDelta, TextDelta, ToolCallDelta
 from freetoken.serve.state import ServeState, read_json
 
@@ -29,16 +29,7 @@ def _text_of(content: Any, where: str) -> str:
         return content
     if not isinstance(content, list):
         raise bad(where, "expected a string or an array of blocks")
-    parts = []
-    for j, block in enumerate(content):
-        if (
-            not isinstance(block, dict)
-            or block.get("type") != "text"
-            or not isinstance(block.get("text"), str)
-        ):
-            raise bad(f"{where}[{j}]", "expected a text block")
-        parts.append(block["text"])
-    return "".join(parts)
+    return join_text_blocks(content, where, "expected a text block")
 
 
 def to_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -157,7 +148,7 @@ async def messages(request: Request) -> Any:
         events = _stream(state, prompt, params, message_id, model)
         first = await events.__anext__()  # submitted: a refusal is still an HTTP error
         return StreamingResponse(
-            sse_guard("/v1/messages", _chain(first, events)), media_type="text/event-stream"
+            sse_guard("/v1/messages", chain(first, events)), media_type="text/event-stream"
         )
     outcome = await complete(state.batcher, prompt, params)
     content: list[dict[str, Any]] = []
@@ -203,18 +194,20 @@ async def _stream(
     yield _event("message_start", {"message": start})
     index, open_kind = -1, None  # the content block being streamed
 
-    def close() -> str:
-        return _event("content_block_stop", {"index": index})
+    def closing() -> list[str]:
+        """Events that end the open block: a thinking block gets its (empty) signature first."""
+        events = []
+        if open_kind == "thinking":
+            signature = {"type": "signature_delta", "signature": ""}
+            events.append(_event("content_block_delta", {"index": index, "delta": signature}))
+        if open_kind is not None:
+            events.append(_event("content_block_stop", {"index": index}))
+        return events
 
-    async for item in _chain(first, items):
+    async for item in chain(first, items):
         if isinstance(item, Outcome):
-            if open_kind == "thinking":
-                yield _event(
-                    "content_block_delta",
-                    {"index": index, "delta": {"type": "signature_delta", "signature": ""}},
-                )
-            if open_kind is not None:
-                yield close()
+            for event in closing():
+                yield event
             delta = {"stop_reason": STOP_REASONS.get(item.finish_reason, "end_turn"), "stop_sequence": None}
             yield _event("message_delta", {"delta": delta, "usage": _usage(item)})
             yield _event("message_stop", {})
@@ -227,13 +220,8 @@ async def _stream(
             else "tool"
         )
         if kind != open_kind or kind == "tool":
-            if open_kind == "thinking":
-                yield _event(
-                    "content_block_delta",
-                    {"index": index, "delta": {"type": "signature_delta", "signature": ""}},
-                )
-            if open_kind is not None:
-                yield close()
+            for event in closing():
+                yield event
             index += 1
             open_kind = kind
             block: dict[str, Any] = (
@@ -251,12 +239,6 @@ async def _stream(
         else:
             delta = {"type": "input_json_delta", "partial_json": item.arguments}
         yield _event("content_block_delta", {"index": index, "delta": delta})
-
-
-async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    yield first
-    async for item in rest:
-        yield item
 
 
 @router.post("/v1/messages/count_tokens")

@@ -77,6 +77,20 @@ def get(
     return float(value) if numeric else value
 
 
+def join_text_blocks(blocks: list[Any], where: str, message: str) -> str:
+    """The text of a list of {type: text, text} blocks; `message` (400, naming `where[j]`) for any other."""
+    parts = []
+    for j, block in enumerate(blocks):
+        if (
+            not isinstance(block, dict)
+            or block.get("type") != "text"
+            or not isinstance(block.get("text"), str)
+        ):
+            raise bad(f"{where}[{j}]", message)
+        parts.append(block["text"])
+    return "".join(parts)
+
+
 def in_range(name: str, value: float | None, low: float, high: float) -> float | None:
     if value is not None and not low <= value <= high:
         raise bad(name, f"{value} is outside [{low}, {high}]")

@@ -72,6 +72,13 @@ async def stream(
             batcher.cancel(request_id)
 
 
+async def chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """`first` (already taken from `rest`, to start a stream before answering), then the rest."""
+    yield first
+    async for item in rest:
+        yield item
+
+
 @dataclass
 class Outcome:
     """Everything one generation produced, once it is over."""

@@ -12,8 +12,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from freetoken.runtime.sampling import SamplingParams
-from freetoken.serve.errors import bad, get, in_range, sse_guard
-from freetoken.serve.generation import Outcome, Prompt, complete, parsed, render_chat, stream
+from freetoken.serve.errors import bad, get, in_range, join_text_blocks, sse_guard
+from freetoken.serve.generation import Outcome, Prompt, chain, complete, parsed, render_chat, stream
 from freetoken.serve.output_parser import ReasoningDelta, TextDelta, ToolCallDelta
 from freetoken.serve.state import ServeState, read_json
 
@@ -58,16 +58,7 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             raise bad(f"{where}role", f"{role!r} is not one of {', '.join(ROLES)}")
         content = get(message, "content", (str, list), default="", where=where)
         if isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if (
-                    not isinstance(part, dict)
-                    or part.get("type") != "text"
-                    or not isinstance(part.get("text"), str)
-                ):
-                    raise bad(f"{where}content[{j}]", "only text parts are supported")
-                parts.append(part["text"])
-            content = "".join(parts)
+            content = join_text_blocks(content, f"{where}content", "only text parts are supported")
         item: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
         calls = get(message, "tool_calls", list, default=None, where=where)
         if calls:
@@ -176,7 +167,7 @@ async def _chat_stream(
     items = parsed(state.batcher, prompt, params)
     first = await items.__anext__()  # submitted: a refusal is raised before anything is sent
     yield chunk({"role": "assistant", "content": ""})
-    async for item in _chain(first, items):
+    async for item in chain(first, items):
         if isinstance(item, TextDelta):
             yield chunk({"content": item.text})
         elif isinstance(item, ReasoningDelta):
@@ -190,16 +181,10 @@ async def _chat_stream(
     yield "data: [DONE]\n\n"
 
 
-async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    yield first
-    async for item in rest:
-        yield item
-
-
 async def _primed(events: AsyncIterator[str], path: str) -> AsyncIterator[str]:
     """Start the stream before answering, so a request refused at submission (400, 429) is still an
     HTTP error rather than a broken stream; later failures end it with an error event."""
-    return sse_guard(path, _chain(await events.__anext__(), events))
+    return sse_guard(path, chain(await events.__anext__(), events))
 
 
 @router.post("/v1/completions")
