@@ -278,7 +278,8 @@ class Engine:
     def _checkpoint_positions(self, seq: Sequence, ids: list[int], start: int, end: int) -> dict[int, str]:
         if self.checkpoints is None or seq is not self._sequence:
             return {}
-        return self.checkpoints.positions([*seq.token_ids, *ids], start, end)
+        offset = max(0, start - self.checkpoints.lookback)  # only the tail: this runs every decode step
+        return self.checkpoints.positions([*seq.token_ids[offset:], *ids], start, end, offset)
 
     def _maybe_checkpoint(self, seq: Sequence, marks: dict[int, str]) -> None:
         """Save the recurrent states when the sequence stands at one of `marks`."""

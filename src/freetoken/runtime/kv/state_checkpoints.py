@@ -47,17 +47,24 @@ class StateCheckpoints:
         self.anchors, self.budget, self.policy, self.interval = anchors, budget, policy, interval
         self.saved: dict[int, Checkpoint] = {}  # position -> checkpoint
 
-    def positions(self, ids: Sequence[int], start: int, end: int) -> dict[int, str]:
-        """Checkpoint positions p in [start, end] for the tokens `ids` (which cover at least [0, end)),
-        with their kind."""
+    @property
+    def lookback(self) -> int:
+        """Tokens before `start` that `positions` needs to see (a marker may begin before it)."""
+        return max((len(m) for m, _, _ in self.anchors.markers), default=1)
+
+    def positions(self, ids: Sequence[int], start: int, end: int, offset: int = 0) -> dict[int, str]:
+        """Checkpoint positions p in [start, end], with their kind. ids[i] is the token at position
+        offset + i; they cover [max(0, start − lookback), end) at least."""
         if self.budget <= 0 or self.policy == "none":
             return {}
         if self.policy == "interval":
             first = -(-max(start, 1) // self.interval) * self.interval
             return {p: "interval" for p in range(first, end + 1, self.interval)}
-        longest = max((len(m) for m, _, _ in self.anchors.markers), default=1)
-        found = self.anchors.find(ids[: end + longest], max(0, start - longest))
-        return {a.position: f"{a.kind}:{a.edge}" for a in found if start <= a.position <= end}
+        longest = self.lookback
+        found = self.anchors.find(ids[: end - offset + longest], max(0, start - longest - offset))
+        return {
+            a.position + offset: f"{a.kind}:{a.edge}" for a in found if start <= a.position + offset <= end
+        }
 
     def save(self, position: int, kind: str, states: dict[int, LinearState]) -> None:
         if self.budget <= 0:
