@@ -220,7 +220,7 @@ class CachedExecutor(ExpertExecutor):
             torch.full((1, k), 1.0 / k),
             pool.gate_up[layer],
             pool.down[layer],
-            self.ctx.moe.cpu_threads,
+            self.cpu.threads,
         )
         self.host_bw = _smooth(self.host_bw, k * pool.expert_nbytes / (time.perf_counter() - t0))
         if self.bank.stream is not None:

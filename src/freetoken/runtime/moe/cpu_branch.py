@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts
+from freetoken.runtime.moe.kernels.cpu_experts import branch_threads, cpu_experts
 from freetoken.runtime.moe.pool import HostExpertPool
 
 
@@ -19,7 +19,7 @@ class CpuBranch:
     def __init__(self, pool: HostExpertPool, device: torch.device, threads: int | None = None) -> None:
         self.pool = pool
         self.device = device
-        self.threads = threads
+        self.threads = threads or branch_threads()  # decided once, not per layer step
         self.pinned = device.type == "cuda"
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freetoken-cpu-experts")
         self._x_host = torch.empty(0)
