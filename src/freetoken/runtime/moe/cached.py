@@ -111,10 +111,7 @@ class CachedExecutor(ExpertExecutor):
     ) -> torch.Tensor:
         assert self.streamer is not None
         stream = self._compute_stream()
-        slot_ids = self.streamer.acquire(layer, stream)[topk_ids]  # [T, K]
-        if x.device.type == "cpu" or topk_ids.numel() > GATHER_MAX_PAIRS:
-            slot_ids = slot_ids.cpu()  # grouping happens on the host anyway
-        out = routed_experts(x, slot_ids, topk_weights, self.bank.gate_up, self.bank.down)
+        out = self._from_bank(x, self.streamer.acquire(layer, stream)[topk_ids], topk_weights)
         self.streamer.release(layer, stream)
         if self.cache.row_of[layer] == 0:
             self.counters.tokens += x.shape[0]
@@ -201,8 +198,11 @@ class CachedExecutor(ExpertExecutor):
     ) -> torch.Tensor:
         """Sum over the (token, choice) pairs in `pairs` [T, K] bool, computed from the slot bank."""
         slot_ids = self.bank.table[self.cache.row_of[layer]][topk_ids].long()  # [T, K]
-        slot_ids = torch.where(pairs, slot_ids, torch.full_like(slot_ids, -1))
-        if x.device.type == "cpu" or topk_ids.numel() > GATHER_MAX_PAIRS:
+        return self._from_bank(x, torch.where(pairs, slot_ids, torch.full_like(slot_ids, -1)), topk_weights)
+
+    def _from_bank(self, x: torch.Tensor, slot_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """The experts in slots `slot_ids` [T, K] (-1 = skip) for x [T, H], weighted."""
+        if x.device.type == "cpu" or slot_ids.numel() > GATHER_MAX_PAIRS:
             slot_ids = slot_ids.cpu()  # grouping happens on the host anyway
         return routed_experts(x, slot_ids, topk_weights, self.bank.gate_up, self.bank.down)
 
