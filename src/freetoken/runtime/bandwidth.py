@@ -20,6 +20,7 @@ from freetoken.runtime.devices import sync_device
 from freetoken.runtime.moe.cpu_branch import CpuBranch
 from freetoken.runtime.moe.experts import routed_experts
 from freetoken.runtime.moe.kernels.cpu_experts import (
+    beyond_cache_bytes,
     branch_threads,
     cpu_experts,
     kernel_available,
@@ -80,10 +81,17 @@ class Bench:
     """One measurement session over a bf16 expert pool larger than the last-level cache."""
 
     def __init__(
-        self, shape: ExpertShape, threads: int, bank_bytes: int = 1 << 30, reps: int = 5, pin: bool = True
+        self,
+        shape: ExpertShape,
+        threads: int,
+        bank_bytes: int | None = None,
+        reps: int = 5,
+        pin: bool = True,
     ) -> None:
         self.shape, self.threads, self.reps = shape, threads, reps
-        experts = int(max(2 * shape.top_k, min(shape.num_experts, bank_bytes // shape.nbytes)))
+        bank_bytes = bank_bytes or beyond_cache_bytes()
+        # More experts than the model has where needed: the pool is synthetic, and must not fit in a cache.
+        experts = max(2 * shape.top_k, -(-bank_bytes // shape.nbytes))
         self.pool = HostExpertPool.allocate((0,), experts, shape.hidden, shape.intermediate, torch.bfloat16)
         gen = torch.Generator().manual_seed(0)
         for bank in (self.pool.gate_up[0], self.pool.down[0]):

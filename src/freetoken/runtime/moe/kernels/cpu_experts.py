@@ -6,6 +6,7 @@ Both take routing with -1 for pairs another branch computes, and return fp32 par
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -53,49 +54,101 @@ def cpu_experts(
         with torch.inference_mode():
             result = grouped_experts(x.to(dtype), ids, weights.to(dtype), gate_up_bank, down_bank).float()
         return result if out is None else out.copy_(result)
-    hidden, inter = gate_up_bank.shape[2], down_bank.shape[2]
     if out is None:
-        out = torch.zeros(x.shape[0], hidden, dtype=torch.float32)
+        out = torch.zeros(x.shape[0], gate_up_bank.shape[2], dtype=torch.float32)
     else:
         out.zero_()
+    plan = plan_entries(ids, weights)
+    if plan is not None:
+        run_kernel(lib, plan, x, gate_up_bank, down_bank, out, threads or branch_threads())
+    return out
+
+
+@dataclass(frozen=True)
+class EntryPlan:
+    """Routing entries grouped by expert, experts ascending, in the arrays the kernel takes."""
+
+    experts: np.ndarray  # [E'] uint64: each expert once
+    offsets: np.ndarray  # [E' + 1] int32: entries of experts[e] are offsets[e]:offsets[e + 1]
+    tokens: np.ndarray  # [N] int32: token row of each entry
+    weights: np.ndarray  # [N] float32: routing weight of each entry
+
+
+def plan_entries(ids: torch.Tensor, weights: torch.Tensor) -> EntryPlan | None:
+    """ids [T, K] (-1 = skip), weights [T, K] -> the plan, or None when no entry is this branch's."""
     flat = ids.reshape(-1).numpy()
     keep = np.flatnonzero(flat >= 0)
     if keep.size == 0:
-        return out
-    # Entries grouped by expert: (token row, routing weight), experts ascending.
+        return None
     order = keep[np.argsort(flat[keep], kind="stable")]
     by_expert = flat[order]
     starts = np.flatnonzero(np.concatenate(([True], by_expert[1:] != by_expert[:-1])))
-    experts = by_expert[starts].astype(np.uint64)
-    offsets = np.append(starts, order.size).astype(np.int32)
-    tok = (order // ids.shape[1]).astype(np.int32)
-    wts = weights.reshape(-1).float().numpy()[order].astype(np.float32)
+    return EntryPlan(
+        experts=by_expert[starts].astype(np.uint64),
+        offsets=np.append(starts, order.size).astype(np.int32),
+        tokens=(order // ids.shape[1]).astype(np.int32),
+        weights=weights.reshape(-1).float().numpy()[order].astype(np.float32),
+    )
+
+
+def run_kernel(
+    lib: ctypes.CDLL,
+    plan: EntryPlan,
+    x: torch.Tensor,
+    gate_up_bank: torch.Tensor,
+    down_bank: torch.Tensor,
+    out: torch.Tensor,
+    threads: int,
+) -> None:
+    """out [T, H] fp32 += the plan's experts over x [T, H], banks bf16 and contiguous."""
+    hidden, inter = gate_up_bank.shape[2], down_bank.shape[2]
     # Addresses of each expert's banks: an array of pointers, as the kernel takes them.
-    gu_ptrs = np.uint64(gate_up_bank.data_ptr()) + experts * np.uint64(gate_up_bank.stride(0) * 2)
-    dn_ptrs = np.uint64(down_bank.data_ptr()) + experts * np.uint64(down_bank.stride(0) * 2)
+    gu_ptrs = np.uint64(gate_up_bank.data_ptr()) + plan.experts * np.uint64(gate_up_bank.stride(0) * 2)
+    dn_ptrs = np.uint64(down_bank.data_ptr()) + plan.experts * np.uint64(down_bank.stride(0) * 2)
     xf = x.float().contiguous()
-    act = torch.empty(order.size, inter, dtype=torch.float32)
+    scratch = torch.empty(plan.tokens.size, 2 * inter, dtype=torch.float32)
     lib.ft_experts_bf16(
         gu_ptrs.ctypes.data,
         dn_ptrs.ctypes.data,
-        len(experts),
+        len(plan.experts),
         hidden,
         inter,
         xf.data_ptr(),
-        tok.ctypes.data,
-        wts.ctypes.data,
-        offsets.ctypes.data,
-        act.data_ptr(),
+        plan.tokens.ctypes.data,
+        plan.weights.ctypes.data,
+        plan.offsets.ctypes.data,
+        scratch.data_ptr(),
         out.data_ptr(),
-        threads or branch_threads(),
+        threads,
     )
     return out
 
 
-def read_bandwidth(nbytes: int = 1 << 30, threads: int | None = None, reps: int = 5) -> float:
+def llc_bytes() -> int:
+    """The largest CPU cache on this machine in bytes (sysfs), 32 MiB when it cannot be read."""
+    from pathlib import Path
+
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except ValueError:
+            continue
+    return max(sizes, default=32 << 20)
+
+
+def beyond_cache_bytes() -> int:
+    """A working set no cache can hold: 4 × the last-level cache (the STREAM rule), at least 1 GiB."""
+    return max(1 << 30, 4 * llc_bytes())
+
+
+def read_bandwidth(nbytes: int | None = None, threads: int | None = None, reps: int = 5) -> float:
     """Host read ceiling in bytes/s (STREAM-like sum over all cores); torch when the kernel is absent."""
     import time
 
+    nbytes = nbytes or beyond_cache_bytes()
     buf = torch.ones(nbytes // 4, dtype=torch.float32)
     lib = load_library()
     threads = threads or torch.get_num_threads()
