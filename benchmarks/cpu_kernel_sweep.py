@@ -3,8 +3,9 @@
     python benchmarks/cpu_kernel_sweep.py [--threads 16] [--json]
 
 Each variant is the shipped source with other -D values (accumulator lanes, rows of `down` per work
-item, software prefetch distance in elements, the order phase 1 walks the gate and up rows); the table says which one
-the machine likes, against a STREAM-like read measured right before each row (a shared host drifts).
+item, software prefetch distance in elements, the order phase 1 walks the gate and up rows); the table
+says which one the machine likes, against a STREAM-like read measured right before each row (a shared
+host drifts, so `--passes` goes through the list more than once).
 """
 
 from __future__ import annotations
@@ -102,7 +103,9 @@ def time_variant(
     return _gbps(k * 3 * h * (two_i // 2) * 2, seconds)
 
 
-def time_wrapper(gu: torch.Tensor, dn: torch.Tensor, threads: int, k: int = 8, reps: int = 20) -> tuple[float, float]:
+def time_wrapper(
+    gu: torch.Tensor, dn: torch.Tensor, threads: int, k: int = 8, reps: int = 20
+) -> tuple[float, float]:
     """The same through cpu_experts, the runtime's entry point (routing plan, scratch, output)."""
     e, two_i, h = gu.shape
     x = torch.randn(1, h)
@@ -120,7 +123,9 @@ def time_wrapper(gu: torch.Tensor, dn: torch.Tensor, threads: int, k: int = 8, r
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--passes", type=int, default=2, help="times through the variant list (a shared host drifts)")
+    ap.add_argument(
+        "--passes", type=int, default=2, help="times through the variant list (a shared host drifts)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     bench = Bench(PRESETS["qwen3-30b-a3b"], args.threads)  # a pool of several times the last-level cache
