@@ -104,3 +104,69 @@ def test_anchors_re_prefill_least_at_equal_budget(hybrid: Path) -> None:
     wide = {(r["edit"], r["policy"]): r for r in compare(hybrid, budget=16)}
     for edit in ("openclaw", "opencode", "swe-agent"):
         assert wide[(edit, "anchors")]["ratio"] <= 1.05
+
+
+def test_the_server_resumes_other_conversations_from_the_prefix_tree(hybrid: Path) -> None:
+    """Batcher (the server's loop): a conversation retired into the prefix tree resumes an edited
+    request from its deepest anchor and an append-only follow-up from its end; tokens equal a recompute."""
+    import threading
+
+    from freetoken.runtime.batcher import Batcher
+
+    engine = build_engine(hybrid, device="cpu", dtype="float32", moe_backend="offload", cache_size=4)
+    fresh = build_engine(hybrid, device="cpu", dtype="float32", moe_backend="fused")
+    tok = engine.tokenizer
+    batcher = Batcher(engine, max_running=2)
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+
+    def serve(ids: list[int]) -> tuple[list[int], int]:
+        events: list = []
+        done = threading.Event()
+
+        def on_event(event: object) -> None:
+            assert not isinstance(event, Exception), event
+            events.append(event)
+            if event.finished:  # type: ignore[attr-defined]
+                done.set()
+
+        batcher.submit(ids, params, on_event)
+        assert done.wait(60)
+        return [e.token_id for e in events], events[-1].stats.cached_tokens
+
+    def chat(messages: list[dict[str, str]]) -> list[int]:
+        return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+
+    turn1 = [
+        {"role": "user", "content": "What is the weather?"},
+        {"role": "assistant", "content": "<think>\nlook it up\n</think>\n\nSunny."},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    # the harness rewrites the earlier answer (a trimmed tool output would do the same)
+    edited = [turn1[0], {"role": "assistant", "content": "Rain."}, turn1[2]]
+    batcher.start()
+    try:
+        first, cached = serve(chat(turn1))
+        assert cached == 0
+        stored = chat(turn1) + first[:-1]  # the last token was sampled, never computed
+        follow = stored + [first[-1], *tok.encode("more")]
+        tokens, cached = serve(chat(edited))
+        a, b = chat(turn1), chat(edited)
+        diverge = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+        assert 0 < cached <= diverge  # an anchor at or before the edit (the answer's turn opener)
+        assert cached == max(x.position for x in engine._anchors.find(a) if 0 < x.position <= diverge)
+        assert tokens == greedy_tokens(fresh, chat(edited), 5)
+        tokens, cached = serve(follow)
+        assert cached == len(stored)  # the state saved at the end of the first conversation
+        assert tokens == greedy_tokens(fresh, follow, 5)
+        assert batcher.prefix.stats.checkpoints > 0
+    finally:
+        batcher.stop()
+        engine.close()
+
+
+def greedy_tokens(engine, ids: list[int], n: int) -> list[int]:  # type: ignore[no-untyped-def]
+    seq = engine.new_sequence()
+    out = [int(engine.forward(seq, ids)[-1].argmax())]
+    while len(out) < n:
+        out.append(int(engine.forward(seq, [out[-1]])[-1].argmax()))
+    return out

@@ -4,7 +4,9 @@ Each turn of the loop: drop cancelled requests; admit queued ones up to `max_run
 alone, its KV first loaded from the prefix cache as far as it matches); then one decode step for every
 running request together (`Engine.decode_batch`: the experts see the whole batch, so an expert two
 sequences want is read once). Requests join and leave at these step boundaries. A finished or
-cancelled request's KV goes into the prefix cache, then its sequence is dropped.
+cancelled request's KV goes into the prefix cache, then its sequence is dropped. On a hybrid model the
+cache also takes the sequence's recurrent-state checkpoints (its anchors, plus one at its end, where an
+append-only follow-up resumes), and a request resumes from the deepest one within its cached prefix.
 
 Events go to each request's callback, on the loop's thread. A request that fails (a bad prompt, an
 error inside the engine) gets the exception as its last event; the loop itself carries on.
@@ -51,12 +53,21 @@ class BatcherStats:
 
 class Batcher:
     def __init__(
-        self, engine: Engine, max_running: int = 4, max_queued: int = 64, prefix_cache_tokens: int = 65536
+        self,
+        engine: Engine,
+        max_running: int = 4,
+        max_queued: int = 64,
+        prefix_cache_tokens: int = 65536,
+        prefix_checkpoints: int | None = None,
     ) -> None:
+        """`prefix_checkpoints`: recurrent-state checkpoints the prefix cache holds (hybrid models);
+        default `state_checkpoints` × max(4, `max_running`), as many conversations' worth."""
         self.engine = engine
         self.max_running, self.max_queued = max_running, max_queued
-        # K/V alone cannot resume a recurrent layer: hybrid models get no prefix reuse (yet)
-        self.prefix = PrefixCache(prefix_cache_tokens if reuses_kv_prefixes(engine) else 0)
+        if prefix_checkpoints is None:
+            hybrid = not reuses_kv_prefixes(engine)
+            prefix_checkpoints = engine.engine_config.state_checkpoints * max(4, max_running) if hybrid else 0
+        self.prefix = PrefixCache(prefix_cache_tokens, prefix_checkpoints)
         self.stats = BatcherStats()
         self.started_at = time.monotonic()
         self._cond = threading.Condition()
@@ -206,5 +217,9 @@ class Batcher:
     def _retire(self, request: Request) -> None:
         """Keep what the sequence computed for later requests sharing its prefix; free the sequence."""
         seq, request.seq = request.seq, None
-        if seq is not None and seq.token_ids:
-            self.prefix.insert(seq.token_ids, seq.kv)
+        if seq is None or not seq.token_ids:
+            return
+        store = seq.checkpoints
+        if store is not None and store.policy != "none":  # the state at its end: where a follow-up resumes
+            store.save(seq.kv.length, "end", seq.kv.linear)  # type: ignore[attr-defined]
+        self.prefix.insert(seq.token_ids, seq.kv, store.saved if store is not None else None)

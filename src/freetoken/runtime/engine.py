@@ -57,14 +57,8 @@ class Engine:
         )
         self.stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
         self._sequence: Sequence | None = None
-        self.checkpoints: StateCheckpoints | None = None
-        if not reuses_kv_prefixes(self):
-            self.checkpoints = StateCheckpoints(
-                AnchorTable.from_tokenizer(self.tokenizer),
-                config.state_checkpoints,
-                config.checkpoint_policy,
-                config.checkpoint_interval,
-            )
+        # built once: every sequence of a hybrid model gets its own store of checkpoints over it
+        self._anchors = None if reuses_kv_prefixes(self) else AnchorTable.from_tokenizer(self.tokenizer)
         self._queue: deque[Request] = deque()
         self._next_id = 0
         self.recorder: RoutingRecorder | None = None
@@ -121,10 +115,13 @@ class Engine:
         self.executor.close()
 
     def reset(self) -> None:
-        """Forget the cached sequence: the next request prefills its whole prompt."""
+        """Forget the cached sequence (and its checkpoints): the next request prefills its whole prompt."""
         self._sequence = None
-        if self.checkpoints is not None:
-            self.checkpoints.clear()
+
+    @property
+    def checkpoints(self) -> StateCheckpoints | None:
+        """The recurrent-state checkpoints over the conversation `step` holds (hybrid models)."""
+        return self._sequence.checkpoints if self._sequence is not None else None
 
     # -- sequences -------------------------------------------------------------------------------------------
 
@@ -134,7 +131,13 @@ class Engine:
         kv = cache_class(
             cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device, self.max_seq_len
         )
-        return Sequence(kv)
+        if self._anchors is None:
+            return Sequence(kv)
+        config = self.engine_config
+        store = StateCheckpoints(
+            self._anchors, config.state_checkpoints, config.checkpoint_policy, config.checkpoint_interval
+        )
+        return Sequence(kv, checkpoints=store)
 
     @torch.inference_mode()
     def forward(self, seq: Sequence, ids: list[int], all_logits: bool = False) -> torch.Tensor:
@@ -158,6 +161,9 @@ class Engine:
     @torch.inference_mode()
     def decode_batch(self, seqs: list[Sequence], ids: list[int]) -> torch.Tensor:
         """One decode step for several sequences at once: ids[i] continues seqs[i] -> logits [B, V]."""
+        for seq, token in zip(seqs, ids, strict=True):  # a sequence standing at an anchor saves its states
+            length = seq.kv.length
+            self._maybe_checkpoint(seq, self._checkpoint_positions(seq, [token], length, length))
         if len(seqs) == 1:
             return self.forward(seqs[0], ids)
         for seq in seqs:
@@ -246,14 +252,15 @@ class Engine:
         if seq is None:
             seq = self._sequence = self.new_sequence()
         reuse = min(seq.common_prefix(request.prompt_ids), len(request.prompt_ids) - 1)
+        store = seq.checkpoints
         if not seq.kv.can_truncate(reuse):  # a recurrent state cannot be rewound: resume from a checkpoint
-            saved = self.checkpoints.best(reuse) if self.checkpoints is not None else None
+            saved = store.best(reuse) if store is not None else None
             reuse = 0 if saved is None else saved.position
             if saved is not None:
                 seq.kv.restore(saved.position, saved.states)  # type: ignore[attr-defined]
                 del seq.token_ids[saved.position :]
-        if self.checkpoints is not None:
-            self.checkpoints.drop_after(reuse)
+        if store is not None:
+            store.drop_after(reuse)
         seq.truncate(reuse)
         request.cached_tokens = reuse
         self.routing_context(PREFILL, [request.id])
@@ -276,25 +283,22 @@ class Engine:
         return logits
 
     def _checkpoint_positions(self, seq: Sequence, ids: list[int], start: int, end: int) -> dict[int, str]:
-        if self.checkpoints is None or seq is not self._sequence:
+        store = seq.checkpoints
+        if store is None:
             return {}
-        offset = max(0, start - self.checkpoints.lookback)  # only the tail: this runs every decode step
-        return self.checkpoints.positions([*seq.token_ids[offset:], *ids], start, end, offset)
+        offset = max(0, start - store.lookback)  # only the tail: this runs every decode step
+        return store.positions([*seq.token_ids[offset:], *ids], start, end, offset)
 
     def _maybe_checkpoint(self, seq: Sequence, marks: dict[int, str]) -> None:
         """Save the recurrent states when the sequence stands at one of `marks`."""
         position = seq.kv.length
-        if position in marks and position > 0 and self.checkpoints is not None:
-            self.checkpoints.save(position, marks[position], seq.kv.linear)  # type: ignore[attr-defined]
+        if position in marks and position > 0 and seq.checkpoints is not None:
+            seq.checkpoints.save(position, marks[position], seq.kv.linear)  # type: ignore[attr-defined]
 
     def _decode(self, request: Request) -> TokenEvent:
         assert self._sequence is not None and request.next_token is not None
         self.routing_context(DECODE, [request.id])
-        seq = self._sequence
-        self._maybe_checkpoint(
-            seq, self._checkpoint_positions(seq, [request.next_token], seq.kv.length, seq.kv.length)
-        )
-        logits = self.forward(seq, [request.next_token])
+        logits = self.decode_batch([self._sequence], [request.next_token])
         return self._accept(request, request.sampler(logits[-1]), first=False)
 
     def _accept(self, request: Request, token: int, first: bool) -> TokenEvent:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from freetoken.runtime.kv.cache import KVCache
+from freetoken.runtime.kv.state_checkpoints import StateCheckpoints
 
 
 @dataclass
 class Sequence:
     kv: KVCache
     token_ids: list[int] = field(default_factory=list)  # exactly the tokens whose K/V are cached
+    checkpoints: StateCheckpoints | None = None  # recurrent states saved along it (hybrid models)
 
     def common_prefix(self, ids: list[int]) -> int:
         n = 0

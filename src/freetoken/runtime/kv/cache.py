@@ -12,6 +12,8 @@ _GROW_QUANTUM = 256
 
 
 class KVCache:
+    recurrent = False  # whether the cache also carries recurrent state that K/V cannot rebuild
+
     def __init__(
         self,
         num_layers: int,

@@ -74,16 +74,7 @@ class StateCheckpoints:
             del self.saved[self._victim()]
 
     def _victim(self) -> int:
-        """Keep the newest checkpoint of each kind; of the rest, drop the one closest to the checkpoint
-        before it (what is left stays spread over the context, so an edit anywhere finds one near)."""
-        order = sorted(self.saved)
-        newest = {self.saved[p].kind: p for p in order}
-        # at most half the budget is held this way, openers first (an edit rewrites a block, so the
-        # state before its opener is the one that survives)
-        ranked = sorted(newest.items(), key=lambda kv: (not kv[0].endswith(":open"), -kv[1]))
-        keep = {p for _, p in ranked[: self.budget // 2]}
-        gaps = [(p - prev, p) for prev, p in zip([0, *order], order, strict=False) if p not in keep]
-        return min(gaps)[1] if gaps else order[0]
+        return choose_victim(self.saved, self.budget)
 
     def best(self, limit: int) -> Checkpoint | None:
         """The deepest checkpoint at or before `limit`."""
@@ -101,3 +92,19 @@ class StateCheckpoints:
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.saved.values())
+
+
+def choose_victim(saved: dict[int, Checkpoint], budget: int) -> int:
+    """The position to drop from `saved` (positions along one sequence) to fit `budget`.
+
+    Keep the newest checkpoint of each kind; of the rest, drop the one closest to the checkpoint before
+    it (what is left stays spread over the context, so an edit anywhere finds one near).
+    """
+    order = sorted(saved)
+    newest = {saved[p].kind: p for p in order}
+    # at most half the budget is held this way, openers first (an edit rewrites a block, so the state
+    # before its opener is the one that survives)
+    ranked = sorted(newest.items(), key=lambda kv: (not kv[0].endswith(":open"), -kv[1]))
+    keep = {p for _, p in ranked[: budget // 2]}
+    gaps = [(p - prev, p) for prev, p in zip([0, *order], order, strict=False) if p not in keep]
+    return min(gaps)[1] if gaps else order[0]

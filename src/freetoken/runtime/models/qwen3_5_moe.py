@@ -32,6 +32,8 @@ from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
 class HybridCache(KVCache):
     """KV of the full-attention layers plus the DeltaNet layers' states (made on first use)."""
 
+    recurrent = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.linear: dict[int, LinearState] = {}
