@@ -148,7 +148,7 @@ def test_the_server_resumes_other_conversations_from_the_prefix_tree(hybrid: Pat
         first, cached = serve(chat(turn1))
         assert cached == 0
         stored = chat(turn1) + first[:-1]  # the last token was sampled, never computed
-        follow = stored + [first[-1], *tok.encode("more")]
+        follow = [*stored, first[-1], *tok.encode("more")]
         tokens, cached = serve(chat(edited))
         a, b = chat(turn1), chat(edited)
         diverge = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
@@ -170,3 +170,27 @@ def greedy_tokens(engine, ids: list[int], n: int) -> list[int]:  # type: ignore[
     while len(out) < n:
         out.append(int(engine.forward(seq, [out[-1]])[-1].argmax()))
     return out
+
+
+def test_prefill_takes_checkpoints_without_extra_passes(
+    hybrid: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anchors inside a prompt are captured by the recurrent layers during its one pass (a split pass
+    would stream every expert layer again per piece)."""
+    engine = build_engine(hybrid, device="cpu", dtype="float32", moe_backend="fused")
+    tok = engine.tokenizer
+    messages = [
+        {"role": "user", "content": "What is the weather?"},
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+    passes: list[int] = []
+    forward = engine.forward
+    monkeypatch.setattr(
+        engine, "forward", lambda seq, chunk, **kw: passes.append(len(chunk)) or forward(seq, chunk, **kw)
+    )
+    list(engine.generate(ids, SamplingParams(max_tokens=1, ignore_eos=True)))
+    assert passes == [len(ids)]
+    store = engine.checkpoints
+    assert store is not None and len(store.saved) >= 4  # the turn anchors inside the prompt

@@ -269,15 +269,27 @@ class Engine:
 
     def prefill(self, seq: Sequence, ids: list[int]) -> torch.Tensor:
         """Append a prompt in chunks of at most `max_prefill_tokens` (bounding activation memory);
-        returns the last position's logits [1, V], the same as one unchunked forward."""
+        returns the last position's logits [1, V], the same as one unchunked forward. Checkpoint
+        positions inside a chunk are captured by the recurrent layers during it (no extra passes)."""
         chunk = self.engine_config.max_prefill_tokens
         base, end = seq.kv.length, seq.kv.length + len(ids)
         marks = self._checkpoint_positions(seq, ids, base, end)
-        cuts = sorted({*range(base, end, chunk), *marks} - {end})  # piece starts; pieces end at the next
         logits = None
-        for a, b in zip(cuts, [*cuts[1:], end], strict=True):
+        for a in range(base, end, chunk):
+            b = min(a + chunk, end)
             self._maybe_checkpoint(seq, marks)
-            logits = self.forward(seq, ids[a - base : b - base])
+            inside = tuple(sorted(p for p in marks if a < p < b))
+            if inside:
+                seq.kv.capture_at = inside  # type: ignore[attr-defined]
+            try:
+                logits = self.forward(seq, ids[a - base : b - base])
+            finally:
+                if inside:
+                    seq.kv.capture_at, captured = (), seq.kv.captured  # type: ignore[attr-defined]
+                    seq.kv.captured = {}  # type: ignore[attr-defined]
+            if inside and seq.checkpoints is not None:
+                for p in inside:
+                    seq.checkpoints.save(p, marks[p], captured[p], owned=True)
         self._maybe_checkpoint(seq, marks)
         assert logits is not None
         return logits

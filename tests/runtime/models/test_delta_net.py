@@ -49,7 +49,7 @@ def test_pieces_through_the_state_equal_one_reference_pass(
         state = ours.new_state(x.device, x.dtype)
         got, start = [], 0
         for n in pieces:
-            got.append(ours(x[start : start + n], state))
+            got.append(ours(x[start : start + n], state)[0])
             start += n
     assert rel_err(torch.cat(got), want) < 1e-5
 
@@ -62,10 +62,30 @@ def test_state_is_what_resuming_needs(layers: tuple[torch.nn.Module, GatedDeltaN
         state = ours.new_state(x.device, x.dtype)
         ours(x[:7], state)
         snapshot = state.clone()
-        tail = ours(x[7:], state)
-        resumed = ours(x[7:], snapshot)
+        tail = ours(x[7:], state)[0]
+        resumed = ours(x[7:], snapshot)[0]
     assert torch.equal(tail, resumed)
     assert snapshot.nbytes == (2 * 16 + 32) * 3 * 4 + 4 * 8 * 8 * 4
+
+
+def test_states_captured_inside_one_pass_equal_states_between_passes(
+    layers: tuple[torch.nn.Module, GatedDeltaNet],
+) -> None:
+    """Checkpoints taken mid-pass (prefill is not split at anchors) are the states two passes leave."""
+    _, ours = layers
+    x = torch.randn(40, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        one = ours.new_state(x.device, x.dtype)
+        out, captured = ours(x, one, (2, 9, 31))
+        split = ours.new_state(x.device, x.dtype)
+        parts = []
+        for a, b in ((0, 2), (2, 9), (9, 31), (31, 40)):
+            parts.append(ours(x[a:b], split)[0])
+            if b < 40:
+                want = split.clone()
+                got = captured.pop(0)
+                assert rel_err(got.conv, want.conv) < 1e-6 and rel_err(got.recurrent, want.recurrent) < 1e-6
+    assert rel_err(out, torch.cat(parts)) < 1e-6 and rel_err(one.recurrent, split.recurrent) < 1e-6
 
 
 @pytest.mark.parametrize(("length", "chunk"), [(1, 64), (7, 64), (64, 64), (150, 64), (150, 16)])

@@ -66,10 +66,12 @@ class StateCheckpoints:
             a.position + offset: f"{a.kind}:{a.edge}" for a in found if start <= a.position + offset <= end
         }
 
-    def save(self, position: int, kind: str, states: dict[int, LinearState]) -> None:
+    def save(self, position: int, kind: str, states: dict[int, LinearState], owned: bool = False) -> None:
+        """Keep the states after [0, position) (copied, unless `owned`: then they are taken over)."""
         if self.budget <= 0:
             return
-        self.saved[position] = Checkpoint(position, kind, {layer: s.clone() for layer, s in states.items()})
+        kept = states if owned else {layer: s.clone() for layer, s in states.items()}
+        self.saved[position] = Checkpoint(position, kind, kept)
         while len(self.saved) > self.budget:
             del self.saved[self._victim()]
 

@@ -152,11 +152,16 @@ class GatedDeltaNet(nn.Module):
             torch.zeros(self.hv, self.dk, self.dv, dtype=torch.float32, device=device),
         )
 
-    def forward(self, x: torch.Tensor, state: LinearState) -> torch.Tensor:
-        """x [T, H] continuing the sequence whose state is `state` (updated in place) -> [T, H]."""
+    def forward(
+        self, x: torch.Tensor, state: LinearState, captures: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, list[LinearState]]:
+        """x [T, H] continuing the sequence whose state is `state` (updated in place) -> ([T, H], the
+        states after the first c positions for each c of `captures`, ascending, each in (0, T))."""
         t = x.shape[0]
         mixed = self.in_proj_qkv(x).transpose(0, 1)  # [C, T]
         window = torch.cat([state.conv, mixed], dim=1)  # [C, W-1+T]: the convolution sees the past inputs
+        # the conv state after c positions is the W-1 inputs before position c: window[:, c : c + W-1]
+        convs = [window[:, c : c + self.kernel - 1].clone() for c in captures]
         state.conv.copy_(window[:, -(self.kernel - 1) :])
         weight = self.conv1d.weight  # [C, 1, W]
         conv = F.silu(F.conv1d(window[None].to(weight.dtype), weight, groups=self.conv_dim)[0])  # [C, T]
@@ -168,6 +173,12 @@ class GatedDeltaNet(nn.Module):
         beta = self.in_proj_b(x).float().sigmoid()  # [T, Hv]
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)  # [T, Hv]
         rule = delta_rule if t == 1 else chunked_delta_rule
-        out = rule(q, k, v, g, beta, state.recurrent).to(x.dtype)  # [T, Hv, Dv]
+        # the recurrence runs in segments ending at the captures, its state copied at each
+        pieces, snapshots = [], []
+        for a, b in zip((0, *captures), (*captures, t), strict=True):
+            pieces.append(rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state.recurrent))
+            if b < t:
+                snapshots.append(LinearState(convs[len(snapshots)], state.recurrent.clone()))
+        out = (pieces[0] if len(pieces) == 1 else torch.cat(pieces)).to(x.dtype)  # [T, Hv, Dv]
         z = self.in_proj_z(x).reshape(t, self.hv, self.dv)
-        return self.out_proj(self.norm(out, z).reshape(t, self.value_dim))
+        return self.out_proj(self.norm(out, z).reshape(t, self.value_dim)), snapshots

@@ -37,6 +37,10 @@ class HybridCache(KVCache):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.linear: dict[int, LinearState] = {}
+        # Positions inside the next forward pass whose states to keep (set by the caller); each DeltaNet
+        # layer puts its state after position p into captured[p][layer].
+        self.capture_at: tuple[int, ...] = ()
+        self.captured: dict[int, dict[int, LinearState]] = {}
 
     def can_truncate(self, length: int) -> bool:
         return length in (0, self.length)
@@ -157,7 +161,10 @@ class HybridDecoderLayer(nn.Module):
     ) -> torch.Tensor:
         h = self.input_layernorm(x)
         if self.kind == "linear_attention":
-            h = self.linear_attn(h, self._state(kv, h))
+            inside = tuple(p for p in kv.capture_at if start < p < start + x.shape[0])
+            h, states = self.linear_attn(h, self._state(kv, h), tuple(p - start for p in inside))
+            for p, state in zip(inside, states, strict=True):
+                kv.captured.setdefault(p, {})[self.layer] = state
         else:
             h = self.self_attn(h, cos, sin, kv, start)
         x = x + h
@@ -168,7 +175,7 @@ class HybridDecoderLayer(nn.Module):
     ) -> torch.Tensor:
         h = self.input_layernorm(x)
         if self.kind == "linear_attention":
-            h = torch.cat([self.linear_attn(h[i : i + 1], self._state(kv, h)) for i, kv in enumerate(kvs)])
+            h = torch.cat([self.linear_attn(h[i : i + 1], self._state(kv, h))[0] for i, kv in enumerate(kvs)])
         else:
             h = self.self_attn.forward_batch(h, cos, sin, kvs, starts)
         x = x + h
