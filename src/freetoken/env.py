@@ -34,3 +34,9 @@ def kernels_dir() -> Path:
 def cpu_kernel_choice() -> str:
     """`FREETOKEN_CPU_KERNEL`: `auto` (compiled kernel, else torch) or `torch` (never compile)."""
     return os.environ.get("FREETOKEN_CPU_KERNEL", "auto").lower()
+
+
+def linear_attention_choice() -> str:
+    """`FREETOKEN_LINEAR_ATTENTION`: `auto` (flash-linear-attention's kernels for CUDA tensors when the
+    package imports, torch otherwise) or `torch` (always the torch rules)."""
+    return os.environ.get("FREETOKEN_LINEAR_ATTENTION", "auto").lower()

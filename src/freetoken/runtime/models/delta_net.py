@@ -8,7 +8,8 @@ Per token t and value head h (q, k L2-normalised, q scaled by Dk^-1/2, key heads
   S ← S + k_t ⊗ β_t·(v_t − Sᵀk_t)      the delta rule: write only what the memory does not already predict
   o_t = Sᵀq_t,  out = W_o · (RMSNorm(o_t) · silu(z_t))
 Decode steps run the recurrence token by token (`delta_rule`); prefill runs its chunked matmul form
-(`chunked_delta_rule`), which leaves the same state.
+(`chunked_delta_rule`), which leaves the same state. On CUDA, flash-linear-attention's kernels replace
+both when that package is installed (delta_kernels.py).
 Parameter names follow the checkpoint's (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, dt_bias,
 A_log, norm, out_proj).
 """
@@ -16,10 +17,13 @@ A_log, norm, out_proj).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from freetoken.runtime.models.delta_kernels import fla_delta_rule, use_fla
 
 
 @dataclass
@@ -172,7 +176,10 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(t, self.hv, self.dv).float()
         beta = self.in_proj_b(x).float().sigmoid()  # [T, Hv]
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)  # [T, Hv]
-        rule = delta_rule if t == 1 else chunked_delta_rule
+        if use_fla(x):
+            rule = partial(fla_delta_rule, dtype=x.dtype)
+        else:
+            rule = delta_rule if t == 1 else chunked_delta_rule
         # the recurrence runs in segments ending at the captures, its state copied at each
         pieces, snapshots = [], []
         for a, b in zip((0, *captures), (*captures, t), strict=True):
