@@ -1,11 +1,14 @@
 """Compile variants of the CPU expert kernel and time them at batch 1 beside the host read ceiling.
 
-    python benchmarks/cpu_kernel_sweep.py [--threads 16] [--json]
+    python benchmarks/cpu_kernel_sweep.py [--threads 14,16] [--passes 2] [--rounds 5] [--json]
 
-Each variant is the shipped source with other -D values (accumulator lanes, rows of `down` per work
-item, software prefetch distance in elements, the order phase 1 walks the gate and up rows); the table
-says which one the machine likes, against a STREAM-like read measured right before each row (a shared
-host drifts, so `--passes` goes through the list more than once).
+Each variant is the shipped source with other -D values (accumulator lanes, how phase 2 splits the rows
+of `down`, software prefetch distance in elements, the order phase 1 walks the gate and up rows), run on
+a pool in 4 KiB pages and on one in transparent huge pages, each against a STREAM-like read of the same
+kind of pages measured right before it (a shared host drifts, so `--passes` goes through the list more
+than once). Then the shipped kernel three ways, interleaved with the read over `--rounds`: alone, through
+cpu_experts (the runtime's entry point) and as `bench bw` measures B_H; the ratios are medians of each
+round's own ratio.
 """
 
 from __future__ import annotations
@@ -24,30 +27,32 @@ import torch
 from freetoken.runtime.bandwidth import PRESETS, Bench
 from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, llc_bytes, read_bandwidth
 from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCE, find_compiler, load_library
+from freetoken.runtime.moe.pool import HUGE_PAGES
 
-# (lanes, down block, prefetch elements, row order: 0 gate then up, 1 both in one loop, 2 memory order)
+# (lanes, down split: 0 blocks of 128 rows dealt out, 1 one even run per thread, 2 dynamic runs of 32;
+#  prefetch elements; row order: 0 gate then up, 1 both in one loop, 2 memory order; fused multiply-add)
 VARIANTS = [
-    (32, 32, 0, 2),
-    (32, 32, 0, 0),
-    (32, 32, 0, 1),
-    (32, 32, 1024, 2),
-    (32, 32, 2048, 2),
-    (16, 32, 0, 2),
-    (32, 128, 0, 2),
-    (32, 128, 2048, 2),
+    (32, 1, 2048, 2, 0),
+    (32, 1, 0, 2, 0),
+    (64, 1, 0, 2, 0),
+    (32, 2, 0, 2, 0),
+    (32, 1, 0, 2, 1),
+    (32, 2, 0, 2, 1),
+    (64, 2, 0, 2, 1),
 ]
 
 
-def build(folder: Path, lanes: int, block: int, prefetch: int, order: int) -> ctypes.CDLL:
-    out = folder / f"k_{lanes}_{block}_{prefetch}_{order}.so"
+def build(folder: Path, lanes: int, split: int, prefetch: int, order: int, fma: int) -> ctypes.CDLL:
+    out = folder / f"k_{lanes}_{split}_{prefetch}_{order}_{fma}.so"
     subprocess.run(
         [
             find_compiler(),
             *FLAGS,
             f"-DLANES={lanes}",
-            f"-DDOWN_BLOCK={block}",
+            f"-DDOWN_SPLIT={split}",
             f"-DPREFETCH={prefetch}",
             f"-DROW_ORDER={order}",
+            *(["-ffp-contract=fast"] if fma else []),
             str(SOURCE),
             "-o",
             str(out),
@@ -120,55 +125,89 @@ def time_wrapper(
     return _gbps(k * 3 * h * (two_i // 2) * 2, seconds)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument(
-        "--passes", type=int, default=2, help="times through the variant list (a shared host drifts)"
-    )
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    bench = Bench(PRESETS["qwen3-30b-a3b"], args.threads)  # a pool of several times the last-level cache
-    gu, dn = bench.pool.gate_up[0], bench.pool.down[0]
-    rows: list[dict[str, float]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        libs = {v: build(Path(tmp), *v) for v in VARIANTS}
-        for _ in range(args.passes):
-            for (lanes, block, prefetch, order), lib in libs.items():
-                read = read_bandwidth(threads=args.threads)  # right beside each variant
-                best, median = time_variant(lib, gu, dn, args.threads)
+def sweep(libs: dict, pools: dict[bool, Bench], threads: int, passes: int) -> list[dict]:
+    rows = []
+    for _ in range(passes):
+        for (lanes, split, prefetch, order, fma), lib in libs.items():
+            for huge, bench in pools.items():
+                read = read_bandwidth(threads=threads, huge_pages=huge)  # right beside each variant
+                best, median = time_variant(lib, bench.pool.gate_up[0], bench.pool.down[0], threads)
                 rows.append(
                     {
+                        "threads": threads,
                         "lanes": lanes,
-                        "down_block": block,
+                        "down_split": split,
                         "prefetch": prefetch,
                         "row_order": order,
+                        "fma": fma,
+                        "huge_pages": huge,
                         "GBps": best,
                         "median_GBps": median,
                         "read_GBps": read / 1e9,
                         "of_read": best * 1e9 / read,
                     }
                 )
-    # The shipped kernel three ways beside one read: alone, through cpu_experts, and as bench bw's B_H.
-    read = read_bandwidth(threads=args.threads)
+    return rows
+
+
+def paths(pools: dict[bool, Bench], threads: int, rounds: int) -> list[dict]:
+    """The shipped kernel alone, through cpu_experts and as B_H, each round beside its own read."""
     shipped = load_library()
-    runtime: dict[str, float] = {"read_GBps": read / 1e9, "llc_MiB": llc_bytes() / 2**20}
-    if shipped is not None:
-        runtime["kernel_GBps"], runtime["kernel_median_GBps"] = time_variant(shipped, gu, dn, args.threads)
-    runtime["cpu_experts_GBps"], runtime["cpu_experts_median_GBps"] = time_wrapper(gu, dn, args.threads)
-    runtime["b_h_GBps"] = bench.host_bw() / 1e9
-    doc = {"threads": args.threads, "variants": rows, "shipped": runtime}
+    out = []
+    for huge, bench in pools.items():
+        bench.threads = threads
+        gu, dn = bench.pool.gate_up[0], bench.pool.down[0]
+        ratios: dict[str, list[float]] = {"kernel": [], "cpu_experts": [], "b_h": []}
+        reads = []
+        for _ in range(rounds):
+            read = read_bandwidth(threads=threads, huge_pages=huge)
+            reads.append(read / 1e9)
+            if shipped is not None:
+                ratios["kernel"].append(time_variant(shipped, gu, dn, threads)[0] * 1e9 / read)
+            ratios["cpu_experts"].append(time_wrapper(gu, dn, threads)[0] * 1e9 / read)
+            ratios["b_h"].append(bench.host_bw() / read)
+        row = {"threads": threads, "huge_pages": huge, "read_GBps": statistics.median(reads)}
+        row.update({f"{k}_of_read": statistics.median(v) for k, v in ratios.items() if v})
+        out.append(row)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", default=str(torch.get_num_threads()), help="thread counts, comma-separated")
+    ap.add_argument(
+        "--passes", type=int, default=2, help="times through the variant list (a shared host drifts)"
+    )
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the shipped kernel's paths")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    counts = [int(t) for t in args.threads.split(",")]
+    # pools of several times the last-level cache, in both kinds of pages
+    pools = {huge: Bench(PRESETS["qwen3-30b-a3b"], counts[0], huge_pages=huge) for huge in (False, True)}
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = {v: build(Path(tmp), *v) for v in VARIANTS}
+        rows = [row for t in counts for row in sweep(libs, pools, t, args.passes)]
+    shipped = [row for t in counts for row in paths(pools, t, args.rounds)]
+    doc = {
+        "llc_MiB": llc_bytes() / 2**20,
+        "pool_huge_pages_default": HUGE_PAGES,
+        "variants": rows,
+        "shipped": shipped,
+    }
     if args.json:
         print(json.dumps(doc, indent=2))
         return
-    print(f"{args.threads} threads; each row's read ceiling is measured right before it")
+    print("each row's read ceiling is measured right before it, in the same kind of pages")
     for r in rows:
         print(
-            f"lanes {r['lanes']:3d}  down block {r['down_block']:4d}  prefetch {r['prefetch']:5d}  "
-            f"row order {r['row_order']}  {r['GBps']:6.1f} GB/s (median {r['median_GBps']:6.1f})  "
-            f"read {r['read_GBps']:6.1f}  {r['of_read']:.2f} × read"
+            f"{r['threads']:3d} thr  lanes {r['lanes']:3d}  split {r['down_split']}  "
+            f"prefetch {r['prefetch']:5d}  order {r['row_order']}  fma {r['fma']}  huge {r['huge_pages']:d}  "
+            f"{r['GBps']:6.1f} GB/s "
+            f"(median {r['median_GBps']:6.1f})  read {r['read_GBps']:6.1f}  {r['of_read']:.2f} × read"
         )
-    print("shipped: " + "  ".join(f"{k} {v:.1f}" for k, v in runtime.items()))
+    print("shipped kernel, median of per-round ratios to the read beside it:")
+    for r in shipped:
+        print("  " + "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
 
 
 if __name__ == "__main__":

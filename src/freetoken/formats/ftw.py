@@ -83,15 +83,44 @@ def is_ftw(folder: Path) -> bool:
     return (Path(folder) / MANIFEST).is_file()
 
 
-def aligned_empty(shape: tuple[int, ...], dtype: torch.dtype, alignment: int = ALIGNMENT) -> torch.Tensor:
-    """A host tensor whose data starts on an `alignment` boundary (what direct I/O needs)."""
+HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = 14  # linux/mman.h
+
+
+def aligned_empty(
+    shape: tuple[int, ...], dtype: torch.dtype, alignment: int = ALIGNMENT, huge: bool = False
+) -> torch.Tensor:
+    """A host tensor whose data starts on an `alignment` boundary (what direct I/O needs).
+
+    `huge`: start on a 2 MiB boundary and ask the kernel for transparent huge pages before the first
+    touch (madvise), so a streaming read of the tensor takes 512 times fewer TLB misses; ignored where
+    the call is refused or unknown.
+    """
     numel = 1
     for dim in shape:
         numel *= dim
     nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    huge = huge and nbytes >= HUGE_PAGE
+    alignment = max(alignment, HUGE_PAGE) if huge else alignment
     raw = torch.empty(nbytes + alignment, dtype=torch.uint8)
     start = (-raw.data_ptr()) % alignment
+    if huge:
+        advise_hugepages(raw.data_ptr() + start, nbytes - nbytes % HUGE_PAGE)
     return raw[start : start + nbytes].view(dtype).view(shape)
+
+
+def advise_hugepages(address: int, nbytes: int) -> bool:
+    """madvise(MADV_HUGEPAGE) over [address, address + nbytes), page-aligned; False when refused."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux") or nbytes <= 0:
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), MADV_HUGEPAGE) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def check_manifest(raw: dict[str, Any], path: Path) -> None:

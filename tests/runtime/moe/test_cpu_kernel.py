@@ -36,13 +36,16 @@ def test_kernel_compiles_here() -> None:
     assert kernel_available(), "CI machines have a C compiler with OpenMP: the fast path must build"
 
 
-@pytest.mark.parametrize(("t", "k"), [(1, 8), (3, 4), (5, 2)])
-def test_kernel_equals_reference(t: int, k: int) -> None:
+@pytest.mark.parametrize(
+    ("t", "k", "threads"), [(1, 8, 2), (3, 4, 2), (5, 2, 2), (1, 8, 3), (2, 5, 7), (1, 3, 1)]
+)
+def test_kernel_equals_reference(t: int, k: int, threads: int) -> None:
+    """Thread counts that split the 256 output rows unevenly (3, 7) as well as evenly."""
     gate_up, down = banks()
     x, ids, w = routing(t, k, 12, seed=t)
     ids[0, 0] = -1  # a pair another branch computes
     ref = grouped_experts(x, ids, w, gate_up.float(), down.float())  # fp32 math on the same bf16 weights
-    out = cpu_experts(x, ids, w, gate_up, down, threads=2)
+    out = cpu_experts(x, ids, w, gate_up, down, threads=threads)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 

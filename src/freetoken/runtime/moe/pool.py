@@ -15,6 +15,9 @@ import torch
 from freetoken.errors import FreeTokenError
 from freetoken.formats.tensor_names import ExpertTensor
 
+# Banks in transparent huge pages: the CPU kernel streams them, the TLB covers 512 times more per entry.
+HUGE_PAGES = False
+
 
 def expert_tensor_shape(target: ExpertTensor, e: int, h: int, i: int) -> tuple[int, ...]:
     """The shape a checkpoint tensor for `target` must have: one expert's part, or a fused bank."""
@@ -43,15 +46,17 @@ class HostExpertPool:
         hidden_size: int,
         intermediate_size: int,
         dtype: torch.dtype,
+        huge_pages: bool = HUGE_PAGES,
     ) -> HostExpertPool:
-        """Banks start on 4096-byte boundaries, so direct I/O can read straight into them."""
+        """Banks start on 4096-byte boundaries, so direct I/O can read straight into them; with
+        `huge_pages`, on 2 MiB boundaries in transparent huge pages."""
         from freetoken.formats.ftw import aligned_empty
 
         pool = cls(layers, num_experts, hidden_size, intermediate_size, dtype)
         e, h, i = num_experts, hidden_size, intermediate_size
         for layer in layers:
-            pool.gate_up[layer] = aligned_empty((e, 2 * i, h), dtype)
-            pool.down[layer] = aligned_empty((e, h, i), dtype)
+            pool.gate_up[layer] = aligned_empty((e, 2 * i, h), dtype, huge=huge_pages)
+            pool.down[layer] = aligned_empty((e, h, i), dtype, huge=huge_pages)
             for part in ("gate", "up", "down"):
                 pool._filled[(layer, part)] = torch.zeros(e, dtype=torch.bool)
         return pool

@@ -13,6 +13,7 @@ import torch
 
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels.loader import load_library
+from freetoken.runtime.moe.pool import HUGE_PAGES
 
 
 def kernel_available() -> bool:
@@ -144,12 +145,17 @@ def beyond_cache_bytes() -> int:
     return max(1 << 30, 4 * llc_bytes())
 
 
-def read_bandwidth(nbytes: int | None = None, threads: int | None = None, reps: int = 5) -> float:
-    """Host read ceiling in bytes/s (STREAM-like sum over all cores); torch when the kernel is absent."""
+def read_bandwidth(
+    nbytes: int | None = None, threads: int | None = None, reps: int = 5, huge_pages: bool = HUGE_PAGES
+) -> float:
+    """Host read ceiling in bytes/s (STREAM-like sum over all cores); torch when the kernel is absent.
+    The buffer lies in pages of the kind the expert pool uses."""
     import time
 
+    from freetoken.formats.ftw import aligned_empty
+
     nbytes = nbytes or beyond_cache_bytes()
-    buf = torch.ones(nbytes // 4, dtype=torch.float32)
+    buf = aligned_empty((nbytes // 4,), torch.float32, huge=huge_pages).fill_(1.0)
     lib = load_library()
     threads = threads or torch.get_num_threads()
     if lib is not None:

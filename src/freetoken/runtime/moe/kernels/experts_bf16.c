@@ -7,6 +7,7 @@
 // Phase 1 splits (expert, row) pairs over threads; phase 2 splits output rows h, so no two threads
 // write the same element. Each weight row is read once per call whatever the number of entries.
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -22,8 +23,22 @@ static inline float bf16_to_f32(uint16_t v) {
 #ifndef LANES
 #define LANES 32
 #endif
+// How phase 2 splits the rows of `down`:
+//   0: work items of DOWN_BLOCK rows, dealt out statically (H / DOWN_BLOCK items: 16 for H = 2048, so 14
+//      threads leave 2 of them a second item and the rest idle, a third of the bytes at half speed);
+//   1: each thread one contiguous run of H / threads rows (±1), of every expert: balanced at any count;
+//   2: blocks of 32 rows (every expert's) taken dynamically, and phase 1's rows too in runs of 32: a
+//      thread the host delays holds up the barrier by one block, not by its whole share.
+#ifndef DOWN_SPLIT
+#define DOWN_SPLIT 1
+#endif
+#if DOWN_SPLIT == 2
+#define PHASE1_SCHEDULE schedule(dynamic, 32)
+#else
+#define PHASE1_SCHEDULE schedule(static)
+#endif
 #ifndef DOWN_BLOCK
-#define DOWN_BLOCK 128  // rows of `down` per work item
+#define DOWN_BLOCK 128  // rows of `down` per work item when DOWN_SPLIT is 0
 #endif
 // Software prefetch distance in bf16 elements (0: none). A thread's rows are contiguous, but the
 // hardware streamer stops at every 4 KiB page, which is one row of `gate_up` here; prefetching past
@@ -80,6 +95,19 @@ static inline void dot2_bf16(const uint16_t *restrict g, const uint16_t *restric
     *uv = su;
 }
 
+// out[tok[n], h] += down_e[h] . a[n] for rows h in [h0, h1) of every expert; a[n] is scratch row n.
+static inline void down_rows(const uint16_t *const *down, int n_experts, int hidden, int inter, int h0, int h1,
+                             const int32_t *tok, const int32_t *offsets, const float *scratch, float *out) {
+    const long two_i = 2L * inter;
+    for (int e = 0; e < n_experts; e++) {
+        for (int h = h0; h < h1; h++) {
+            const uint16_t *d = down[e] + (long)h * inter;
+            for (int n = offsets[e]; n < offsets[e + 1]; n++)
+                out[(long)tok[n] * hidden + h] += dot_bf16(d, scratch + n * two_i, inter);
+        }
+    }
+}
+
 // gate_up[e]: [2I, H] (gate rows, then up rows); down[e]: [H, I]; x: [T, H] fp32; out: [T, H] fp32
 // (accumulated into); scratch: [entries, 2I] fp32, whose row n holds entry n's activation in its first I.
 void ft_experts_bf16(const uint16_t *const *gate_up, const uint16_t *const *down, int n_experts, int hidden,
@@ -89,7 +117,7 @@ void ft_experts_bf16(const uint16_t *const *gate_up, const uint16_t *const *down
 #pragma omp parallel num_threads(threads)
     {
 #if ROW_ORDER == 2
-#pragma omp for schedule(static)
+#pragma omp for PHASE1_SCHEDULE
         for (long p = 0; p < n_experts * two_i; p++) {
             const int e = (int)(p / two_i), r = (int)(p % two_i);
             const uint16_t *row = gate_up[e] + (long)r * hidden;
@@ -121,20 +149,24 @@ void ft_experts_bf16(const uint16_t *const *gate_up, const uint16_t *const *down
             }
         }
 #endif
-        // the implicit barrier of the loop above: every activation is ready. Rows of `down` go in blocks
-        // so each thread streams a contiguous run of one expert before moving to the next.
+        // the implicit barrier of the loop above: every activation is ready. Each thread streams a
+        // contiguous run of rows of one expert before moving to the next.
+#if DOWN_SPLIT == 1
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        down_rows(down, n_experts, hidden, inter, (int)((long)hidden * t / nt),
+                  (int)((long)hidden * (t + 1) / nt), tok, offsets, scratch, out);
+#elif DOWN_SPLIT == 2
+#pragma omp for schedule(dynamic, 1)
+        for (int h0 = 0; h0 < hidden; h0 += 32)
+            down_rows(down, n_experts, hidden, inter, h0, h0 + 32 < hidden ? h0 + 32 : hidden, tok, offsets,
+                      scratch, out);
+#else
 #pragma omp for schedule(static)
         for (int h0 = 0; h0 < hidden; h0 += DOWN_BLOCK) {
             const int h1 = h0 + DOWN_BLOCK < hidden ? h0 + DOWN_BLOCK : hidden;
-            for (int e = 0; e < n_experts; e++) {
-                for (int h = h0; h < h1; h++) {
-                    const uint16_t *d = down[e] + (long)h * inter;
-                    for (int n = offsets[e]; n < offsets[e + 1]; n++) {
-                        out[(long)tok[n] * hidden + h] += dot_bf16(d, scratch + n * two_i, inter);
-                    }
-                }
-            }
+            down_rows(down, n_experts, hidden, inter, h0, h1, tok, offsets, scratch, out);
         }
+#endif
     }
 }
 
