@@ -40,16 +40,18 @@ def test_anchor_table_from_the_tokenizer(hybrid: Path) -> None:
     assert any(a.position == close and a.edge == "close" for a in found)
 
 
-def test_eviction_keeps_the_newest_of_each_kind() -> None:
+def test_eviction_drops_the_least_covering_oldest_first() -> None:
     from freetoken.runtime.models.delta_net import LinearState
 
     store = StateCheckpoints(AnchorTable(()), budget=3)
     state = {0: LinearState(torch.zeros(1), torch.zeros(1))}
     for position, kind in ((10, "turn:open"), (20, "think:open"), (30, "turn:open"), (40, "turn:open")):
         store.save(position, kind, state)
-    assert sorted(store.saved) == [20, 30, 40]  # 10 went: nearest its predecessor, not the newest of its kind
+    assert sorted(store.saved) == [20, 30, 40]  # equal gaps: the oldest goes
     store.save(50, "turn:open", state)
-    assert sorted(store.saved) == [20, 40, 50]  # 20 stays: the only think anchor
+    assert sorted(store.saved) == [20, 40, 50]  # 20 stays: it alone covers [0, 20)
+    store.save(52, "turn:open", state)
+    assert sorted(store.saved) == [20, 40, 50]  # 52 went: 50 covers all it would but 2 tokens
     assert store.best(45).position == 40 and store.best(5) is None
     store.drop_after(40)
     assert sorted(store.saved) == [20, 40]
