@@ -106,5 +106,7 @@ def choose_victim(saved: dict[int, Checkpoint], budget: int) -> int:
     gap to the checkpoint before it, weighed by 1/sqrt(distance from the newest + AGE_SCALE)."""
     order = sorted(saved)
     end = order[-1]
-    scores = [((p - prev) / math.sqrt(end - p + AGE_SCALE), p) for prev, p in zip([0, *order], order)]
+    scores = [
+        ((p - prev) / math.sqrt(end - p + AGE_SCALE), p) for prev, p in zip([0, *order], order, strict=True)
+    ]
     return min(scores)[1]
