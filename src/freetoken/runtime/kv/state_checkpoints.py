@@ -107,6 +107,6 @@ def choose_victim(saved: dict[int, Checkpoint], budget: int) -> int:
     order = sorted(saved)
     end = order[-1]
     scores = [
-        ((p - prev) / math.sqrt(end - p + AGE_SCALE), p) for prev, p in zip([0, *order], order, strict=True)
+        ((p - prev) / math.sqrt(end - p + AGE_SCALE), p) for prev, p in zip([0, *order], order, strict=False)
     ]
     return min(scores)[1]
