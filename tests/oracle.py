@@ -94,12 +94,43 @@ def build_hybrid_model(folder: Path, seed: int = 0, wrapped: bool = False) -> An
         model = Qwen3_5MoeForConditionalGeneration(cfg_vl).eval()
     else:
         model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(vocab_size=vocab, **HYBRID_TINY)).eval()
+    return save_redrawn(model, folder, seed)
+
+
+def save_redrawn(model: Any, folder: Path, seed: int) -> Any:
+    """Redraw a hybrid model's weights (norms 0.1, the rest 0.15 std: decisive routing and logits) and
+    save it into `folder`."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_((0.1 if "norm" in name else 0.15) * torch.randn(p.shape, generator=gen))
     model.save_pretrained(folder)
     return model
+
+
+# Every MoE backend and a chunked prefill, as the hybrid oracle tests run them: (backend, build options).
+HYBRID_BACKEND_CASES = [
+    ("fused", {}),
+    ("offload", {"cache_size": 3}),
+    ("cpu", {"cache_size": 4}),
+    ("hybrid", {"cache_size": 4, "pcie_gbps": 25.0, "host_gbps": 100.0}),
+    ("fused", {"max_prefill_tokens": 5}),
+]
+
+
+def build_qwen3_next_model(folder: Path, seed: int = 0) -> Any:
+    """Save a random transformers Qwen3NextForCausalLM into `folder`: HYBRID_TINY's layers, layer 1 a
+    dense MLP (`mlp_only_layers`), top-k not renormalised (the default of Qwen3-MoE, not of Qwen3-Next)."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_demo_tokenizer(folder)
+    torch.manual_seed(seed)
+    cfg = Qwen3NextConfig(
+        vocab_size=vocab, intermediate_size=40, mlp_only_layers=[1], norm_topk_prob=False, **HYBRID_TINY
+    )
+    model = Qwen3NextForCausalLM(cfg).eval()
+    return save_redrawn(model, folder, seed)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -113,8 +113,8 @@ def test_bad_model_folder_is_one_line(tmp_path: Path) -> None:
     result = invoke("run", str(tmp_path), "-p", "x")
     assert result.exit_code == 1
     assert (
-        result.stderr.strip()
-        == "error: unsupported model_type 'mamba'; supported: qwen3_5_moe, qwen3_5_moe_text, qwen3_moe"
+        result.stderr.strip() == "error: unsupported model_type 'mamba'; supported: "
+        "qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"
     )
 
 

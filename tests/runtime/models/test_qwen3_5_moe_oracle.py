@@ -12,7 +12,7 @@ import torch
 
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.sampling import SamplingParams
-from oracle import build_hybrid_model, rel_err
+from oracle import HYBRID_BACKEND_CASES, build_hybrid_model, rel_err
 
 PROMPT = [5, 77, 301, 12, 9, 250, 33, 401, 18, 2, 64, 111]
 
@@ -45,16 +45,7 @@ def greedy(engine: Any, prompt: list[int], n: int = 16) -> list[int]:
     return [e.token_id for e in engine.generate(prompt, SamplingParams(max_tokens=n, ignore_eos=True))]
 
 
-@pytest.mark.parametrize(
-    ("backend", "options"),
-    [
-        ("fused", {}),
-        ("offload", {"cache_size": 3}),
-        ("cpu", {"cache_size": 4}),
-        ("hybrid", {"cache_size": 4, "pcie_gbps": 25.0, "host_gbps": 100.0}),
-        ("fused", {"max_prefill_tokens": 5}),
-    ],
-)
+@pytest.mark.parametrize(("backend", "options"), HYBRID_BACKEND_CASES)
 def test_every_backend_gives_the_reference_greedy_tokens(
     hybrid: tuple[Path, Any], backend: str, options: dict
 ) -> None:

@@ -17,6 +17,7 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3_moe": "freetoken.runtime.models.qwen3_moe",
     "qwen3_5_moe_text": "freetoken.runtime.models.qwen3_5_moe",
     "qwen3_5_moe": "freetoken.runtime.models.qwen3_5_moe_vl",
+    "qwen3_next": "freetoken.runtime.models.qwen3_next",
 }
 
 

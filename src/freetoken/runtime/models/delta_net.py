@@ -1,4 +1,4 @@
-"""Gated DeltaNet linear attention (the recurrent layers of Qwen3.5/3.6 MoE, `qwen3_5_moe`).
+"""Gated DeltaNet linear attention (the recurrent layers of Qwen3.5/3.6 MoE and Qwen3-Next).
 
 Per layer and sequence the state is small and fixed-size, whatever the length:
   conv       [C, W-1]     the last W-1 inputs of the causal depthwise convolution (C = 2·Hk·Dk + Hv·Dv)
@@ -130,7 +130,10 @@ class GatedDeltaNet(nn.Module):
         head_v_dim: int,
         conv_kernel: int,
         eps: float,
+        fused_projections: bool = False,
     ) -> None:
+        """`fused_projections`: Qwen3-Next's `in_proj_qkvz` and `in_proj_ba`, whose rows are grouped by key
+        head ([q, k, v, z] of each group, then [b, a] of each), instead of Qwen3.5's four projections."""
         super().__init__()
         if num_v_heads % num_k_heads:
             raise ValueError(
@@ -140,10 +143,15 @@ class GatedDeltaNet(nn.Module):
         self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.kernel = conv_kernel
-        self.in_proj_qkv = nn.Linear(hidden_size, self.conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(hidden_size, self.value_dim, bias=False)
-        self.in_proj_b = nn.Linear(hidden_size, num_v_heads, bias=False)
-        self.in_proj_a = nn.Linear(hidden_size, num_v_heads, bias=False)
+        self.fused = fused_projections
+        if fused_projections:
+            self.in_proj_qkvz = nn.Linear(hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+            self.in_proj_ba = nn.Linear(hidden_size, 2 * num_v_heads, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(hidden_size, self.conv_dim, bias=False)
+            self.in_proj_z = nn.Linear(hidden_size, self.value_dim, bias=False)
+            self.in_proj_b = nn.Linear(hidden_size, num_v_heads, bias=False)
+            self.in_proj_a = nn.Linear(hidden_size, num_v_heads, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(num_v_heads))
@@ -156,13 +164,25 @@ class GatedDeltaNet(nn.Module):
             torch.zeros(self.hv, self.dk, self.dv, dtype=torch.float32, device=device),
         )
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, H] -> qkv [T, 2·Hk·Dk + Hv·Dv] (all q heads, all k, all v), z [T, Hv·Dv], b, a [T, Hv]."""
+        if not self.fused:
+            return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+        t, r = x.shape[0], self.hv // self.hk  # r value heads per key head
+        qkvz = self.in_proj_qkvz(x).view(t, self.hk, 2 * self.dk + 2 * r * self.dv)
+        q, k, v, z = torch.split(qkvz, [self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
+        b, a = torch.split(self.in_proj_ba(x).view(t, self.hk, 2 * r), [r, r], dim=-1)
+        qkv = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        return qkv, z.reshape(t, -1), b.reshape(t, self.hv), a.reshape(t, self.hv)
+
     def forward(
         self, x: torch.Tensor, state: LinearState, captures: tuple[int, ...] = ()
     ) -> tuple[torch.Tensor, list[LinearState]]:
         """x [T, H] continuing the sequence whose state is `state` (updated in place) -> ([T, H], the
         states after the first c positions for each c of `captures`, ascending, each in (0, T))."""
         t = x.shape[0]
-        mixed = self.in_proj_qkv(x).transpose(0, 1)  # [C, T]
+        qkv, z, b, a = self.project(x)
+        mixed = qkv.transpose(0, 1)  # [C, T]
         window = torch.cat([state.conv, mixed], dim=1)  # [C, W-1+T]: the convolution sees the past inputs
         # the conv state after c positions is the W-1 inputs before position c: window[:, c : c + W-1]
         convs = [window[:, c : c + self.kernel - 1].clone() for c in captures]
@@ -174,8 +194,8 @@ class GatedDeltaNet(nn.Module):
         q = _l2norm(q.reshape(t, self.hk, self.dk).float()).repeat_interleave(group, dim=1) * self.dk**-0.5
         k = _l2norm(k.reshape(t, self.hk, self.dk).float()).repeat_interleave(group, dim=1)
         v = v.reshape(t, self.hv, self.dv).float()
-        beta = self.in_proj_b(x).float().sigmoid()  # [T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)  # [T, Hv]
+        beta = b.float().sigmoid()  # [T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # [T, Hv]
         if use_fla(x):
             rule = partial(fla_delta_rule, dtype=x.dtype)
         else:
@@ -187,5 +207,5 @@ class GatedDeltaNet(nn.Module):
             if b < t:
                 snapshots.append(LinearState(convs[len(snapshots)], state.recurrent.clone()))
         out = (pieces[0] if len(pieces) == 1 else torch.cat(pieces)).to(x.dtype)  # [T, Hv, Dv]
-        z = self.in_proj_z(x).reshape(t, self.hv, self.dv)
+        z = z.reshape(t, self.hv, self.dv)
         return self.out_proj(self.norm(out, z).reshape(t, self.value_dim)), snapshots

@@ -28,6 +28,9 @@ from freetoken.runtime.models.layers import SwiGLUMLP, causal_attention, decode_
 from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, SparseMoeBlock, decoder_fields
 from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
 
+# raw-config key set by architectures whose DeltaNet projections are fused (Qwen3-Next)
+FUSED_PROJECTIONS = "freetoken_fused_linear_projections"
+
 
 class HybridCache(KVCache):
     """KV of the full-attention layers plus the DeltaNet layers' states (made on first use)."""
@@ -143,10 +146,15 @@ class HybridDecoderLayer(nn.Module):
                 int(raw["linear_value_head_dim"]),
                 int(raw["linear_conv_kernel_dim"]),
                 cfg.rms_norm_eps,
+                fused_projections=bool(raw.get(FUSED_PROJECTIONS, False)),
             )
         else:
             self.self_attn = GatedAttention(cfg, layer)
-        self.mlp = SharedExpertMoeBlock(cfg, layer)
+        self.mlp: nn.Module = (
+            SharedExpertMoeBlock(cfg, layer)
+            if cfg.is_moe_layer(layer)
+            else SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size)
+        )
         self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -233,6 +233,11 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
         raw=raw,
         **decoder_fields(raw, source),
     )
+    return check_dense_layers(cfg, source)
+
+
+def check_dense_layers(cfg: ModelConfig, source: str) -> ModelConfig:
+    """Dense (non-MoE) layers need `intermediate_size`."""
     dense_layers = [i for i in range(cfg.num_layers) if not cfg.is_moe_layer(i)]
     if dense_layers and cfg.intermediate_size <= 0:
         raise FreeTokenError(f"{source}: layers {dense_layers} are dense but 'intermediate_size' is missing")
