@@ -18,7 +18,7 @@ segment covers p (start < p <= start + len(tokens)). A cache that carries recurr
 is loaded only up to the deepest checkpoint within the match, and gets that checkpoint's states; at most
 `checkpoint_budget` checkpoints are held. A checkpoint is dropped with the K/V it stands on (trim, evict),
 and beyond the budget the oldest-used ones go first, chosen among those of one insert by the anchor
-policy of state_checkpoints.py (newest of each kind kept, the rest spread).
+policy of state_checkpoints.py (the least gap to the previous checkpoint, weighed down with age).
 
 Eviction takes the least recently used leaf first; a parent becomes a leaf once its children are gone, so
 a node is never removed before its descendants. When a leaf is longer than what is left to free, it is
@@ -251,8 +251,7 @@ class PrefixCache:
                 held.extend((node.states_used[p], p, node) for p in node.states)
             oldest = min(stamp for stamp, _, _ in held)
             group = {p: node for stamp, p, node in held if stamp == oldest}
-            budget = max(0, self.checkpoint_budget - (len(held) - len(group)))
-            victim = choose_victim({p: group[p].states[p] for p in group}, budget)
+            victim = choose_victim({p: group[p].states[p] for p in group})
             self._drop_state(group[victim], victim)
 
     def _drop_state(self, node: _Node, position: int) -> None:

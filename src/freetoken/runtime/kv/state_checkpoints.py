@@ -81,7 +81,7 @@ class StateCheckpoints:
             del self.saved[self._victim()]
 
     def _victim(self) -> int:
-        return choose_victim(self.saved, self.budget)
+        return choose_victim(self.saved)
 
     def best(self, limit: int) -> Checkpoint | None:
         """The deepest checkpoint at or before `limit`."""
@@ -101,8 +101,8 @@ class StateCheckpoints:
         return sum(c.nbytes for c in self.saved.values())
 
 
-def choose_victim(saved: dict[int, Checkpoint], budget: int) -> int:
-    """The position to drop from `saved` (positions along one sequence) to fit `budget`: the least
+def choose_victim(saved: dict[int, Checkpoint]) -> int:
+    """The position to drop from `saved` (positions along one sequence) when one must go: the least
     gap to the checkpoint before it, weighed by 1/sqrt(distance from the newest + AGE_SCALE)."""
     order = sorted(saved)
     end = order[-1]

@@ -28,8 +28,8 @@ from freetoken.runtime.models.layers import SwiGLUMLP, causal_attention, decode_
 from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, SparseMoeBlock, decoder_fields
 from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
 
-# raw-config key set by architectures whose DeltaNet projections are fused (Qwen3-Next)
-FUSED_PROJECTIONS = "freetoken_fused_linear_projections"
+# architectures whose checkpoints fuse the DeltaNet input projections (in_proj_qkvz, in_proj_ba)
+FUSED_PROJECTION_ARCHITECTURES = ("qwen3_next",)
 
 
 class HybridCache(KVCache):
@@ -146,7 +146,7 @@ class HybridDecoderLayer(nn.Module):
                 int(raw["linear_value_head_dim"]),
                 int(raw["linear_conv_kernel_dim"]),
                 cfg.rms_norm_eps,
-                fused_projections=bool(raw.get(FUSED_PROJECTIONS, False)),
+                fused_projections=cfg.architecture in FUSED_PROJECTION_ARCHITECTURES,
             )
         else:
             self.self_attn = GatedAttention(cfg, layer)

@@ -26,7 +26,6 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
         norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
         decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
         mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
-        raw={**cfg.raw, qwen3_5_moe.FUSED_PROJECTIONS: True},
     )
     return check_dense_layers(cfg, source)
 

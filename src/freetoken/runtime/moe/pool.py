@@ -15,7 +15,8 @@ import torch
 from freetoken.errors import FreeTokenError
 from freetoken.formats.tensor_names import ExpertTensor
 
-# Banks in transparent huge pages: the CPU kernel streams them, the TLB covers 512 times more per entry.
+# Banks in transparent huge pages (512 times fewer TLB entries for the CPU kernel's streams). Off: on a
+# 16-core host the kernel and the read measured the same in either kind (benchmarks/cpu_kernel_sweep.py).
 HUGE_PAGES = False
 
 
