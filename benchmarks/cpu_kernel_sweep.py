@@ -1,14 +1,13 @@
 """Compile variants of the CPU expert kernel and time them at batch 1 beside the host read ceiling.
 
-    python benchmarks/cpu_kernel_sweep.py [--threads 14,16] [--passes 2] [--rounds 5] [--json]
+    python benchmarks/cpu_kernel_sweep.py [--threads 14,16] [--rounds 5] [--huge-pages] [--json]
 
-Each variant is the shipped source with other -D values (accumulator lanes, how phase 2 splits the rows
-of `down`, software prefetch distance in elements, the order phase 1 walks the gate and up rows), run on
-a pool in 4 KiB pages and on one in transparent huge pages, each against a STREAM-like read of the same
-kind of pages measured right before it (a shared host drifts, so `--passes` goes through the list more
-than once). Then the shipped kernel three ways, interleaved with the read over `--rounds`: alone, through
-cpu_experts (the runtime's entry point) and as `bench bw` measures B_H; the ratios are medians of each
-round's own ratio.
+Each variant is the shipped source with other -D values (accumulator lanes, bytes per unit of work,
+software prefetch distance in elements). A shared host's read drifts from one second to the next, so
+every round measures the STREAM-like read ceiling first and then each variant, and each variant's
+figure is the median over rounds of its ratio to that round's read. Each round also times the shipped
+kernel the three ways the runtime reaches it (alone, through cpu_experts, as `bench bw` measures B_H)
+and traces one call: when each thread took its first unit and finished its last, how long it waited.
 """
 
 from __future__ import annotations
@@ -25,189 +24,141 @@ from pathlib import Path
 import torch
 
 from freetoken.runtime.bandwidth import PRESETS, Bench
-from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, llc_bytes, read_bandwidth
-from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCE, find_compiler, load_library
-from freetoken.runtime.moe.pool import HUGE_PAGES
+from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, llc_bytes, read_bandwidth, run_kernel
+from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCE, declare, find_compiler, load_library
 
-# (lanes, down split: 0 blocks of 128 rows dealt out, 1 one even run per thread, 2 dynamic runs of 32;
-#  prefetch elements; row order: 0 gate then up, 1 both in one loop, 2 memory order; fused multiply-add)
-VARIANTS = [
-    (32, 1, 2048, 2, 0),
-    (32, 1, 0, 2, 0),
-    (64, 1, 0, 2, 0),
-    (32, 2, 0, 2, 0),
-    (32, 1, 0, 2, 1),
-    (32, 2, 0, 2, 1),
-    (64, 2, 0, 2, 1),
-]
+# (accumulator lanes, KiB of weights per unit of work, prefetch distance in bf16 elements); first: shipped
+VARIANTS = [(32, 256, 0), (32, 64, 0), (32, 1024, 0), (32, 256, 2048), (64, 256, 0)]
+K = 8  # experts per call: a Qwen3 layer step with every routed expert on the CPU
 
 
-def build(folder: Path, lanes: int, split: int, prefetch: int, order: int, fma: int) -> ctypes.CDLL:
-    out = folder / f"k_{lanes}_{split}_{prefetch}_{order}_{fma}.so"
-    subprocess.run(
-        [
-            find_compiler(),
-            *FLAGS,
-            f"-DLANES={lanes}",
-            f"-DDOWN_SPLIT={split}",
-            f"-DPREFETCH={prefetch}",
-            f"-DROW_ORDER={order}",
-            *(["-ffp-contract=fast"] if fma else []),
-            str(SOURCE),
-            "-o",
-            str(out),
-            "-lm",
-        ],
-        check=True,
-    )
+def build(folder: Path, lanes: int, unit_kib: int, prefetch: int) -> ctypes.CDLL:
+    out = folder / f"k_{lanes}_{unit_kib}_{prefetch}.so"
+    defines = [f"-DLANES={lanes}", f"-DUNIT_BYTES=({unit_kib}<<10)", f"-DPREFETCH={prefetch}"]
+    subprocess.run([find_compiler(), *FLAGS, *defines, str(SOURCE), "-o", str(out), "-lm"], check=True)
     lib = ctypes.CDLL(str(out))
-    lib.ft_experts_bf16.argtypes = (
-        [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 6 + [ctypes.c_int]
-    )
+    declare(lib)
     return lib
 
 
-def _gbps(nbytes: int, seconds: list[float]) -> tuple[float, float]:
-    """(best, median) GB/s over the timed calls."""
-    return nbytes / min(seconds) / 1e9, nbytes / statistics.median(seconds) / 1e9
+class Calls:
+    """Batch-1 layer steps of K experts, rotating through a pool larger than the caches."""
 
+    def __init__(self, bench: Bench, threads: int) -> None:
+        self.gu, self.dn = bench.pool.gate_up[0], bench.pool.down[0]
+        self.threads = threads
+        self.x = torch.randn(1, self.gu.shape[2])
+        self.w = torch.full((1, K), 1.0 / K)
+        self.out = torch.empty(1, self.gu.shape[2])
+        self.nbytes = K * (self.gu[0].numel() + self.dn[0].numel()) * 2
+        self._next = 0
 
-def time_variant(
-    lib: ctypes.CDLL, gu: torch.Tensor, dn: torch.Tensor, threads: int, k: int = 8, reps: int = 20
-) -> tuple[float, float]:
-    """The kernel alone on k fresh experts per call, batch 1: (best, median) GB/s of weights."""
-    e, two_i, h = gu.shape
-    x = torch.randn(1, h)
-    tok = torch.zeros(k, dtype=torch.int32)
-    w = torch.full((k,), 1.0 / k)
-    off = torch.arange(k + 1, dtype=torch.int32)
-    scratch = torch.empty(k, two_i)
-    out = torch.zeros(1, h)
-    seconds = []
-    for rep in range(reps + 2):
-        experts = [(rep * k + j) % e for j in range(k)]
-        gp = (ctypes.c_void_p * k)(*(gu.data_ptr() + x_ * gu.stride(0) * 2 for x_ in experts))
-        dp = (ctypes.c_void_p * k)(*(dn.data_ptr() + x_ * dn.stride(0) * 2 for x_ in experts))
-        t0 = time.perf_counter()
-        lib.ft_experts_bf16(
-            gp,
-            dp,
-            k,
-            h,
-            two_i // 2,
-            x.data_ptr(),
-            tok.data_ptr(),
-            w.data_ptr(),
-            off.data_ptr(),
-            scratch.data_ptr(),
-            out.data_ptr(),
-            threads,
+    def ids(self) -> torch.Tensor:
+        e = self.gu.shape[0]
+        ids = torch.tensor([[(self._next + j) % e for j in range(K)]])
+        self._next = (self._next + K) % e
+        return ids
+
+    def gbps(self, call, reps: int = 20) -> float:
+        """Best GB/s of weights over `reps` calls (two more first, untimed)."""
+        best = float("inf")
+        for rep in range(reps + 2):
+            ids = self.ids()
+            t0 = time.perf_counter()
+            call(ids)
+            if rep >= 2:
+                best = min(best, time.perf_counter() - t0)
+        return self.nbytes / best / 1e9
+
+    def kernel(self, lib: ctypes.CDLL) -> float:
+        return self.gbps(
+            lambda ids: run_kernel(lib, self.x, ids, self.w, self.gu, self.dn, self.out, self.threads)
         )
-        if rep >= 2:
-            seconds.append(time.perf_counter() - t0)
-    return _gbps(k * 3 * h * (two_i // 2) * 2, seconds)
+
+    def wrapper(self) -> float:
+        return self.gbps(lambda ids: cpu_experts(self.x, ids, self.w, self.gu, self.dn, self.threads))
+
+    def trace(self, lib: ctypes.CDLL) -> dict[str, float]:
+        """One traced call: the spread of the threads' first and last moments, waits and units."""
+        trace = torch.zeros(self.threads, 4, dtype=torch.float64)
+        for _ in range(3):  # the last of three, warm
+            t0 = time.perf_counter()
+            run_kernel(lib, self.x, self.ids(), self.w, self.gu, self.dn, self.out, self.threads, 0, trace)
+            call = time.perf_counter() - t0
+        start, end, wait, units = trace.unbind(1)
+        return {
+            "call_us": call * 1e6,
+            "last_start_us": float(start.max()) * 1e6,
+            "first_end_us": float(end.min()) * 1e6,
+            "last_end_us": float(end.max()) * 1e6,
+            "max_wait_us": float(wait.max()) * 1e6,
+            "units_min": int(units.min()),
+            "units_max": int(units.max()),
+        }
 
 
-def time_wrapper(
-    gu: torch.Tensor, dn: torch.Tensor, threads: int, k: int = 8, reps: int = 20
-) -> tuple[float, float]:
-    """The same through cpu_experts, the runtime's entry point (routing plan, scratch, output)."""
-    e, two_i, h = gu.shape
-    x = torch.randn(1, h)
-    w = torch.full((1, k), 1.0 / k)
-    seconds = []
-    for rep in range(reps + 2):
-        ids = torch.tensor([[(rep * k + j) % e for j in range(k)]])
-        t0 = time.perf_counter()
-        cpu_experts(x, ids, w, gu, dn, threads)
-        if rep >= 2:
-            seconds.append(time.perf_counter() - t0)
-    return _gbps(k * 3 * h * (two_i // 2) * 2, seconds)
-
-
-def sweep(libs: dict, pools: dict[bool, Bench], threads: int, passes: int) -> list[dict]:
-    rows = []
-    for _ in range(passes):
-        for (lanes, split, prefetch, order, fma), lib in libs.items():
-            for huge, bench in pools.items():
-                read = read_bandwidth(threads=threads, huge_pages=huge)  # right beside each variant
-                best, median = time_variant(lib, bench.pool.gate_up[0], bench.pool.down[0], threads)
-                rows.append(
-                    {
-                        "threads": threads,
-                        "lanes": lanes,
-                        "down_split": split,
-                        "prefetch": prefetch,
-                        "row_order": order,
-                        "fma": fma,
-                        "huge_pages": huge,
-                        "GBps": best,
-                        "median_GBps": median,
-                        "read_GBps": read / 1e9,
-                        "of_read": best * 1e9 / read,
-                    }
-                )
-    return rows
-
-
-def paths(pools: dict[bool, Bench], threads: int, rounds: int) -> list[dict]:
-    """The shipped kernel alone, through cpu_experts and as B_H, each round beside its own read."""
+def rounds(libs: dict, bench: Bench, threads: int, n: int, huge: bool) -> dict:
+    calls = Calls(bench, threads)
     shipped = load_library()
-    out = []
-    for huge, bench in pools.items():
-        bench.threads = threads
-        gu, dn = bench.pool.gate_up[0], bench.pool.down[0]
-        ratios: dict[str, list[float]] = {"kernel": [], "cpu_experts": [], "b_h": []}
-        reads = []
-        for _ in range(rounds):
-            read = read_bandwidth(threads=threads, huge_pages=huge)
-            reads.append(read / 1e9)
-            if shipped is not None:
-                ratios["kernel"].append(time_variant(shipped, gu, dn, threads)[0] * 1e9 / read)
-            ratios["cpu_experts"].append(time_wrapper(gu, dn, threads)[0] * 1e9 / read)
-            ratios["b_h"].append(bench.host_bw() / read)
-        row = {"threads": threads, "huge_pages": huge, "read_GBps": statistics.median(reads)}
-        row.update({f"{k}_of_read": statistics.median(v) for k, v in ratios.items() if v})
-        out.append(row)
-    return out
+    bench.threads = threads
+    ratios: dict[str, list[float]] = {str(v): [] for v in libs}
+    paths: dict[str, list[float]] = {"kernel": [], "cpu_experts": [], "b_h": []}
+    reads, traces = [], []
+    for _ in range(n):
+        read = read_bandwidth(threads=threads, huge_pages=huge) / 1e9
+        reads.append(read)
+        for variant, lib in libs.items():
+            ratios[str(variant)].append(calls.kernel(lib) / read)
+        paths["kernel"].append(calls.kernel(shipped) / read)
+        paths["cpu_experts"].append(calls.wrapper() / read)
+        paths["b_h"].append(bench.host_bw() / 1e9 / read)
+        traces.append(calls.trace(shipped))
+    return {
+        "threads": threads,
+        "read_GBps": {"min": min(reads), "median": statistics.median(reads), "max": max(reads)},
+        "variants_of_read": {k: statistics.median(v) for k, v in ratios.items()},
+        "paths_of_read": {k: statistics.median(v) for k, v in paths.items()},
+        "paths_GBps": {k: statistics.median(v) * statistics.median(reads) for k, v in paths.items()},
+        "trace": {k: statistics.median(t[k] for t in traces) for k in traces[0]},
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", default=str(torch.get_num_threads()), help="thread counts, comma-separated")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds, each beside its own read")
     ap.add_argument(
-        "--passes", type=int, default=2, help="times through the variant list (a shared host drifts)"
+        "--huge-pages", action="store_true", help="pool and read buffer in transparent huge pages"
     )
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the shipped kernel's paths")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     counts = [int(t) for t in args.threads.split(",")]
-    # pools of several times the last-level cache, in both kinds of pages
-    pools = {huge: Bench(PRESETS["qwen3-30b-a3b"], counts[0], huge_pages=huge) for huge in (False, True)}
+    bench = Bench(PRESETS["qwen3-30b-a3b"], counts[0], huge_pages=args.huge_pages)
     with tempfile.TemporaryDirectory() as tmp:
         libs = {v: build(Path(tmp), *v) for v in VARIANTS}
-        rows = [row for t in counts for row in sweep(libs, pools, t, args.passes)]
-    shipped = [row for t in counts for row in paths(pools, t, args.rounds)]
+        results = [rounds(libs, bench, t, args.rounds, args.huge_pages) for t in counts]
     doc = {
         "llc_MiB": llc_bytes() / 2**20,
-        "pool_huge_pages_default": HUGE_PAGES,
-        "variants": rows,
-        "shipped": shipped,
+        "huge_pages": args.huge_pages,
+        "variants": VARIANTS,
+        "runs": results,
     }
     if args.json:
         print(json.dumps(doc, indent=2))
         return
-    print("each row's read ceiling is measured right before it, in the same kind of pages")
-    for r in rows:
+    print("median over rounds of each figure's ratio to the read measured at the start of its round")
+    print("variant (lanes, KiB per unit, prefetch); the first is the shipped build")
+    for r in results:
+        read = r["read_GBps"]
         print(
-            f"{r['threads']:3d} thr  lanes {r['lanes']:3d}  split {r['down_split']}  "
-            f"prefetch {r['prefetch']:5d}  order {r['row_order']}  fma {r['fma']}  huge {r['huge_pages']:d}  "
-            f"{r['GBps']:6.1f} GB/s "
-            f"(median {r['median_GBps']:6.1f})  read {r['read_GBps']:6.1f}  {r['of_read']:.2f} × read"
+            f"{r['threads']} threads, read {read['min']:.1f}-{read['max']:.1f} GB/s "
+            f"(median {read['median']:.1f})"
         )
-    print("shipped kernel, median of per-round ratios to the read beside it:")
-    for r in shipped:
-        print("  " + "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
+        for name, ratio in r["variants_of_read"].items():
+            print(f"  {name:18s} {ratio:.2f} x read")
+        for name, ratio in r["paths_of_read"].items():
+            print(f"  {name:18s} {ratio:.2f} x read  ({r['paths_GBps'][name]:.1f} GB/s)")
+        print("  trace: " + "  ".join(f"{k} {v:.0f}" for k, v in r["trace"].items()))
 
 
 if __name__ == "__main__":

@@ -135,3 +135,30 @@ def test_online_reprofiling_at_safe_points(home: Path, tiny_model: tuple[Path, A
     else:
         assert engine.executor.probes == 0 and engine.executor.host_bw == before
     engine.close()
+
+
+def test_validation_that_disagrees_saves_the_fastest(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from freetoken.cli import bench_validate
+
+    def disagreeing(profile, shape):
+        return {
+            "layers": 4,
+            "cache_ratio": 0.37,
+            "tokens": 8,
+            "tok_s": {"offload": 10.0, "cpu": 12.0, "hybrid": 9.0},
+            "fastest": "cpu",
+            "recommended": "hybrid",
+            "agrees": False,
+        }
+
+    monkeypatch.setattr(bench_validate, "validate_recommendation", disagreeing)
+    result = bench("--validate")
+    assert result.exit_code == 3, result.output
+    assert "DISAGREES: the profile recommends cpu" in " ".join(result.stdout.split())  # rich wraps
+    saved = read_profile(profile_path(this_machine().key))
+    assert saved.recommended_backend == "cpu"
+    assert saved.validated == {
+        "tok_s": disagreeing(None, None)["tok_s"],
+        "fastest": "cpu",
+        "model_pick": "hybrid",
+    }

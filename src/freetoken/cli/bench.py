@@ -1,7 +1,8 @@
 """`freetoken bench bw`: measure B_P and B_H on this machine and cache the profile.
 
 Exit codes: 0 measured (or a fresh profile kept, with --max-age); 1 an error; 3 with --validate, the
-recommended backend was not the fastest in the real decode.
+backend the layer-step measurements picked was not the fastest in the real decode (the saved profile
+then recommends the fastest).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from freetoken.cli.options import JsonOpt
 from freetoken.errors import FreeTokenError
 
 bench_app = typer.Typer(help="Measure this machine.", no_args_is_help=True)
-VALIDATION_FAILED = 3
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -56,7 +56,10 @@ def bw(
     ] = None,
     validate: Annotated[
         bool,
-        typer.Option("--validate", help="Decode for real with offload, cpu and hybrid and check the pick."),
+        typer.Option(
+            "--validate",
+            help="Decode for real with offload, cpu and hybrid; the fastest becomes the recommendation.",
+        ),
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")] = False,
     as_json: JsonOpt = False,

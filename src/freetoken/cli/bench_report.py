@@ -11,6 +11,7 @@ from rich.table import Table
 from freetoken.errors import FreeTokenError
 
 GB = 1e9
+VALIDATION_DISAGREED = 3  # exit code: the layer-step model's pick was not the fastest real decode
 
 
 def _gbps(value: float | None) -> str:
@@ -62,15 +63,23 @@ def run_bench(
     else:
         raise FreeTokenError(f"unknown --preset {preset!r}; choose one of: {', '.join(PRESETS)}")
     profile = measure(shape, threads, reps)
-    path = save_profile(profile)
-    doc: dict[str, Any] = {"skipped": False, "profile": str(path), **profile.as_dict()}
     code = 0
+    report = None
     if validate:
+        from dataclasses import replace
+
         from freetoken.cli.bench_validate import validate_recommendation
 
         report = validate_recommendation(profile, shape)
+        # the real decode wins over the layer-step model, unless the pick is within its noise of the fastest
+        validated = {k: report[k] for k in ("tok_s", "fastest")} | {"model_pick": report["recommended"]}
+        pick = report["recommended"] if report["agrees"] else report["fastest"]
+        profile = replace(profile, recommended_backend=pick, validated=validated)
+        code = 0 if report["agrees"] else VALIDATION_DISAGREED
+    path = save_profile(profile)
+    doc: dict[str, Any] = {"skipped": False, "profile": str(path), **profile.as_dict()}
+    if report is not None:
         doc["validation"] = report
-        code = 0 if report["agrees"] else 3
     if as_json:
         print(json.dumps(doc))
     elif not quiet:
@@ -121,8 +130,12 @@ def print_report(doc: dict[str, Any]) -> None:
     if "validation" in doc:
         v = doc["validation"]
         speeds = ", ".join(f"{name} {tok_s:.1f} tok/s" for name, tok_s in v["tok_s"].items())
-        verdict = "agrees" if v["agrees"] else "DISAGREES"
+        verdict = (
+            f"the pick {v['recommended']} agrees"
+            if v["agrees"]
+            else f"the pick {v['recommended']} DISAGREES: the profile recommends {v['fastest']}, as measured"
+        )
         console.print(
-            f"validation ({v['layers']} layers, cache {v['cache_ratio']:.0%}): {speeds} · fastest "
-            f"{v['fastest']} · the recommendation {verdict}"
+            f"validation ({v['layers']} layers, cache {v['cache_ratio']:.0%}, {v['tokens']} tokens): "
+            f"{speeds} · fastest {v['fastest']} · {verdict}"
         )

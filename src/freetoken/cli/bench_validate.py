@@ -13,7 +13,7 @@ def validate_recommendation(
     shape: ExpertShape,
     layers: int = 4,
     cache_ratio: float = 0.37,
-    tokens: int = 24,
+    tokens: int = 48,
 ) -> dict[str, Any]:
     import torch
 

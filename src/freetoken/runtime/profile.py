@@ -73,6 +73,9 @@ class BandwidthProfile:
     measured_fetch_fraction: float | None = None  # best q/m from the overlapped runs
     model_fetch_fraction: float | None = None  # min(1, B_P/B_H)
     recommended_backend: str = "cpu"
+    # `bench bw --validate`: {tok_s per backend, fastest, model_pick}. When the real decode's fastest is
+    # not the pick of the measured layer steps, recommended_backend is the fastest and model_pick the other.
+    validated: dict[str, Any] | None = None
     version: int = PROFILE_VERSION
 
     def fetch_correction(self) -> float:

@@ -7,7 +7,12 @@ import torch
 
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels import loader
-from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, kernel_available, read_bandwidth
+from freetoken.runtime.moe.kernels.cpu_experts import (
+    cpu_experts,
+    kernel_available,
+    read_bandwidth,
+    run_kernel,
+)
 from oracle import rel_err
 
 
@@ -50,10 +55,39 @@ def test_kernel_equals_reference(t: int, k: int, threads: int) -> None:
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("h", "i", "unit_bytes", "threads"),
+    [(256, 96, 1, 3), (200, 72, 3000, 4), (256, 96, 20_000, 7), (96, 40, 500, 16)],
+)
+def test_units_and_waits_equal_reference(h: int, i: int, unit_bytes: int, threads: int) -> None:
+    """Units of one row up to a few: many G units per expert, D units that wait for them, more threads
+    than some experts have units; sizes no multiple of the accumulator width; an expert shared by
+    several tokens, a token with no pair of this branch. The output starts poisoned."""
+    gen = torch.Generator().manual_seed(h + i + threads)
+    e = 9
+    gate_up = (torch.randn(e, 2 * i, h, generator=gen) * 0.1).bfloat16()
+    down = (torch.randn(e, h, i, generator=gen) * 0.1).bfloat16()
+    x = torch.randn(4, h, generator=gen)
+    ids = torch.tensor([[3, 0, 8], [3, 5, -1], [-1, -1, -1], [8, 3, 1]])
+    w = torch.rand(4, 3, generator=gen)
+    ref = grouped_experts(x, ids, w, gate_up.float(), down.float())
+    out = torch.full((4, h), float("nan"))
+    trace = torch.full((threads, 4), -7.0, dtype=torch.float64)
+    lib = loader.load_library()
+    assert run_kernel(lib, x, ids, w, gate_up, down, out, threads, unit_bytes, trace) == 8
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    assert torch.equal(out[2], torch.zeros(h))
+    g_rows = max(1, unit_bytes // (4 * h))
+    d_rows = max(1, unit_bytes // (2 * i))
+    units = 5 * (-(-i // g_rows) + -(-h // d_rows))  # five distinct experts
+    assert int(trace[:, 3].sum()) == units
+    assert (trace[:, 1] >= 0).all() and (trace[:, 2] >= 0).all()
+
+
 def test_all_pairs_skipped_gives_zeros() -> None:
     gate_up, down = banks()
     x, ids, w = routing(2, 3, 12, seed=9)
-    out = cpu_experts(x, torch.full_like(ids, -1), w, gate_up, down)
+    out = cpu_experts(x, torch.full_like(ids, -1), w, gate_up, down, out=torch.full((2, 256), 5.0))
     assert torch.equal(out, torch.zeros_like(out))
 
 

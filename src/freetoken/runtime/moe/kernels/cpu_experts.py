@@ -6,9 +6,7 @@ Both take routing with -1 for pairs another branch computes, and return fp32 par
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from freetoken.runtime.moe.experts import grouped_experts
@@ -50,79 +48,63 @@ def cpu_experts(
     takes the torch path.
     """
     lib = load_library() if use_kernel else None
-    if lib is None or gate_up_bank.dtype != torch.bfloat16 or not gate_up_bank.is_contiguous():
+    fast = gate_up_bank.dtype == torch.bfloat16 and gate_up_bank.is_contiguous() and down_bank.is_contiguous()
+    if lib is None or not fast:
         dtype = gate_up_bank.dtype
         with torch.inference_mode():
             result = grouped_experts(x.to(dtype), ids, weights.to(dtype), gate_up_bank, down_bank).float()
         return result if out is None else out.copy_(result)
     if out is None:
-        out = torch.zeros(x.shape[0], gate_up_bank.shape[2], dtype=torch.float32)
-    else:
-        out.zero_()
-    plan = plan_entries(ids, weights)
-    if plan is not None:
-        run_kernel(lib, plan, x, gate_up_bank, down_bank, out, threads or branch_threads())
+        out = torch.empty(x.shape[0], gate_up_bank.shape[2], dtype=torch.float32)
+    run_kernel(lib, x, ids, weights, gate_up_bank, down_bank, out, threads or branch_threads())
     return out
-
-
-@dataclass(frozen=True)
-class EntryPlan:
-    """Routing entries grouped by expert, experts ascending, in the arrays the kernel takes."""
-
-    experts: np.ndarray  # [E'] uint64: each expert once
-    offsets: np.ndarray  # [E' + 1] int32: entries of experts[e] are offsets[e]:offsets[e + 1]
-    tokens: np.ndarray  # [N] int32: token row of each entry
-    weights: np.ndarray  # [N] float32: routing weight of each entry
-
-
-def plan_entries(ids: torch.Tensor, weights: torch.Tensor) -> EntryPlan | None:
-    """ids [T, K] (-1 = skip), weights [T, K] -> the plan, or None when no entry is this branch's."""
-    flat = ids.reshape(-1).numpy()
-    keep = np.flatnonzero(flat >= 0)
-    if keep.size == 0:
-        return None
-    order = keep[np.argsort(flat[keep], kind="stable")]
-    by_expert = flat[order]
-    starts = np.flatnonzero(np.concatenate(([True], by_expert[1:] != by_expert[:-1])))
-    return EntryPlan(
-        experts=by_expert[starts].astype(np.uint64),
-        offsets=np.append(starts, order.size).astype(np.int32),
-        tokens=(order // ids.shape[1]).astype(np.int32),
-        weights=weights.reshape(-1).float().numpy()[order].astype(np.float32),
-    )
 
 
 def run_kernel(
     lib: ctypes.CDLL,
-    plan: EntryPlan,
     x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
     gate_up_bank: torch.Tensor,
     down_bank: torch.Tensor,
     out: torch.Tensor,
     threads: int,
-) -> None:
-    """out [T, H] fp32 += the plan's experts over x [T, H], banks bf16 and contiguous."""
+    unit_bytes: int = 0,
+    trace: torch.Tensor | None = None,
+) -> int:
+    """out [T, H] fp32 = the experts `ids` [T, K] (-1 = skip) over x [T, H], banks bf16 and contiguous.
+
+    The kernel groups the pairs by expert itself. `unit_bytes`: weight bytes per unit of work that the
+    threads take in turn (0: the kernel's default). `trace`: a [threads, 4] float64 tensor that receives
+    each thread's (start, end, seconds waited, units) of the call. Returns the number of pairs computed.
+    """
     hidden, inter = gate_up_bank.shape[2], down_bank.shape[2]
-    # Addresses of each expert's banks: an array of pointers, as the kernel takes them.
-    gu_ptrs = np.uint64(gate_up_bank.data_ptr()) + plan.experts * np.uint64(gate_up_bank.stride(0) * 2)
-    dn_ptrs = np.uint64(down_bank.data_ptr()) + plan.experts * np.uint64(down_bank.stride(0) * 2)
     xf = x.float().contiguous()
-    scratch = torch.empty(plan.tokens.size, 2 * inter, dtype=torch.float32)
-    lib.ft_experts_bf16(
-        gu_ptrs.ctypes.data,
-        dn_ptrs.ctypes.data,
-        len(plan.experts),
+    ids64 = ids.to(torch.int64).contiguous()
+    w32 = weights.float().contiguous()
+    tokens, top_k = ids64.shape
+    scratch = torch.empty(tokens * (top_k * (inter + hidden) + hidden), dtype=torch.float32)
+    assert out.is_contiguous() and out.dtype == torch.float32, "the kernel writes a contiguous fp32 out"
+    pairs = lib.ft_moe_bf16(
+        gate_up_bank.data_ptr(),
+        down_bank.data_ptr(),
+        gate_up_bank.shape[0],
         hidden,
         inter,
         xf.data_ptr(),
-        plan.tokens.ctypes.data,
-        plan.weights.ctypes.data,
-        plan.offsets.ctypes.data,
+        ids64.data_ptr(),
+        w32.data_ptr(),
+        tokens,
+        top_k,
         scratch.data_ptr(),
         out.data_ptr(),
         threads,
+        unit_bytes,
+        None if trace is None else trace.data_ptr(),
     )
-    return out
+    if pairs < 0:
+        raise MemoryError("the CPU expert kernel could not allocate its routing plan")
+    return pairs
 
 
 def llc_bytes() -> int:

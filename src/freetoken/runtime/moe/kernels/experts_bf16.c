@@ -1,173 +1,242 @@
 // SwiGLU experts over bf16 weights at memory bandwidth, fp32 accumulation, OpenMP threads.
 //
-// One call computes one MoE layer step for the experts routed to the CPU:
-//   for expert e, its entries n in [offsets[e], offsets[e+1]) (a token row and a routing weight):
-//     a[n, i] = w[n] * silu(gate_e[i] . x[tok[n]]) * (up_e[i] . x[tok[n]])        i < I
-//     out[tok[n], h] += down_e[h] . a[n]                                          h < H
-// Phase 1 splits (expert, row) pairs over threads; phase 2 splits output rows h, so no two threads
-// write the same element. Each weight row is read once per call whatever the number of entries.
+// One call computes one MoE layer step for the (token, expert) pairs routed to the CPU:
+//   a[n, i] = w[n] * silu(gate_e[i] . x[t]) * (up_e[i] . x[t])       i < I, pair n = (token t, expert e)
+//   out[t, h] = sum over the pairs n of token t of down_e[h] . a[n]  h < H
+// The weights are cut into units of about UNIT_BYTES of contiguous rows, which the threads take one
+// at a time from a shared counter, in a fixed order:
+//   G(e, c): rows [c·g, (c+1)·g) of gate_e, then the same rows of up_e, and their activations;
+//   D(e, c): rows [c·d, (c+1)·d) of down_e, into y[n, h] for each pair n of expert e.
+//   order: G(0) | G(1) D(0) | G(2) D(1) | ... | G(E-1) D(E-2) | D(E-1)
+// A thread the host slows down takes fewer units instead of holding up a barrier. A D unit waits for
+// the G units of its expert; those were all taken before it by threads that never wait, so a wait is
+// short and cannot deadlock. One barrier closes the call: out[t] = sum of y[n] over t's pairs, split
+// over h. Each weight row is read once per call whatever the number of pairs.
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
-static inline float bf16_to_f32(uint16_t v) {
-    const uint32_t u = ((uint32_t)v) << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);  // vectorises to a widen and a shift
-    return f;
-}
-
-// Independent accumulators: 4 vectors of 8 hide the FMA latency; more spill registers (measured: 16
-// lanes 24 GB/s, 32 lanes 29 GB/s, 64 lanes 17 GB/s on one core).
+// A bf16 row is read as 32-bit words, each two elements: the low one becomes a float by a shift, the
+// high one by a mask, so no lane shuffle is needed; the vector it is dotted with is kept "split", its
+// even elements first, then its odd ones (then the last one when the length is odd), so both halves
+// meet their operands in order. Per 64 bytes of weights: one load, a shift, a mask and two FMAs a vector.
+// LANES words per step in independent accumulators hide the FMA latency.
 #ifndef LANES
 #define LANES 32
 #endif
-// How phase 2 splits the rows of `down`:
-//   0: work items of DOWN_BLOCK rows, dealt out statically (H / DOWN_BLOCK items: 16 for H = 2048, so 14
-//      threads leave 2 of them a second item and the rest idle, a third of the bytes at half speed);
-//   1: each thread one contiguous run of H / threads rows (±1), of every expert: balanced at any count;
-//   2: blocks of 32 rows (every expert's) taken dynamically, and phase 1's rows too in runs of 32: a
-//      thread the host delays holds up the barrier by one block, not by its whole share.
-#ifndef DOWN_SPLIT
-#define DOWN_SPLIT 1
+// Bytes of weights per unit of work: small enough that the threads finish within a unit of each other,
+// large enough that the counter is touched rarely and the hardware prefetcher stays on its stream.
+#ifndef UNIT_BYTES
+#define UNIT_BYTES (256 << 10)
 #endif
-#if DOWN_SPLIT == 2
-#define PHASE1_SCHEDULE schedule(dynamic, 32)
-#else
-#define PHASE1_SCHEDULE schedule(static)
-#endif
-#ifndef DOWN_BLOCK
-#define DOWN_BLOCK 128  // rows of `down` per work item when DOWN_SPLIT is 0
-#endif
-// Software prefetch distance in bf16 elements (0: none). A thread's rows are contiguous, but the
-// hardware streamer stops at every 4 KiB page, which is one row of `gate_up` here; prefetching past
-// the row's end keeps the stream going into the next one. Prefetches never fault, so running past
-// the end of a thread's range is harmless.
+// Software prefetch distance in bf16 elements (0: none). Prefetches never fault, so running past the
+// end of a unit is harmless.
 #ifndef PREFETCH
-#define PREFETCH 2048
-#endif
-// Defaults from benchmarks/cpu_kernel_sweep.py on a 16-core host (14 threads, 3 passes): rows in memory
-// order, 128 rows of `down` per item and prefetch 2048 elements ahead gave 90-96 GB/s in every pass; the
-// old default (gate then up, 32 rows, no prefetch) 77-90.
-// How phase 1 walks an expert's gate_up rows:
-//   0: row i of gate, then row i of up (two streams 2I·H apart, taken in turn);
-//   1: the same pairs, both rows in one loop (two streams at once, x loaded once);
-//   2: the rows in memory order, each thread one contiguous run (one stream, as a plain read), and the
-//      activation computed after a barrier.
-#ifndef ROW_ORDER
-#define ROW_ORDER 2
+#define PREFETCH 0
 #endif
 
-static inline float dot_bf16(const uint16_t *restrict w, const float *restrict x, int n) {
-    float acc[LANES] = {0};
-    int i = 0;
-    for (; i + LANES <= n; i += LANES) {
-#if PREFETCH > 0
-        __builtin_prefetch(w + i + PREFETCH, 0, 0);
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
 #endif
-        for (int j = 0; j < LANES; j++) acc[j] += bf16_to_f32(w[i + j]) * x[i + j];
+}
+
+static inline float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// Where element i of a length-n vector sits in its split form.
+static inline long split_at(long i, long n) {
+    const long m = n / 2;
+    return i == 2 * m ? 2 * m : (i & 1) ? m + i / 2 : i / 2;
+}
+
+static void split_row(const float *restrict x, float *restrict xs, long n) {
+    for (long i = 0; i < n; i++) xs[split_at(i, n)] = x[i];
+}
+
+// w: n bf16 elements; xs: the other vector in split form.
+static inline float dot_bf16(const uint16_t *restrict w, const float *restrict xs, int n) {
+    const int m = n / 2;
+    const float *restrict xe = xs, *restrict xo = xs + m;
+    float ae[LANES] = {0}, ao[LANES] = {0};
+    int k = 0;
+    for (; k + LANES <= m; k += LANES) {
+#if PREFETCH > 0
+        __builtin_prefetch(w + 2 * k + PREFETCH, 0, 0);
+#endif
+        for (int j = 0; j < LANES; j++) {
+            uint32_t v;
+            memcpy(&v, w + 2 * (k + j), sizeof v);
+            ae[j] += bits_f32(v << 16) * xe[k + j];
+            ao[j] += bits_f32(v & 0xFFFF0000u) * xo[k + j];
+        }
     }
     float s = 0.0f;
-    for (int j = 0; j < LANES; j++) s += acc[j];
-    for (; i < n; i++) s += bf16_to_f32(w[i]) * x[i];
+    for (int j = 0; j < LANES; j++) s += ae[j] + ao[j];
+    for (; k < m; k++) {
+        uint32_t v;
+        memcpy(&v, w + 2 * k, sizeof v);
+        s += bits_f32(v << 16) * xe[k] + bits_f32(v & 0xFFFF0000u) * xo[k];
+    }
+    if (n & 1) s += bits_f32((uint32_t)w[n - 1] << 16) * xs[2 * m];
     return s;
 }
 
-static inline void dot2_bf16(const uint16_t *restrict g, const uint16_t *restrict u, const float *restrict x,
-                             int n, float *gv, float *uv) {
-    float ag[LANES] = {0}, au[LANES] = {0};
-    int i = 0;
-    for (; i + LANES <= n; i += LANES) {
-#if PREFETCH > 0
-        __builtin_prefetch(g + i + PREFETCH, 0, 0);
-        __builtin_prefetch(u + i + PREFETCH, 0, 0);
-#endif
-        for (int j = 0; j < LANES; j++) {
-            ag[j] += bf16_to_f32(g[i + j]) * x[i + j];
-            au[j] += bf16_to_f32(u[i + j]) * x[i + j];
-        }
+// Pairs grouped by expert, experts ascending (a counting sort over the bank's experts).
+typedef struct {
+    int n_experts;      // experts with at least one pair
+    int32_t *expert;    // [n_experts]
+    int32_t *offsets;   // [n_experts + 1]: pairs of expert[e] are offsets[e] .. offsets[e+1]
+    int32_t *tok;       // [pairs] token row of each pair
+    float *weight;      // [pairs] routing weight of each pair
+} plan_t;
+
+static int make_plan(const int64_t *ids, const float *weights, int pairs_in, int top_k, int bank_experts,
+                     plan_t *p, int32_t *buf) {
+    int32_t *count = buf;  // [bank_experts + 1]
+    memset(count, 0, sizeof(int32_t) * (bank_experts + 1));
+    for (int j = 0; j < pairs_in; j++)
+        if (ids[j] >= 0 && ids[j] < bank_experts) count[ids[j] + 1]++;
+    p->expert = count + bank_experts + 1;
+    p->n_experts = 0;
+    for (int e = 0; e < bank_experts; e++)
+        if (count[e + 1]) p->expert[p->n_experts++] = e;
+    for (int e = 0; e < bank_experts; e++) count[e + 1] += count[e];  // count[e]: first pair of e
+    p->offsets = p->expert + p->n_experts;
+    for (int k = 0; k < p->n_experts; k++) p->offsets[k] = count[p->expert[k]];
+    p->offsets[p->n_experts] = count[bank_experts];
+    p->tok = p->offsets + p->n_experts + 1;
+    p->weight = (float *)(p->tok + pairs_in);
+    for (int j = 0; j < pairs_in; j++) {  // stable: pairs of an expert keep token order
+        if (ids[j] < 0 || ids[j] >= bank_experts) continue;
+        const int slot = count[ids[j]]++;
+        p->tok[slot] = j / top_k;
+        p->weight[slot] = weights[j];
     }
-    float sg = 0.0f, su = 0.0f;
-    for (int j = 0; j < LANES; j++) sg += ag[j], su += au[j];
-    for (; i < n; i++) sg += bf16_to_f32(g[i]) * x[i], su += bf16_to_f32(u[i]) * x[i];
-    *gv = sg;
-    *uv = su;
+    return p->offsets[p->n_experts];
 }
 
-// out[tok[n], h] += down_e[h] . a[n] for rows h in [h0, h1) of every expert; a[n] is scratch row n.
-static inline void down_rows(const uint16_t *const *down, int n_experts, int hidden, int inter, int h0, int h1,
-                             const int32_t *tok, const int32_t *offsets, const float *scratch, float *out) {
-    const long two_i = 2L * inter;
-    for (int e = 0; e < n_experts; e++) {
-        for (int h = h0; h < h1; h++) {
-            const uint16_t *d = down[e] + (long)h * inter;
-            for (int n = offsets[e]; n < offsets[e + 1]; n++)
-                out[(long)tok[n] * hidden + h] += dot_bf16(d, scratch + n * two_i, inter);
-        }
+typedef struct {
+    int g_rows, d_rows, g_units, d_units;
+} units_t;
+
+// Unit u of the fixed order -> expert k and chunk c; returns 1 for a D unit, 0 for a G unit.
+static inline int unit_at(const units_t *s, int n_experts, long u, int *k, int *c) {
+    if (u < s->g_units) {
+        *k = 0, *c = (int)u;
+        return 0;
     }
+    const long block = s->g_units + s->d_units, v = u - s->g_units;
+    const int b = (int)(v / block) + 1, r = (int)(v % block);
+    if (b < n_experts && r < s->g_units) {
+        *k = b, *c = r;
+        return 0;
+    }
+    *k = b - 1, *c = b < n_experts ? r - s->g_units : r;
+    return 1;
 }
 
-// gate_up[e]: [2I, H] (gate rows, then up rows); down[e]: [H, I]; x: [T, H] fp32; out: [T, H] fp32
-// (accumulated into); scratch: [entries, 2I] fp32, whose row n holds entry n's activation in its first I.
-void ft_experts_bf16(const uint16_t *const *gate_up, const uint16_t *const *down, int n_experts, int hidden,
-                     int inter, const float *x, const int32_t *tok, const float *weight,
-                     const int32_t *offsets, float *scratch, float *out, int threads) {
+// gate_up: [bank_experts, 2I, H] bf16 (gate rows, then up rows); down: [bank_experts, H, I] bf16;
+// x: [T, H] fp32; ids, weights: [T, top_k] (ids -1 for pairs another branch computes);
+// out: [T, H] fp32, written; scratch: at least T·top_k·(I + H) + T·H fp32; unit_bytes: the size of a unit
+// (0: UNIT_BYTES); trace: NULL, or [threads, 4]
+// doubles per thread: seconds from the call's start to its first unit and after its last, seconds
+// spent waiting, units done. Returns the number of pairs computed.
+int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts, int hidden, int inter,
+                const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k, float *scratch,
+                float *out, int threads, long unit_bytes, double *trace) {
+    const int pairs_in = tokens * top_k;
+    int32_t *buf = malloc(sizeof(int32_t) * (3L * bank_experts + 3 + 2L * pairs_in));  // make_plan's arrays
+    if (!buf) return -1;
+    plan_t p;
+    const int pairs = make_plan(ids, weights, pairs_in, top_k, bank_experts, &p, buf);
+    const int ne = p.n_experts;
     const long two_i = 2L * inter;
+    float *act = scratch;                         // [pairs, I] split: gate values, then activations
+    float *y = act + (long)pairs * inter;          // [pairs, H]: each pair's down projection
+    float *xs = y + (long)pairs * hidden;          // [T, H]: x split
+#pragma omp parallel for num_threads(threads) if (tokens > 16)
+    for (int t = 0; t < tokens; t++) split_row(x + (long)t * hidden, xs + (long)t * hidden, hidden);
+    units_t s;
+    if (unit_bytes <= 0) unit_bytes = UNIT_BYTES;
+    s.g_rows = unit_bytes / (4L * hidden) > 0 ? (int)(unit_bytes / (4L * hidden)) : 1;
+    s.d_rows = unit_bytes / (2L * inter) > 0 ? (int)(unit_bytes / (2L * inter)) : 1;
+    s.g_units = (inter + s.g_rows - 1) / s.g_rows;
+    s.d_units = (hidden + s.d_rows - 1) / s.d_rows;
+    const long total = (long)ne * (s.g_units + s.d_units);
+    long next = 0;                                // the shared counter
+    int *done = calloc((size_t)(ne > 0 ? ne : 1) * 16, sizeof(int));  // G units finished, a line each
+    if (!done) {
+        free(buf);
+        return -1;
+    }
+    const double t0 = trace ? omp_get_wtime() : 0.0;
 #pragma omp parallel num_threads(threads)
     {
-#if ROW_ORDER == 2
-#pragma omp for PHASE1_SCHEDULE
-        for (long p = 0; p < n_experts * two_i; p++) {
-            const int e = (int)(p / two_i), r = (int)(p % two_i);
-            const uint16_t *row = gate_up[e] + (long)r * hidden;
-            for (int n = offsets[e]; n < offsets[e + 1]; n++)
-                scratch[n * two_i + r] = dot_bf16(row, x + (long)tok[n] * hidden, hidden);
-        }
-        const long entries = offsets[n_experts];
-#pragma omp for schedule(static)
-        for (long q = 0; q < entries * inter; q++) {
-            const long n = q / inter, i = q % inter;
-            const float gv = scratch[n * two_i + i], uv = scratch[n * two_i + inter + i];
-            scratch[n * two_i + i] = weight[n] * (gv / (1.0f + expf(-gv))) * uv;
-        }
-#else
-#pragma omp for schedule(static)
-        for (long p = 0; p < (long)n_experts * inter; p++) {
-            const int e = (int)(p / inter), i = (int)(p % inter);
-            const uint16_t *g = gate_up[e] + (long)i * hidden;
-            const uint16_t *u = gate_up[e] + (long)(i + inter) * hidden;
-            for (int n = offsets[e]; n < offsets[e + 1]; n++) {
-                const float *xn = x + (long)tok[n] * hidden;
-#if ROW_ORDER == 1
-                float gv, uv;
-                dot2_bf16(g, u, xn, hidden, &gv, &uv);
-#else
-                const float gv = dot_bf16(g, xn, hidden), uv = dot_bf16(u, xn, hidden);
-#endif
-                scratch[n * two_i + i] = weight[n] * (gv / (1.0f + expf(-gv))) * uv;
+        double first = -1.0, waited = 0.0;
+        long mine = 0;
+        for (;;) {
+            const long u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+            if (u >= total) break;
+            if (trace && first < 0) first = omp_get_wtime() - t0;
+            mine++;
+            int k, c;
+            const int is_down = unit_at(&s, ne, u, &k, &c);
+            const int n0 = p.offsets[k], n1 = p.offsets[k + 1];
+            if (!is_down) {  // G(k, c)
+                const uint16_t *gu = gate_up + (long)p.expert[k] * two_i * hidden;
+                const int i0 = c * s.g_rows, i1 = i0 + s.g_rows < inter ? i0 + s.g_rows : inter;
+                for (int i = i0; i < i1; i++)
+                    for (int n = n0; n < n1; n++)
+                        act[n * (long)inter + split_at(i, inter)] =
+                            dot_bf16(gu + (long)i * hidden, xs + (long)p.tok[n] * hidden, hidden);
+                for (int i = i0; i < i1; i++)
+                    for (int n = n0; n < n1; n++) {
+                        const float uv =
+                            dot_bf16(gu + (long)(inter + i) * hidden, xs + (long)p.tok[n] * hidden, hidden);
+                        float *a = act + n * (long)inter + split_at(i, inter);
+                        *a = p.weight[n] * (*a / (1.0f + expf(-*a))) * uv;
+                    }
+                __atomic_fetch_add(&done[16 * k], 1, __ATOMIC_RELEASE);
+            } else {  // D(k, c)
+                if (__atomic_load_n(&done[16 * k], __ATOMIC_ACQUIRE) < s.g_units) {
+                    const double w0 = trace ? omp_get_wtime() : 0.0;
+                    while (__atomic_load_n(&done[16 * k], __ATOMIC_ACQUIRE) < s.g_units) cpu_relax();
+                    if (trace) waited += omp_get_wtime() - w0;
+                }
+                const uint16_t *dn = down + (long)p.expert[k] * hidden * inter;
+                const int h0 = c * s.d_rows, h1 = h0 + s.d_rows < hidden ? h0 + s.d_rows : hidden;
+                for (int h = h0; h < h1; h++)
+                    for (int n = n0; n < n1; n++)
+                        y[(long)n * hidden + h] = dot_bf16(dn + (long)h * inter, act + (long)n * inter, inter);
             }
         }
-#endif
-        // the implicit barrier of the loop above: every activation is ready. Each thread streams a
-        // contiguous run of rows of one expert before moving to the next.
-#if DOWN_SPLIT == 1
-        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-        down_rows(down, n_experts, hidden, inter, (int)((long)hidden * t / nt),
-                  (int)((long)hidden * (t + 1) / nt), tok, offsets, scratch, out);
-#elif DOWN_SPLIT == 2
-#pragma omp for schedule(dynamic, 1)
-        for (int h0 = 0; h0 < hidden; h0 += 32)
-            down_rows(down, n_experts, hidden, inter, h0, h0 + 32 < hidden ? h0 + 32 : hidden, tok, offsets,
-                      scratch, out);
-#else
-#pragma omp for schedule(static)
-        for (int h0 = 0; h0 < hidden; h0 += DOWN_BLOCK) {
-            const int h1 = h0 + DOWN_BLOCK < hidden ? h0 + DOWN_BLOCK : hidden;
-            down_rows(down, n_experts, hidden, inter, h0, h1, tok, offsets, scratch, out);
+        if (trace) {
+            double *row = trace + 4L * omp_get_thread_num();
+            row[0] = first, row[1] = omp_get_wtime() - t0, row[2] = waited, row[3] = (double)mine;
         }
-#endif
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (int h0 = 0; h0 < hidden; h0 += 256) {
+            const int h1 = h0 + 256 < hidden ? h0 + 256 : hidden;
+            for (int t = 0; t < tokens; t++) memset(out + (long)t * hidden + h0, 0, sizeof(float) * (h1 - h0));
+            for (int n = 0; n < pairs; n++) {
+                float *o = out + (long)p.tok[n] * hidden;
+                const float *yn = y + (long)n * hidden;
+                for (int h = h0; h < h1; h++) o[h] += yn[h];
+            }
+        }
     }
+    free(done);
+    free(buf);
+    return pairs;
 }
 
 // STREAM-like read of `n` floats over `threads` threads; returns the sum so nothing is optimised away.
