@@ -84,6 +84,24 @@ def test_units_and_waits_equal_reference(h: int, i: int, unit_bytes: int, thread
     assert (trace[:, 1] >= 0).all() and (trace[:, 2] >= 0).all()
 
 
+@pytest.mark.parametrize(("t", "h", "i", "threads"), [(37, 203, 45, 3), (21, 256, 96, 2), (6, 64, 33, 4)])
+def test_batches_equal_reference(t: int, h: int, i: int, threads: int) -> None:
+    """Many pairs per expert (groups of four and of GROUP, with remainders), odd lengths (the last
+    element outside the even/odd split), a few skipped pairs."""
+    gen = torch.Generator().manual_seed(t)
+    e, k = 5, 3
+    gate_up = (torch.randn(e, 2 * i, h, generator=gen) * 0.1).bfloat16()
+    down = (torch.randn(e, h, i, generator=gen) * 0.1).bfloat16()
+    x = torch.randn(t, h, generator=gen)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+    ids[::4, 1] = -1
+    w = torch.rand(t, k, generator=gen)
+    ref = grouped_experts(x, ids, w, gate_up.float(), down.float())
+    out = torch.full((t, h), float("nan"))
+    run_kernel(loader.load_library(), x, ids, w, gate_up, down, out, threads, 6000)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
 def test_all_pairs_skipped_gives_zeros() -> None:
     gate_up, down = banks()
     x, ids, w = routing(2, 3, 12, seed=9)

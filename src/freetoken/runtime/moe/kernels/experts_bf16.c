@@ -36,6 +36,11 @@
 #ifndef PREFETCH
 #define PREFETCH 0
 #endif
+// Pairs of one expert that a unit takes through its rows at a time: each row is read from L1 once per
+// four of them, and the unit's rows once per group (from L2 after the first group).
+#ifndef GROUP
+#define GROUP 16
+#endif
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -87,6 +92,47 @@ static inline float dot_bf16(const uint16_t *restrict w, const float *restrict x
     }
     if (n & 1) s += bits_f32((uint32_t)w[n - 1] << 16) * xs[2 * m];
     return s;
+}
+
+// Four dots of one bf16 row with four split vectors: the row is converted once for all four, which is
+// what makes a batch (several pairs of one expert) cheaper than four single dots.
+static inline void dot4_bf16(const uint16_t *restrict w, const float *const v[4], int n, float out[4]) {
+    const int m = n / 2;
+    const float *restrict v0 = v[0], *restrict v1 = v[1], *restrict v2 = v[2], *restrict v3 = v[3];
+    float e0[16] = {0}, o0[16] = {0}, e1[16] = {0}, o1[16] = {0};
+    float e2[16] = {0}, o2[16] = {0}, e3[16] = {0}, o3[16] = {0};
+    int k = 0;
+    for (; k + 16 <= m; k += 16)
+        for (int j = 0; j < 16; j++) {
+            uint32_t u;
+            memcpy(&u, w + 2 * (k + j), sizeof u);
+            const float lo = bits_f32(u << 16), hi = bits_f32(u & 0xFFFF0000u);
+            e0[j] += lo * v0[k + j], o0[j] += hi * v0[m + k + j];
+            e1[j] += lo * v1[k + j], o1[j] += hi * v1[m + k + j];
+            e2[j] += lo * v2[k + j], o2[j] += hi * v2[m + k + j];
+            e3[j] += lo * v3[k + j], o3[j] += hi * v3[m + k + j];
+        }
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    for (int j = 0; j < 16; j++) s0 += e0[j] + o0[j], s1 += e1[j] + o1[j], s2 += e2[j] + o2[j], s3 += e3[j] + o3[j];
+    for (; k < m; k++) {
+        uint32_t u;
+        memcpy(&u, w + 2 * k, sizeof u);
+        const float lo = bits_f32(u << 16), hi = bits_f32(u & 0xFFFF0000u);
+        s0 += lo * v0[k] + hi * v0[m + k], s1 += lo * v1[k] + hi * v1[m + k];
+        s2 += lo * v2[k] + hi * v2[m + k], s3 += lo * v3[k] + hi * v3[m + k];
+    }
+    if (n & 1) {
+        const float last = bits_f32((uint32_t)w[n - 1] << 16);
+        s0 += last * v0[2 * m], s1 += last * v1[2 * m], s2 += last * v2[2 * m], s3 += last * v3[2 * m];
+    }
+    out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+}
+
+// out[j] = w . v[j] for the `count` split vectors v: in fours while they last, then one at a time.
+static inline void dots_bf16(const uint16_t *restrict w, const float *const *v, int count, int n, float *out) {
+    int j = 0;
+    for (; j + 4 <= count; j += 4) dot4_bf16(w, v + j, n, out + j);
+    for (; j < count; j++) out[j] = dot_bf16(w, v[j], n);
 }
 
 // Pairs grouped by expert, experts ascending (a counting sort over the bank's experts).
@@ -193,17 +239,23 @@ int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts,
             if (!is_down) {  // G(k, c)
                 const uint16_t *gu = gate_up + (long)p.expert[k] * two_i * hidden;
                 const int i0 = c * s.g_rows, i1 = i0 + s.g_rows < inter ? i0 + s.g_rows : inter;
-                for (int i = i0; i < i1; i++)
-                    for (int n = n0; n < n1; n++)
-                        act[n * (long)inter + split_at(i, inter)] =
-                            dot_bf16(gu + (long)i * hidden, xs + (long)p.tok[n] * hidden, hidden);
-                for (int i = i0; i < i1; i++)
-                    for (int n = n0; n < n1; n++) {
-                        const float uv =
-                            dot_bf16(gu + (long)(inter + i) * hidden, xs + (long)p.tok[n] * hidden, hidden);
-                        float *a = act + n * (long)inter + split_at(i, inter);
-                        *a = p.weight[n] * (*a / (1.0f + expf(-*a))) * uv;
+                for (int n = n0; n < n1; n += GROUP) {  // a group of pairs, rows from L1 after the first
+                    const int cnt = n1 - n < GROUP ? n1 - n : GROUP;
+                    const float *v[GROUP];
+                    float d[GROUP];
+                    for (int j = 0; j < cnt; j++) v[j] = xs + (long)p.tok[n + j] * hidden;
+                    for (int i = i0; i < i1; i++) {
+                        dots_bf16(gu + (long)i * hidden, v, cnt, hidden, d);
+                        for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + split_at(i, inter)] = d[j];
                     }
+                    for (int i = i0; i < i1; i++) {
+                        dots_bf16(gu + (long)(inter + i) * hidden, v, cnt, hidden, d);
+                        for (int j = 0; j < cnt; j++) {
+                            float *a = act + (n + j) * (long)inter + split_at(i, inter);
+                            *a = p.weight[n + j] * (*a / (1.0f + expf(-*a))) * d[j];
+                        }
+                    }
+                }
                 __atomic_fetch_add(&done[16 * k], 1, __ATOMIC_RELEASE);
             } else {  // D(k, c)
                 if (__atomic_load_n(&done[16 * k], __ATOMIC_ACQUIRE) < s.g_units) {
@@ -213,9 +265,16 @@ int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts,
                 }
                 const uint16_t *dn = down + (long)p.expert[k] * hidden * inter;
                 const int h0 = c * s.d_rows, h1 = h0 + s.d_rows < hidden ? h0 + s.d_rows : hidden;
-                for (int h = h0; h < h1; h++)
-                    for (int n = n0; n < n1; n++)
-                        y[(long)n * hidden + h] = dot_bf16(dn + (long)h * inter, act + (long)n * inter, inter);
+                for (int n = n0; n < n1; n += GROUP) {
+                    const int cnt = n1 - n < GROUP ? n1 - n : GROUP;
+                    const float *v[GROUP];
+                    float d[GROUP];
+                    for (int j = 0; j < cnt; j++) v[j] = act + (long)(n + j) * inter;
+                    for (int h = h0; h < h1; h++) {
+                        dots_bf16(dn + (long)h * inter, v, cnt, inter, d);
+                        for (int j = 0; j < cnt; j++) y[(long)(n + j) * hidden + h] = d[j];
+                    }
+                }
             }
         }
         if (trace) {
