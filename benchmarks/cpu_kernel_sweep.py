@@ -25,7 +25,7 @@ import torch
 
 from freetoken.runtime.bandwidth import PRESETS, Bench
 from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, llc_bytes, read_bandwidth, run_kernel
-from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCE, declare, find_compiler, load_library
+from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCES, declare, find_compiler, load_library
 
 # (accumulator lanes, KiB of weights per unit of work, prefetch distance in bf16 elements); first: shipped
 VARIANTS = [(32, 256, 0), (32, 64, 0), (32, 1024, 0), (32, 256, 2048), (64, 256, 0)]
@@ -35,7 +35,8 @@ K = 8  # experts per call: a Qwen3 layer step with every routed expert on the CP
 def build(folder: Path, lanes: int, unit_kib: int, prefetch: int) -> ctypes.CDLL:
     out = folder / f"k_{lanes}_{unit_kib}_{prefetch}.so"
     defines = [f"-DLANES={lanes}", f"-DUNIT_BYTES=({unit_kib}<<10)", f"-DPREFETCH={prefetch}"]
-    subprocess.run([find_compiler(), *FLAGS, *defines, str(SOURCE), "-o", str(out), "-lm"], check=True)
+    cmd = [find_compiler(), *FLAGS, *defines, *map(str, SOURCES), "-o", str(out), "-lm", "-lpthread"]
+    subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(out))
     declare(lib)
     return lib

@@ -1,18 +1,36 @@
-"""The CPU branch: misses computed on the host from the pool, on a worker thread, beside the GPU.
+"""The CPU branch: misses computed on the host from the pool, beside the GPU.
 
-Per layer step: the rows of x routed to CPU experts go device-to-host into pinned staging, the worker
-computes them with the pool's banks, the main thread adds the result back. Staging is reused between
-steps: the next step's copies come after its routing read, which waits for this step's work.
+Per layer step: the rows of x routed to CPU experts go device-to-host into pinned staging, the kernel
+computes them from the pool's banks on its own native thread (started at once, the interpreter lock
+not needed), the main thread adds the result back. Without the compiled kernel, or for banks it
+does not take, a Python worker thread runs the torch path instead. Staging is reused between steps:
+the next step's copies come after its routing read, which waits for this step's work.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from freetoken.runtime.moe.kernels.cpu_experts import branch_threads, cpu_experts
+from freetoken.runtime.moe.kernels.cpu_experts import KernelWorker, branch_threads, cpu_experts
+from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.pool import HostExpertPool
+
+
+class Partial:
+    """The CPU branch's fp32 partial sums [R, H] of one layer step, once `result` has waited for them."""
+
+    def __init__(self, wait: Callable[[], torch.Tensor]) -> None:
+        self._wait: Callable[[], torch.Tensor] | None = wait
+        self._value: torch.Tensor | None = None
+
+    def result(self) -> torch.Tensor:
+        if self._wait is not None:
+            self._value, self._wait = self._wait(), None
+        assert self._value is not None
+        return self._value
 
 
 class CpuBranch:
@@ -21,7 +39,11 @@ class CpuBranch:
         self.device = device
         self.threads = threads or branch_threads()  # decided once, not per layer step
         self.pinned = device.type == "cuda"
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freetoken-cpu-experts")
+        lib = load_library()
+        self.native = KernelWorker(lib) if lib is not None and pool.dtype == torch.bfloat16 else None
+        self.worker = None
+        if self.native is None:
+            self.worker = ThreadPoolExecutor(1, thread_name_prefix="freetoken-cpu-experts")
         self._x_host = torch.empty(0)
         self._out_host = torch.empty(0)
 
@@ -40,15 +62,14 @@ class CpuBranch:
         ids: torch.Tensor,
         weights: torch.Tensor,
         inline: bool = False,
-    ) -> Future[torch.Tensor]:
+    ) -> Partial:
         """Start computing x[rows] with experts `ids` [R, K] (host, -1 = not mine), `weights` [R, K] (host).
 
-        Returns a future of the fp32 partial sums [R, H] on the host (pinned when CUDA is present).
+        Returns the pending fp32 partial sums [R, H] on the host (pinned when CUDA is present).
         `inline` computes on the calling thread: for steps with nothing to overlap (no hits, no fills).
         """
         x_host, out_host = self._staging(len(rows))
-        # A plain copy: the compute stream has just been read back (routing), so it waits for nothing,
-        # and the worker then needs no CUDA call at all.
+        # A plain copy: the compute stream has just been read back (routing), so it waits for nothing.
         x_host.copy_(x if len(rows) == x.shape[0] else x.index_select(0, rows.to(x.device)))
         gate_up, down = self.pool.gate_up[layer], self.pool.down[layer]
 
@@ -58,12 +79,16 @@ class CpuBranch:
             return out_host
 
         if inline:
-            done: Future[torch.Tensor] = Future()
-            done.set_result(run())
-            return done
-        return self.worker.submit(run)
+            done = run()
+            return Partial(lambda: done)
+        if self.native is not None:
+            native = self.native
+            native.start(x_host, ids, weights, gate_up, down, out_host, self.threads)
+            return Partial(lambda: (native.wait(), out_host)[1])
+        assert self.worker is not None
+        return Partial(self.worker.submit(run).result)
 
-    def merge(self, out: torch.Tensor, rows: torch.Tensor, partial: Future[torch.Tensor]) -> torch.Tensor:
+    def merge(self, out: torch.Tensor, rows: torch.Tensor, partial: Partial) -> torch.Tensor:
         """out [T, H] += the CPU partial sums at `rows`."""
         result = partial.result().to(out.device, non_blocking=True).to(out.dtype)
         if len(rows) == out.shape[0]:
@@ -71,4 +96,7 @@ class CpuBranch:
         return out.index_add(0, rows.to(out.device), result)
 
     def close(self) -> None:
-        self.worker.shutdown(wait=True)
+        if self.native is not None:
+            self.native.close()
+        if self.worker is not None:
+            self.worker.shutdown(wait=True)

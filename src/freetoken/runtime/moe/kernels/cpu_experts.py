@@ -60,6 +60,45 @@ def cpu_experts(
     return out
 
 
+def _kernel_args(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up_bank: torch.Tensor,
+    down_bank: torch.Tensor,
+    out: torch.Tensor,
+) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+    """(tensors to keep alive for the call, ft_moe_bf16's arguments up to `out`)."""
+    assert out.is_contiguous() and out.dtype == torch.float32, "the kernel writes a contiguous fp32 out"
+    hidden, inter = gate_up_bank.shape[2], down_bank.shape[2]
+    xf = x.float().contiguous()
+    ids64 = ids.to(torch.int64).contiguous()
+    w32 = weights.float().contiguous()
+    tokens, top_k = ids64.shape
+    scratch = torch.empty(tokens * (top_k * (inter + hidden) + hidden), dtype=torch.float32)
+    args = (
+        gate_up_bank.data_ptr(),
+        down_bank.data_ptr(),
+        gate_up_bank.shape[0],
+        hidden,
+        inter,
+        xf.data_ptr(),
+        ids64.data_ptr(),
+        w32.data_ptr(),
+        tokens,
+        top_k,
+        scratch.data_ptr(),
+        out.data_ptr(),
+    )
+    return (xf, ids64, w32, scratch, out, gate_up_bank, down_bank), args
+
+
+def _checked(pairs: int) -> int:
+    if pairs < 0:
+        raise MemoryError("the CPU expert kernel could not allocate its routing plan")
+    return pairs
+
+
 def run_kernel(
     lib: ctypes.CDLL,
     x: torch.Tensor,
@@ -78,33 +117,51 @@ def run_kernel(
     threads take in turn (0: the kernel's default). `trace`: a [threads, 4] float64 tensor that receives
     each thread's (start, end, seconds waited, units) of the call. Returns the number of pairs computed.
     """
-    hidden, inter = gate_up_bank.shape[2], down_bank.shape[2]
-    xf = x.float().contiguous()
-    ids64 = ids.to(torch.int64).contiguous()
-    w32 = weights.float().contiguous()
-    tokens, top_k = ids64.shape
-    scratch = torch.empty(tokens * (top_k * (inter + hidden) + hidden), dtype=torch.float32)
-    assert out.is_contiguous() and out.dtype == torch.float32, "the kernel writes a contiguous fp32 out"
-    pairs = lib.ft_moe_bf16(
-        gate_up_bank.data_ptr(),
-        down_bank.data_ptr(),
-        gate_up_bank.shape[0],
-        hidden,
-        inter,
-        xf.data_ptr(),
-        ids64.data_ptr(),
-        w32.data_ptr(),
-        tokens,
-        top_k,
-        scratch.data_ptr(),
-        out.data_ptr(),
-        threads,
-        unit_bytes,
-        None if trace is None else trace.data_ptr(),
-    )
-    if pairs < 0:
-        raise MemoryError("the CPU expert kernel could not allocate its routing plan")
-    return pairs
+    _, args = _kernel_args(x, ids, weights, gate_up_bank, down_bank, out)
+    return _checked(lib.ft_moe_bf16(*args, threads, unit_bytes, None if trace is None else trace.data_ptr()))
+
+
+class KernelWorker:
+    """A native thread that runs the kernel: `start` returns at once, `wait` blocks with the interpreter
+    lock released. The call starts without the lock, which the thread driving the GPU keeps while it
+    issues fills and kernels. One call in flight at a time."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        self.handle = lib.ft_worker_new()
+        if not self.handle:
+            raise RuntimeError("could not start the CPU expert kernel's thread")
+        self._keep: tuple[torch.Tensor, ...] | None = None
+
+    def start(
+        self,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        gate_up_bank: torch.Tensor,
+        down_bank: torch.Tensor,
+        out: torch.Tensor,
+        threads: int,
+    ) -> None:
+        """As run_kernel, in the background; the tensors are held until `wait`."""
+        keep, args = _kernel_args(x, ids, weights, gate_up_bank, down_bank, out)
+        if self.lib.ft_worker_submit(self.handle, *args, threads, 0) != 0:
+            raise RuntimeError("a CPU expert call is already in flight on this worker")
+        self._keep = keep
+
+    def wait(self) -> int:
+        """Pairs computed by the call in flight."""
+        if self._keep is None:
+            raise RuntimeError("no CPU expert call is in flight on this worker")
+        pairs = self.lib.ft_worker_wait(self.handle)
+        self._keep = None
+        return _checked(pairs)
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.ft_worker_free(self.handle)
+            self.handle = None
+            self._keep = None
 
 
 def llc_bytes() -> int:

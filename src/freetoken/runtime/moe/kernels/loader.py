@@ -18,7 +18,8 @@ from pathlib import Path
 
 from freetoken.env import cpu_kernel_choice, kernels_dir
 
-SOURCE = Path(__file__).with_name("experts_bf16.c")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "experts_bf16.c", HERE / "kernel_worker.c")  # the kernel, the thread that runs it
 # FMAs contracted from the kernel's multiply-adds; on x86, full-width vectors where the CPU has them
 # (compilers otherwise stop at 256 bits on AVX-512 machines).
 X86_FLAGS = ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ()
@@ -46,7 +47,7 @@ def _build(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        cmd = [compiler, *FLAGS, str(SOURCE), "-o", str(out), "-lm"]
+        cmd = [compiler, *FLAGS, *map(str, SOURCES), "-o", str(out), "-lm", "-lpthread"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             first = (proc.stderr.strip().splitlines() or ["unknown error"])[0]
@@ -63,11 +64,8 @@ def load_library() -> ctypes.CDLL | None:
     if compiler is None:
         warnings.warn("no C compiler found: CPU experts use the slower torch path", stacklevel=2)
         return None
-    key = hashlib.sha256(
-        b"\0".join(
-            x.encode() for x in (SOURCE.read_text(), compiler, *FLAGS, platform.machine(), cpu_model())
-        )
-    ).hexdigest()[:16]
+    parts = (*(src.read_text() for src in SOURCES), compiler, *FLAGS, platform.machine(), cpu_model())
+    key = hashlib.sha256(b"\0".join(x.encode() for x in parts)).hexdigest()[:16]
     target = kernels_dir() / f"experts_bf16-{key}.so"
     try:
         if not target.exists():
@@ -87,5 +85,11 @@ def declare(lib: ctypes.CDLL) -> None:
     # unit bytes, trace
     lib.ft_moe_bf16.argtypes = [vp, vp, i32, i32, i32, vp, vp, vp, i32, i32, vp, vp, i32, ctypes.c_long, vp]
     lib.ft_moe_bf16.restype = i32
+    # the native worker: new, submit (the worker, then ft_moe_bf16's arguments without the trace), wait, free
+    lib.ft_worker_new.argtypes, lib.ft_worker_new.restype = [], vp
+    lib.ft_worker_submit.argtypes = [vp, *lib.ft_moe_bf16.argtypes[:-1]]
+    lib.ft_worker_submit.restype = i32
+    lib.ft_worker_wait.argtypes, lib.ft_worker_wait.restype = [vp], i32
+    lib.ft_worker_free.argtypes, lib.ft_worker_free.restype = [vp], None
     lib.ft_read_f32.argtypes = [f32p, ctypes.c_long, i32]
     lib.ft_read_f32.restype = ctypes.c_double
