@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from freetoken.runtime.moe.kernels.cpu_experts import KernelWorker, branch_threads, cpu_experts
+from freetoken.runtime.moe.kernels.cpu_experts import KernelWorker, branch_threads, cpu_experts, kernel_takes
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.pool import HostExpertPool
 
@@ -40,7 +40,9 @@ class CpuBranch:
         self.threads = threads or branch_threads()  # decided once, not per layer step
         self.pinned = device.type == "cuda"
         lib = load_library()
-        self.native = KernelWorker(lib) if lib is not None and pool.dtype == torch.bfloat16 else None
+        banks = [(pool.gate_up[layer], pool.down[layer]) for layer in pool.layers]
+        takes = all(kernel_takes(gate_up, down) for gate_up, down in banks)  # the test cpu_experts makes
+        self.native = KernelWorker(lib) if lib is not None and banks and takes else None
         self.worker = None
         if self.native is None:
             self.worker = ThreadPoolExecutor(1, thread_name_prefix="freetoken-cpu-experts")

@@ -32,6 +32,11 @@ def branch_threads() -> int:
     return threads
 
 
+def kernel_takes(gate_up_bank: torch.Tensor, down_bank: torch.Tensor) -> bool:
+    """Whether the compiled kernel computes from these banks: bf16 and contiguous."""
+    return gate_up_bank.dtype == torch.bfloat16 and gate_up_bank.is_contiguous() and down_bank.is_contiguous()
+
+
 def cpu_experts(
     x: torch.Tensor,
     ids: torch.Tensor,
@@ -48,8 +53,7 @@ def cpu_experts(
     takes the torch path.
     """
     lib = load_library() if use_kernel else None
-    fast = gate_up_bank.dtype == torch.bfloat16 and gate_up_bank.is_contiguous() and down_bank.is_contiguous()
-    if lib is None or not fast:
+    if lib is None or not kernel_takes(gate_up_bank, down_bank):
         dtype = gate_up_bank.dtype
         with torch.inference_mode():
             result = grouped_experts(x.to(dtype), ids, weights.to(dtype), gate_up_bank, down_bank).float()
