@@ -26,7 +26,7 @@ from freetoken.runtime.batcher import Batcher
 from freetoken.runtime.engine import Engine, build_engine
 from freetoken.runtime.sequence import Sequence
 from freetoken.serve.app import create_app
-from freetoken.serve.state import ServeState
+from freetoken.serve.state import ServeConfig, ServeState
 
 API_KEY = "test-key"
 SCRIPTS = {
@@ -112,7 +112,7 @@ def server(tiny_model: tuple[Path, Any]) -> Iterator[Server]:
     engine = build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused")
     scripted = ScriptedEngine(engine)
     batcher = Batcher(scripted, max_running=4, max_queued=64, prefix_cache_tokens=8192)  # type: ignore[arg-type]
-    state = ServeState(batcher, ("tiny",), api_key=API_KEY, max_body_bytes=256 << 10)
+    state = ServeState(batcher, ("tiny",), ServeConfig(api_key=API_KEY, max_body_bytes=256 << 10))
     batcher.start()
     port = _free_port()
     config = uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning")

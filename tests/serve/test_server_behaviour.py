@@ -161,19 +161,28 @@ def test_overload_is_429(server: Server, monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_metrics_and_stats(server: Server, openai_client: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
     openai_client.chat.completions.create(model="tiny", messages=OK_CHAT["messages"], max_tokens=3)
-    text = http("GET", f"{server.url}/metrics")[1]
-    for name in (
-        "freetoken_tokens_generated_per_s",
-        "freetoken_ttft_seconds_mean",
-        "freetoken_requests_queued",
-        "freetoken_requests_running",
-        "freetoken_experts_hits",
-        "freetoken_experts_misses",
-        "freetoken_experts_q_last_mean",
-        "freetoken_experts_slots_occupied",
-        "freetoken_prefix_cache_hit_tokens",
-    ):
-        assert f"\n{name} " in f"\n{text}", name
+    assert http("GET", f"{server.url}/metrics")[0] == 401  # the key guards metrics too
+    text = http("GET", f"{server.url}/metrics", headers=HEADERS)[1]
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    kinds = {
+        "freetoken_tokens_generated_per_s": "gauge",
+        "freetoken_ttft_seconds_mean": "gauge",
+        "freetoken_requests_queued": "gauge",
+        "freetoken_requests_running": "gauge",
+        "freetoken_requests_finished": "counter",
+        "freetoken_tokens_generated": "counter",
+        "freetoken_experts_hits": "counter",
+        "freetoken_experts_misses": "counter",
+        "freetoken_experts_q_last_mean": "gauge",
+        "freetoken_experts_slots_occupied": "gauge",
+        "freetoken_prefix_cache_hit_tokens": "counter",
+    }
+    for name, kind in kinds.items():
+        assert families[name].type == kind, name
+    assert families["freetoken_requests_finished"].samples[0].name == "freetoken_requests_finished_total"
+    assert families["freetoken_requests_finished"].samples[0].value >= 1
     stats = server.stats()
     assert stats["requests"]["finished"] >= 1 and stats["tokens"]["generated"] >= 3

@@ -21,7 +21,7 @@ def reports_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except FreeTokenError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            raise typer.Exit(1) from None
+            raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise typer.Exit(130) from None

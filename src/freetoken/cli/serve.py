@@ -63,6 +63,41 @@ def serve(
     max_body_mib: Annotated[
         int, typer.Option("--max-body-mib", min=1, help="Largest request body accepted (413 above).")
     ] = 32,
+    shutdown_timeout: Annotated[
+        float,
+        typer.Option(
+            "--shutdown-timeout",
+            min=0,
+            help="On SIGTERM/SIGINT, seconds running requests may take to finish before they are ended "
+            "(a second signal exits at once).",
+        ),
+    ] = 30.0,
+    watchdog: Annotated[
+        float,
+        typer.Option(
+            "--watchdog-s",
+            min=0,
+            help="A loop step longer than this while requests wait fails them and /health answers 503 "
+            "(0: off).",
+        ),
+    ] = 600.0,
+    public_metrics: Annotated[
+        bool, typer.Option("--public-metrics", help="Serve /metrics and /v1/stats without the API key.")
+    ] = False,
+    allowed_hosts: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-hosts",
+            help="Host header names accepted besides the loopback ones when bound to a loopback address "
+            "(repeatable; others get 403, against DNS rebinding).",
+        ),
+    ] = None,
+    cors_origins: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cors-origins", help="Origins allowed by CORS (repeatable; '*' for any). Off by default."
+        ),
+    ] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     moe_backend: MoeBackendOpt = "auto",
@@ -83,28 +118,37 @@ def serve(
     ] = False,
 ) -> None:
     """Serve a model over HTTP: /v1/chat/completions, /v1/completions, /v1/messages, /metrics."""
-    import uvicorn
-
     from freetoken.cli.session import load_engine, save_routing
     from freetoken.runtime.batcher import Batcher
-    from freetoken.serve.app import create_app
-    from freetoken.serve.state import ServeState
+    from freetoken.serve.lifecycle import bind_socket, serve_forever
+    from freetoken.serve.state import ServeConfig, ServeState, host_allowlist
 
     moe = moe_config_from(locals())
+    sock = bind_socket(host, port)  # a port in use fails now, not after the model loads
     engine = load_engine(model, device, dtype, moe, max_prefill_tokens)
     if record_routing is not None:
         from freetoken.replay.recorder import attach_recorder
 
         attach_recorder(engine)
-    batcher = Batcher(engine, max_running_requests, max_queued_requests, prefix_cache_tokens)
+    batcher = Batcher(
+        engine, max_running_requests, max_queued_requests, prefix_cache_tokens, watchdog_s=watchdog or None
+    )
     names = tuple(served_model_name or ()) or (
         model if model == "demo" else engine.engine_config.model_path.name,
     )
-    state = ServeState(batcher, names, api_key=api_key, max_body_bytes=max_body_mib << 20)
+    config = ServeConfig(
+        api_key=api_key,
+        max_body_bytes=max_body_mib << 20,
+        public_metrics=public_metrics,
+        allowed_hosts=host_allowlist(host, tuple(allowed_hosts or ())),
+        cors_origins=tuple(cors_origins or ()),
+        shutdown_timeout_s=shutdown_timeout,
+    )
+    state = ServeState(batcher, names, config)
     batcher.start()
     try:
-        uvicorn.run(create_app(state), host=host, port=port, log_level="info")
+        serve_forever(state, sock)
     finally:
-        batcher.stop()
+        batcher.stop(timeout=2.0)
         save_routing(engine, record_routing)
         engine.close()

@@ -9,30 +9,41 @@ cache also takes the sequence's recurrent-state checkpoints (its anchors, plus o
 append-only follow-up resumes), and a request resumes from the deepest one within its cached prefix.
 
 Events go to each request's callback, on the loop's thread. A request that fails (a bad prompt, an
-error inside the engine) gets the exception as its last event; the loop itself carries on.
+error inside the engine or the sampler, detokenising, stop matching) gets the exception as its last event
+and frees its sequence; the loop itself carries on. Should the loop itself fail (a defect outside any one
+request) or stall past `watchdog_s` while work waits, `health()` says why, every queued and running
+request fails with `Unavailable`, and new submissions are refused until it recovers.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from freetoken.errors import FreeTokenError
 from freetoken.replay.trace import DECODE, PREFILL
 from freetoken.runtime.engine import Engine, reuses_kv_prefixes
 from freetoken.runtime.kv.prefix_cache import PrefixCache
-from freetoken.runtime.request import Request, accept_token, new_request
+from freetoken.runtime.request import Request, accept_token, new_request, sample
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import TokenEvent
 
 Callback = Callable[[TokenEvent | Exception], None]
+log = logging.getLogger("freetoken.batcher")
 
 
 class Overloaded(FreeTokenError):
     """The queue is full: the caller should answer 429."""
+
+
+class Unavailable(FreeTokenError):
+    """The engine cannot serve now (its loop died or stalled, or the server is shutting down): 503."""
 
 
 @dataclass
@@ -59,11 +70,14 @@ class Batcher:
         max_queued: int = 64,
         prefix_cache_tokens: int = 65536,
         prefix_checkpoints: int | None = None,
+        watchdog_s: float | None = 600.0,
     ) -> None:
         """`prefix_checkpoints`: recurrent-state checkpoints the prefix cache holds (hybrid models);
-        default `state_checkpoints` × max(4, `max_running`), as many conversations' worth."""
+        default `state_checkpoints` × max(4, `max_running`), as many conversations' worth.
+        `watchdog_s`: a loop turn longer than this while work waits counts as a stall (None: never)."""
         self.engine = engine
         self.max_running, self.max_queued = max_running, max_queued
+        self.watchdog_s = watchdog_s
         if prefix_checkpoints is None:
             hybrid = not reuses_kv_prefixes(engine)
             prefix_checkpoints = engine.engine_config.state_checkpoints * max(4, max_running) if hybrid else 0
@@ -77,11 +91,19 @@ class Batcher:
         self._next_id = 0
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
+        self._beat = time.monotonic()  # when the loop last finished a turn (or went idle)
+        self._died: str | None = None  # why the loop ended, when it did so by failing
+        self._refusing: str | None = None  # why new requests are refused (shutting down)
+        self._stalled = False
 
     # -- called from any thread ------------------------------------------------------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, on_event: Callback) -> int:
         engine = self.engine
+        unhealthy = self._refusing or self.health()
+        if unhealthy:
+            raise Unavailable(unhealthy)
         if not prompt_ids:
             raise FreeTokenError("empty prompt")
         if len(prompt_ids) >= engine.max_seq_len:
@@ -113,23 +135,86 @@ class Batcher:
         return len(self._running)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="freetoken-batcher", daemon=True)
+        self._beat = time.monotonic()
+        self._thread = threading.Thread(target=self._run_loop, name="freetoken-batcher", daemon=True)
         self._thread.start()
+        if self.watchdog_s is not None:
+            self._watchdog = threading.Thread(target=self._watch, name="freetoken-watchdog", daemon=True)
+            self._watchdog.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        """End the loop after its current turn; wait at most `timeout` seconds for it (None: no limit)."""
         with self._cond:
             self._stop = True
+            self._cond.notify_all()
+        for thread in (self._thread, self._watchdog):
+            if thread is not None:
+                thread.join(timeout)
+
+    def health(self) -> str | None:
+        """None while the loop serves; else why it cannot (died, or stalled while work waits)."""
+        if self._died is not None:
+            return self._died
+        if self._thread is not None and not self._thread.is_alive() and not self._stop:
+            return "engine loop is not running"
+        stalled = self._stall_s()
+        if stalled is not None:
+            return f"engine loop stalled for {stalled:.0f} s with work waiting"
+        return None
+
+    def refuse_new(self, reason: str) -> None:
+        """Stop admitting: later submissions raise Unavailable(reason); running requests go on."""
+        self._refusing = reason
+
+    def fail_all(self, reason: str) -> int:
+        """Fail every queued and running request with Unavailable(reason) now (from any thread); the loop
+        drops them at its next turn. Returns how many were failed."""
+        error = Unavailable(reason)
+        with self._cond:
+            queued, self._queue = list(self._queue), deque()
+            running = list(self._running)
+            self._cancelled.update(request.id for request, _ in running)
+            self.stats.failed += len(queued) + len(running)
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join()
+        for _, on_event in [*queued, *running]:
+            _notify(on_event, error)
+        return len(queued) + len(running)
+
+    def _stall_s(self) -> float | None:
+        if self.watchdog_s is None or not (self._queue or self._running):
+            return None
+        late = time.monotonic() - self._beat
+        return late if late > self.watchdog_s else None
+
+    def _watch(self) -> None:
+        period = min(1.0, self.watchdog_s / 4) if self.watchdog_s else 1.0
+        while not self._stop:
+            time.sleep(period)
+            stalled = self._stall_s()
+            if stalled is not None and not self._stalled:
+                self._stalled = True
+                reason = f"engine loop stalled for {stalled:.0f} s"
+                log.error("%s: failing %d request(s)", reason, self.fail_all(reason))
+            elif stalled is None:
+                self._stalled = False
 
     # -- the loop's thread -----------------------------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a defect outside any one request: say so and fail everyone
+            self._died = f"engine loop died: {type(exc).__name__}: {exc}"
+            log.exception(self._died)
+            self.fail_all(self._died)
 
     def _loop(self) -> None:
         while True:
             with self._cond:
+                self._beat = time.monotonic()
                 while not self._stop and not self._queue and not self._running and not self._cancelled:
                     self._cond.wait()
+                    self._beat = time.monotonic()
                 if self._stop:
                     return
                 cancelled, self._cancelled = self._cancelled, set()
@@ -139,7 +224,7 @@ class Batcher:
             for item in [item for item in self._running if item[0].id in cancelled]:
                 self._running.remove(item)
                 self.stats.cancelled += 1
-                self._retire(item[0])
+                self._guarded(item, lambda request, _: self._retire(request))
             for item in admitted:
                 self._guarded(item, self._prefill)
             if self._running:
@@ -156,7 +241,7 @@ class Batcher:
             if item in self._running:
                 self._running.remove(item)
             item[0].seq = None
-            item[1](exc)
+            _notify(item[1], exc)
 
     def _prefill(self, request: Request, on_event: Callback) -> None:
         engine = self.engine
@@ -170,9 +255,8 @@ class Batcher:
         logits = engine.prefill(seq, prompt[cached:])
         self.stats.prompt_tokens += len(prompt)
         self.stats.cached_tokens += cached
-        self._emit(request, on_event, request.sampler(logits[-1]), first=True)
-        if not request.finished:
-            self._running.append((request, on_event))
+        self._running.append((request, on_event))  # first: a failure while emitting removes it again
+        self._emit(request, on_event, logits[-1], first=True)
 
     def _decode_step(self) -> None:
         batch = list(self._running)
@@ -188,29 +272,28 @@ class Batcher:
         self.stats.decode_steps += 1
         self.stats.batched_rows += len(batch)
         for i, item in enumerate(batch):
-            request, on_event = item
-            self._emit(request, on_event, request.sampler(logits[i]), first=False)
-            if request.finished:
-                self._running.remove(item)
+            self._guarded(item, lambda request, on_event, row=logits[i]: self._emit(request, on_event, row))
 
     def _decode_alone(self, request: Request, on_event: Callback) -> None:
         assert request.seq is not None and request.next_token is not None
         self.engine.routing_context(DECODE, [request.id])
         logits = self.engine.decode_batch([request.seq], [request.next_token])
-        self._emit(request, on_event, request.sampler(logits[-1]), first=False)
-        if request.finished:
-            self._running.remove((request, on_event))
+        self._emit(request, on_event, logits[-1])
 
-    def _emit(self, request: Request, on_event: Callback, token: int, first: bool) -> None:
+    def _emit(self, request: Request, on_event: Callback, logits: torch.Tensor, first: bool = False) -> None:
+        """Sample from last-position logits [V], stream the event; a finished request leaves the batch."""
         assert request.seq is not None
+        token, logprobs = sample(request, logits)
         room = request.seq.kv.length + 1 < self.engine.max_seq_len
-        event = accept_token(request, token, first, room)
+        event = accept_token(request, token, first, room, logprobs)
         self.stats.generated_tokens += 1
         if first:
             self.stats.ttft_s_sum += request.t_first - request.t_start
             self.stats.ttft_count += 1
         if event.finished:
             self.stats.finished += 1
+            if (request, on_event) in self._running:
+                self._running.remove((request, on_event))
             self._retire(request)
         on_event(event)
 
@@ -223,3 +306,11 @@ class Batcher:
         if store is not None and store.policy != "none":  # the state at its end: where a follow-up resumes
             store.save(seq.kv.length, "end", seq.kv.linear)  # type: ignore[attr-defined]
         self.prefix.insert(seq.token_ids, seq.kv, store.saved if store is not None else None)
+
+
+def _notify(on_event: Callback, event: TokenEvent | Exception) -> None:
+    """Deliver a failure; a consumer already gone (its event loop closed) is no reason to fail more."""
+    try:
+        on_event(event)
+    except Exception:
+        log.debug("request callback failed", exc_info=True)

@@ -9,6 +9,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
+from freetoken.runtime.logprobs import TokenLogprobs, token_logprobs
 from freetoken.runtime.sampling import Sampler, SamplingParams
 from freetoken.runtime.sequence import GenerationStats, Sequence, TokenEvent
 from freetoken.runtime.stopping import StopStrings
@@ -52,7 +55,16 @@ def new_request(
     )
 
 
-def accept_token(request: Request, token: int, first: bool, room: bool) -> TokenEvent:
+def sample(request: Request, logits: torch.Tensor) -> tuple[int, TokenLogprobs | None]:
+    """Draw the next token from last-position logits [V], with its log-probabilities when asked for."""
+    token = request.sampler(logits)
+    top = request.params.logprobs
+    return token, None if top is None else token_logprobs(logits, token, top)
+
+
+def accept_token(
+    request: Request, token: int, first: bool, room: bool, logprobs: TokenLogprobs | None = None
+) -> TokenEvent:
     """Record `token` (sampled for `request`); `room`: the context can take one more position.
 
     Returns the event to stream: its text (held back while it may be the start of a stop string), and
@@ -73,7 +85,7 @@ def accept_token(request: Request, token: int, first: bool, room: bool) -> Token
             reason = "length"
     if reason is None:
         request.next_token = token
-        return TokenEvent(request.id, token, text)
+        return TokenEvent(request.id, token, text, logprobs=logprobs)
     if not request.stops.stopped:
         text += request.stops.push(request.detok.flush()) + request.stops.flush()
     request.finished = True
@@ -86,4 +98,4 @@ def accept_token(request: Request, token: int, first: bool, room: bool) -> Token
         decode_s=now - request.t_first,
         ttft_s=request.t_first - request.t_start,
     )
-    return TokenEvent(request.id, token, text, finish_reason=reason, stats=stats)
+    return TokenEvent(request.id, token, text, finish_reason=reason, stats=stats, logprobs=logprobs)

@@ -1,7 +1,8 @@
-"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, seeded."""
+"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, penalties, logit bias, seeded."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,10 +11,23 @@ import torch
 from freetoken.errors import FreeTokenError
 from freetoken.runtime.config import read_json
 
+# Below this a temperature is greedy: dividing logits by it would overflow to inf (and NaN after softmax).
+SAMPLING_EPS = 1e-5
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what a torch.Generator takes
+
+
+class NonFiniteLogits(FreeTokenError):
+    """The model produced NaN or Inf logits: its weights (or their dtype) are broken, not the request."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
+    """temperature 0 (or below SAMPLING_EPS) is greedy; top_k 0 and top_p 1 disable those filters.
+
+    Penalties follow OpenAI: each generated token's logit drops by count·frequency_penalty plus
+    presence_penalty once it has appeared; `logit_bias` adds (token id, bias) pairs. `logprobs`: how
+    many top alternatives to report beside each sampled token's log-probability (None: none at all).
+    """
 
     temperature: float = 0.0
     top_k: int = 0
@@ -23,8 +37,15 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "frequency_penalty", "presence_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise FreeTokenError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0:
             raise FreeTokenError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -33,10 +54,22 @@ class SamplingParams:
             raise FreeTokenError(f"top_k must be >= 0, got {self.top_k}")
         if self.max_tokens < 1:
             raise FreeTokenError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise FreeTokenError(f"seed must be a 64-bit integer, got {self.seed}")
+        if not all(-2 <= p <= 2 for p in (self.frequency_penalty, self.presence_penalty)):
+            raise FreeTokenError("frequency_penalty and presence_penalty must be in [-2, 2]")
+        if any(not math.isfinite(b) or not -100 <= b <= 100 for _, b in self.logit_bias):
+            raise FreeTokenError("logit_bias values must be in [-100, 100]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise FreeTokenError(f"logprobs must be in [0, 20], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < SAMPLING_EPS or self.top_k == 1
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
 
 
 class Sampler:
@@ -49,6 +82,23 @@ class Sampler:
             self.generator.manual_seed(params.seed)
         else:
             self.generator.seed()
+        self._counts: dict[int, int] = {}  # generated token -> times, for the penalties
+
+    def adjusted(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [V] after the logit bias and the frequency/presence penalties (a copy when changed)."""
+        p = self.params
+        if not p.adjusts_logits:
+            return logits
+        out = logits.float().clone()
+        vocab = out.shape[-1]
+        for token, bias in p.logit_bias:
+            if 0 <= token < vocab:
+                out[token] += bias
+        if self._counts and (p.frequency_penalty or p.presence_penalty):
+            ids = torch.tensor(list(self._counts), device=out.device)
+            counts = torch.tensor(list(self._counts.values()), dtype=out.dtype, device=out.device)
+            out[ids] -= counts * p.frequency_penalty + p.presence_penalty
+        return out
 
     def filtered_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] -> probabilities [V] after temperature, top-k, then top-p (HF's order)."""
@@ -67,11 +117,19 @@ class Sampler:
         return scores.softmax(-1)
 
     def __call__(self, logits: torch.Tensor) -> int:
-        """logits [V] (any device) -> token id."""
+        """logits [V] (any device) -> token id. NonFiniteLogits when the model produced NaN or Inf."""
+        if not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLogits(
+                "the model produced NaN/Inf logits: its weights are broken (or overflow in this dtype)"
+            )
+        logits = self.adjusted(logits)
         if self.params.greedy:
-            return int(torch.argmax(logits))
-        probs = self.filtered_probs(logits.detach().to("cpu"))
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+            token = int(torch.argmax(logits))
+        else:
+            probs = self.filtered_probs(logits.detach().to("cpu"))
+            token = int(torch.multinomial(probs, 1, generator=self.generator))
+        self._counts[token] = self._counts.get(token, 0) + 1
+        return token
 
 
 def generation_defaults(model_dir: Path) -> dict[str, float | int]:

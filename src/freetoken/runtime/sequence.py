@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.kv.state_checkpoints import StateCheckpoints
+from freetoken.runtime.logprobs import TokenLogprobs
 
 
 @dataclass
@@ -69,6 +70,7 @@ class TokenEvent:
     text: str
     finish_reason: str | None = None  # "stop" | "length"
     stats: GenerationStats | None = None
+    logprobs: TokenLogprobs | None = None  # when the request asked for them
 
     @property
     def finished(self) -> bool:

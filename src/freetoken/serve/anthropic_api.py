@@ -14,14 +14,27 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from freetoken.runtime.logprobs import TokenLogprobs
 from freetoken.runtime.sampling import SamplingParams
+from freetoken.serve import fields
+from freetoken.serve.body import read_json
 from freetoken.serve.errors import bad, get, in_range, join_text_blocks, sse_guard
-from freetoken.serve.generation import Outcome, Prompt, chain, complete, parsed, render_chat
+from freetoken.serve.generation import (
+    Outcome,
+    Prompt,
+    chain,
+    chat_prompt,
+    complete,
+    parsed,
+    unless_disconnected,
+)
+from freetoken.serve.openai_params import check_schema
 from freetoken.serve.output_parser import ReasoningDelta, TextDelta, ToolCallDelta
-from freetoken.serve.state import ServeState, read_json
+from freetoken.serve.state import ServeState
 
 router = APIRouter()
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+TOOL_CHOICES = ("auto", "any", "tool", "none")
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -62,10 +75,13 @@ def to_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
             elif kind == "tool_use" and role == "assistant":
                 call_input = get(block, "input", dict, default={}, where=f"{at}.")
                 name = get(block, "name", str, where=f"{at}.")
-                calls.append({"id": block.get("id"), "function": {"name": name, "arguments": call_input}})
+                call_id = get(block, "id", str, default=None, where=f"{at}.")
+                calls.append({"id": call_id, "function": {"name": name, "arguments": call_input}})
             elif kind == "tool_result" and role == "user":
-                result = block.get("content", "")
-                results.append({"role": "tool", "content": _text_of(result, f"{at}.content")})
+                result = get(block, "content", (str, list), default="", where=f"{at}.")
+                call_id = get(block, "tool_use_id", str, default=None, where=f"{at}.")
+                text_result = _text_of(result, f"{at}.content")
+                results.append({"role": "tool", "content": text_result, "tool_call_id": call_id})
             else:
                 raise bad(f"{at}.type", f"{kind!r} is not supported in a {role} message")
         out.extend(results)
@@ -84,23 +100,32 @@ def to_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
 def to_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     tools = get(body, "tools", list, default=None)
     choice = get(body, "tool_choice", dict, default={})
-    if not tools or choice.get("type") == "none":
-        return None
+    if get(choice, "type", str, default="auto", where="tool_choice.") not in TOOL_CHOICES:
+        raise bad("tool_choice.type", f"expected one of {', '.join(TOOL_CHOICES)}")
     out = []
-    for i, tool in enumerate(tools):
+    for i, tool in enumerate(tools or []):
         if not isinstance(tool, dict):
             raise bad(f"tools[{i}]", "expected an object")
         name = get(tool, "name", str, where=f"tools[{i}].")
         schema = get(tool, "input_schema", dict, default={"type": "object"}, where=f"tools[{i}].")
-        fn = {"name": name, "description": tool.get("description", ""), "parameters": schema}
+        check_schema(schema, f"tools[{i}].input_schema")
+        description = get(tool, "description", str, default="", where=f"tools[{i}].")
+        fn = {"name": name, "description": description, "parameters": schema}
         out.append({"type": "function", "function": fn})
+    if not out or choice.get("type") == "none":
+        return None
     return out
 
 
-def prompt_of(state: ServeState, body: dict[str, Any]) -> Prompt:
+async def prompt_of(state: ServeState, body: dict[str, Any]) -> Prompt:
     thinking = get(body, "thinking", dict, default=None)
-    kwargs = {} if thinking is None else {"enable_thinking": thinking.get("type") == "enabled"}
-    return render_chat(state.batcher, to_chat(body), to_tools(body), **kwargs)
+    kwargs = {}
+    if thinking is not None:
+        kind = get(thinking, "type", str, where="thinking.")
+        if kind not in ("enabled", "disabled"):
+            raise bad("thinking.type", f"{kind!r} is not enabled or disabled")
+        kwargs["enable_thinking"] = kind == "enabled"
+    return await chat_prompt(state, to_chat(body), to_tools(body), **kwargs)
 
 
 def sampling(body: dict[str, Any], state: ServeState) -> SamplingParams:
@@ -140,17 +165,20 @@ def _tool_block(call: ToolCallDelta) -> dict[str, Any]:
 @router.post("/v1/messages")
 async def messages(request: Request) -> Any:
     state: ServeState = request.app.state.serve
-    body = await read_json(request)
-    prompt, params = prompt_of(state, body), sampling(body, state)
+    body = await read_json(request, state.config.max_body_bytes)
+    fields.MESSAGES.check(body)
     model = get(body, "model", str)
+    params = sampling(body, state)
+    stream_it = get(body, "stream", bool, default=False)
+    prompt = await prompt_of(state, body)
     message_id = f"msg_{secrets.token_hex(12)}"
-    if get(body, "stream", bool, default=False):
+    if stream_it:
         events = _stream(state, prompt, params, message_id, model)
         first = await events.__anext__()  # submitted: a refusal is still an HTTP error
         return StreamingResponse(
             sse_guard("/v1/messages", chain(first, events)), media_type="text/event-stream"
         )
-    outcome = await complete(state.batcher, prompt, params)
+    outcome = await unless_disconnected(request, complete(state.batcher, prompt, params))
     content: list[dict[str, Any]] = []
     if outcome.reasoning:
         content.append({"type": "thinking", "thinking": outcome.reasoning, "signature": ""})
@@ -205,6 +233,8 @@ async def _stream(
         return events
 
     async for item in chain(first, items):
+        if isinstance(item, TokenLogprobs):  # not part of this protocol
+            continue
         if isinstance(item, Outcome):
             for event in closing():
                 yield event
@@ -244,5 +274,7 @@ async def _stream(
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request) -> JSONResponse:
     state: ServeState = request.app.state.serve
-    body = await read_json(request)
-    return JSONResponse({"input_tokens": len(prompt_of(state, body).ids)})
+    body = await read_json(request, state.config.max_body_bytes)
+    fields.COUNT_TOKENS.check(body)
+    get(body, "model", str, default=None)
+    return JSONResponse({"input_tokens": len((await prompt_of(state, body)).ids)})

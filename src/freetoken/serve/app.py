@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, API key, body limit, and errors in each protocol's schema.
+"""The FastAPI application: routes, the request guard, CORS, and errors in each protocol's schema.
 
 No request can take the server down: handler errors become the protocol's 4xx/5xx body, and the
 batcher's loop isolates failures per request.
@@ -6,19 +6,20 @@ batcher's loop isolates failures per request.
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Awaitable, Callable
+import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from freetoken.serve import anthropic_api, metrics, openai_api
 from freetoken.serve.errors import ApiError, error_response
+from freetoken.serve.guard import RequestGuard
 from freetoken.serve.state import ServeState
 
-OPEN_PATHS = ("/health", "/metrics")
+log = logging.getLogger("freetoken.serve")
 
 
 def create_app(state: ServeState) -> FastAPI:
@@ -26,17 +27,14 @@ def create_app(state: ServeState) -> FastAPI:
     app.state.serve = state
     for module in (openai_api, anthropic_api, metrics):
         app.include_router(module.router)
-
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if state.api_key and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("x-api-key") or ""
-            auth = request.headers.get("authorization") or ""
-            if auth.lower().startswith("bearer "):
-                given = given or auth[7:].strip()
-            if not hmac.compare_digest(given.encode(), state.api_key.encode()):
-                return error_response(request.url.path, 401, "invalid or missing API key")
-        return await call_next(request)
+    app.add_middleware(RequestGuard, state=state)
+    if state.config.cors_origins:  # added last: outermost, so preflights are answered before the guard
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(state.config.cors_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["authorization", "x-api-key", "content-type", "anthropic-version"],
+        )
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
@@ -52,6 +50,7 @@ def create_app(state: ServeState) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path)
         return error_response(request.url.path, 500, f"internal error: {type(exc).__name__}: {exc}")
 
     return app

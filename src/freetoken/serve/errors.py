@@ -17,9 +17,13 @@ from starlette.responses import JSONResponse
 _TYPES = {
     400: ("invalid_request_error", "invalid_request_error"),
     401: ("authentication_error", "authentication_error"),
+    403: ("permission_error", "permission_error"),
     404: ("not_found_error", "not_found_error"),
+    405: ("invalid_request_error", "invalid_request_error"),
     413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "invalid_request_error"),
     429: ("rate_limit_error", "rate_limit_error"),
+    499: ("invalid_request_error", "invalid_request_error"),  # the client went away
     500: ("server_error", "api_error"),
     503: ("server_error", "overloaded_error"),
 }
@@ -35,8 +39,19 @@ def is_anthropic(path: str) -> bool:
     return path.startswith("/v1/messages")
 
 
+MAX_MESSAGE = 1000  # characters: a message may quote a field name or a value the client sent
+
+
+def _printable(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text` safe to encode (lone surrogates escaped) and cut to `limit` characters."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def error_body(path: str, status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    openai_type, anthropic_type = _TYPES.get(status, _TYPES[500])
+    message, param = _printable(message), None if param is None else _printable(param, 200)
+    fallback = _TYPES[400] if 400 <= status < 500 else _TYPES[500]
+    openai_type, anthropic_type = _TYPES.get(status, fallback)
     if is_anthropic(path):
         return {"type": "error", "error": {"type": anthropic_type, "message": message}}
     return {"error": {"message": message, "type": openai_type, "param": param, "code": None}}
@@ -73,8 +88,17 @@ def get(
     if isinstance(value, bool) and bool not in kinds_t:
         raise bad(name, f"expected {_names(kinds_t)}, got a boolean")
     if not numeric and not isinstance(value, kinds_t):
-        raise bad(name, f"expected {_names(kinds_t)}, got {type(value).__name__}")
-    return float(value) if numeric else value
+        raise bad(name, f"expected {_names(kinds_t)}, got {_kind(value)}")
+    if numeric:
+        if abs(value) > 1e300:
+            raise bad(name, f"{value} is out of range")
+        return float(value)
+    return value
+
+
+def _kind(value: Any) -> str:
+    kinds = {str: "a string", int: "an integer", float: "a number", list: "an array", dict: "an object"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def join_text_blocks(blocks: list[Any], where: str, message: str) -> str:

@@ -8,16 +8,24 @@ iteration early — a client that disconnected — cancels the request, which fr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from freetoken.errors import FreeTokenError
-from freetoken.runtime.batcher import Batcher, Overloaded
-from freetoken.runtime.sampling import SamplingParams
+from freetoken.runtime.batcher import Batcher, Overloaded, Unavailable
+from freetoken.runtime.logprobs import TokenLogprobs
+from freetoken.runtime.sampling import NonFiniteLogits, SamplingParams
 from freetoken.runtime.sequence import TokenEvent
 from freetoken.serve.errors import ApiError
 from freetoken.serve.output_parser import Event, OutputParser, ToolCallDelta
+from freetoken.serve.state import ServeState
+
+T = TypeVar("T")
+DISCONNECT_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,34 @@ class Prompt:
     ids: list[int]
     in_reasoning: bool  # the template opened a <think> block the model continues
     tools: bool
+
+
+async def chat_prompt(
+    state: ServeState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kwargs: Any
+) -> Prompt:
+    """The rendered, tokenized prompt; refused first by the cheap context bound, then rendered and
+    tokenized on a worker thread (a long prompt must not hold up the event loop)."""
+    state.check_fits(text_bytes(messages) + text_bytes(tools), len(messages))
+    return await run_in_threadpool(render_chat, state.batcher, messages, tools, **kwargs)
+
+
+async def encode(state: ServeState, text: str) -> list[int]:
+    state.check_fits(len(text.encode("utf-8")))
+    return await run_in_threadpool(state.batcher.engine.tokenizer.encode, text)
+
+
+def text_bytes(doc: Any) -> int:
+    """UTF-8 bytes of all the strings in a JSON-like document."""
+    total, stack = 0, [doc]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            total += len(value) if value.isascii() else len(value.encode("utf-8"))
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return total
 
 
 def render_chat(
@@ -54,6 +90,8 @@ async def stream(
         )
     except Overloaded as exc:
         raise ApiError(429, f"server busy: {exc}; retry later") from None
+    except Unavailable as exc:
+        raise ApiError(503, f"unavailable: {exc}") from None
     except FreeTokenError as exc:
         raise ApiError(400, str(exc), param="messages") from None
     finished = False
@@ -62,7 +100,7 @@ async def stream(
             event = await queue.get()
             if isinstance(event, Exception):
                 finished = True
-                raise ApiError(500, f"generation failed: {event}")
+                raise failure(event)
             finished = event.finished
             yield event
             if finished:
@@ -70,6 +108,32 @@ async def stream(
     finally:
         if not finished:
             batcher.cancel(request_id)
+
+
+def failure(exc: Exception) -> ApiError:
+    """The error a request that failed inside the engine answers with."""
+    if isinstance(exc, Unavailable):
+        return ApiError(503, f"unavailable: {exc}")
+    if isinstance(exc, NonFiniteLogits):
+        return ApiError(500, f"model error: {exc}")
+    return ApiError(500, f"generation failed: {type(exc).__name__}: {exc}")
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and so the generation under it, which frees its sequence) as soon as
+    the client disconnects; then 499."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ApiError(499, "client disconnected")
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -86,6 +150,7 @@ class Outcome:
     content: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str = "stop"  # stop | length | tool_calls
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -94,11 +159,16 @@ class Outcome:
 
 async def parsed(
     batcher: Batcher, prompt: Prompt, params: SamplingParams, reasoning: bool = True
-) -> AsyncIterator[Event | Outcome]:
-    """Parsed output events as they come, then one Outcome."""
+) -> AsyncIterator[Event | TokenLogprobs | Outcome]:
+    """Parsed output events as they come, each token's log-probabilities (when asked for) before the
+    events its text produced, then one Outcome."""
     parser = OutputParser(reasoning=reasoning, tools=prompt.tools, starts_in_reasoning=prompt.in_reasoning)
     outcome = Outcome(prompt_tokens=len(prompt.ids))
+    stop_ids = batcher.engine.stop_ids
     async for event in stream(batcher, prompt.ids, params):
+        if event.logprobs is not None and event.token_id not in stop_ids:
+            outcome.logprobs.append(event.logprobs)
+            yield event.logprobs
         for item in parser.push(event.text):
             yield item
         if event.finished:

@@ -67,14 +67,27 @@ def snapshot(state: ServeState) -> dict[str, Any]:
     }
 
 
+# Totals that only grow while the server runs: Prometheus counters (named `..._total`); the rest are gauges.
+COUNTERS = {
+    "requests": {"submitted", "finished", "cancelled", "rejected", "failed"},
+    "tokens": {"prompt", "cached", "generated"},
+    "decode": {"steps"},
+    "experts": {"hits", "misses", "fills", "cpu", "streamed"},
+    "prefix_cache": {"lookups", "hit_tokens", "evicted_tokens"},
+}
+
+
 def prometheus(doc: dict[str, Any]) -> str:
-    """Flatten the snapshot into `freetoken_<group>_<name>` gauges and counters."""
+    """Flatten the snapshot into `freetoken_<group>_<name>` gauges and `..._total` counters."""
     lines = []
     for group in ("requests", "tokens", "decode", "experts", "prefix_cache"):
         for name, value in doc[group].items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 metric = f"freetoken_{group}_{name}"
-                lines += [f"# TYPE {metric} gauge", f"{metric} {value}"]
+                if name in COUNTERS[group]:
+                    lines += [f"# TYPE {metric}_total counter", f"{metric}_total {value}"]
+                else:
+                    lines += [f"# TYPE {metric} gauge", f"{metric} {value}"]
     lines += [
         "# TYPE freetoken_ttft_seconds_mean gauge",
         f"freetoken_ttft_seconds_mean {doc['ttft_s_mean'] or 0}",
@@ -85,8 +98,14 @@ def prometheus(doc: dict[str, Any]) -> str:
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
+    """200 while the engine loop serves; 503 with the reason when it died, stalls, or the server drains."""
     state: ServeState = request.app.state.serve
-    return JSONResponse({"status": "ok", "running": state.batcher.running, "queued": state.batcher.queued})
+    batcher = state.batcher
+    counts = {"running": batcher.running, "queued": batcher.queued}
+    problem = batcher.health() or ("shutting down" if state.draining else None)
+    if problem is not None:
+        return JSONResponse({"status": "unavailable", "reason": problem, **counts}, status_code=503)
+    return JSONResponse({"status": "ok", **counts})
 
 
 @router.get("/metrics")

@@ -11,83 +11,42 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from freetoken.runtime.logprobs import TokenLogprobs
 from freetoken.runtime.sampling import SamplingParams
-from freetoken.serve.errors import bad, get, in_range, join_text_blocks, sse_guard
-from freetoken.serve.generation import Outcome, Prompt, chain, complete, parsed, render_chat, stream
+from freetoken.runtime.sequence import GenerationStats
+from freetoken.serve import fields
+from freetoken.serve.body import read_json
+from freetoken.serve.errors import bad, get, sse_guard
+from freetoken.serve.generation import (
+    Outcome,
+    Prompt,
+    chain,
+    chat_prompt,
+    complete,
+    encode,
+    parsed,
+    stream,
+    unless_disconnected,
+)
+from freetoken.serve.logprobs_json import chat_entries, chat_logprobs, completion_logprobs
+from freetoken.serve.openai_params import (
+    chat_logprobs as requested_chat_logprobs,
+)
+from freetoken.serve.openai_params import (
+    chat_messages,
+    chat_tools,
+    sampling,
+    token_ids,
+)
+from freetoken.serve.openai_params import (
+    completion_logprobs as requested_completion_logprobs,
+)
 from freetoken.serve.output_parser import ReasoningDelta, TextDelta, ToolCallDelta
-from freetoken.serve.state import ServeState, read_json
+from freetoken.serve.state import ServeState
 
 router = APIRouter()
-ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-def sampling(body: dict[str, Any], state: ServeState, default_max: int) -> SamplingParams:
-    stop = get(body, "stop", (str, list), default=[])
-    stop = [stop] if isinstance(stop, str) else stop
-    if not all(isinstance(s, str) for s in stop) or len(stop) > 4:
-        raise bad("stop", "expected a string or an array of at most 4 strings")
-    if get(body, "n", int, default=1) != 1:
-        raise bad("n", "only n = 1 is supported")
-    limit = get(body, "max_completion_tokens", int, default=None) or get(
-        body, "max_tokens", int, default=None
-    )
-    if limit is not None and limit < 1:
-        raise bad("max_tokens", f"{limit} must be >= 1")
-    return SamplingParams(
-        temperature=in_range("temperature", get(body, "temperature", float, default=1.0), 0.0, 2.0) or 0.0,
-        top_p=in_range("top_p", get(body, "top_p", float, default=1.0), 1e-9, 1.0) or 1.0,
-        top_k=int(in_range("top_k", get(body, "top_k", int, default=0), 0, 1 << 30) or 0),
-        seed=get(body, "seed", int, default=None),
-        max_tokens=min(limit or default_max, state.engine_context()),
-        stop=tuple(stop),
-        ignore_eos=get(body, "ignore_eos", bool, default=False),  # an extension, as in vLLM
-    )
-
-
-def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = get(body, "messages", list)
-    if not messages:
-        raise bad("messages", "at least one message is required")
-    out = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]."
-        if not isinstance(message, dict):
-            raise bad(f"messages[{i}]", "expected an object")
-        role = get(message, "role", str, where=where)
-        if role not in ROLES:
-            raise bad(f"{where}role", f"{role!r} is not one of {', '.join(ROLES)}")
-        content = get(message, "content", (str, list), default="", where=where)
-        if isinstance(content, list):
-            content = join_text_blocks(content, f"{where}content", "only text parts are supported")
-        item: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
-        calls = get(message, "tool_calls", list, default=None, where=where)
-        if calls:
-            item["tool_calls"] = [_tool_call(call, f"{where}tool_calls[{j}]") for j, call in enumerate(calls)]
-        if isinstance(message.get("reasoning_content"), str):
-            item["reasoning_content"] = message["reasoning_content"]
-        out.append(item)
-    return out
-
-
-def _tool_call(call: Any, where: str) -> dict[str, Any]:
-    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-        raise bad(where, "expected {id, type: function, function: {name, arguments}}")
-    fn = call["function"]
-    name = get(fn, "name", str, where=f"{where}.function.")
-    arguments = get(fn, "arguments", (str, dict), default="{}", where=f"{where}.function.")
-    return {"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def chat_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
-    tools = get(body, "tools", list, default=None)
-    choice = body.get("tool_choice", "auto")
-    if choice == "none" or not tools:
-        return None
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict):
-            raise bad(f"tools[{i}]", "expected {type: function, function: {name, parameters}}")
-        get(tool["function"], "name", str, where=f"tools[{i}].function.")
-    return tools
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 
 
 def _usage(outcome: Outcome) -> dict[str, Any]:
@@ -97,6 +56,11 @@ def _usage(outcome: Outcome) -> dict[str, Any]:
         "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens},
     }
+
+
+def _stats_usage(ids: list[int], stats: GenerationStats) -> dict[str, Any]:
+    return _usage(Outcome(prompt_tokens=len(ids), cached_tokens=stats.cached_tokens,
+                          completion_tokens=stats.completion_tokens))
 
 
 def _tool_json(call: ToolCallDelta) -> dict[str, Any]:
@@ -117,40 +81,32 @@ async def models(request: Request) -> JSONResponse:
     )
 
 
-CHAT_PATH = "/v1/chat/completions"
-
-
 @router.post(CHAT_PATH)
 async def chat_completions(request: Request) -> Any:
     state: ServeState = request.app.state.serve
-    body = await read_json(request)
+    body = await read_json(request, state.config.max_body_bytes)
+    fields.CHAT.check(body)
     messages, tools = chat_messages(body), chat_tools(body)
-    params = sampling(body, state, default_max=state.default_max_tokens)
+    params = sampling(body, state, state.config.default_max_tokens, requested_chat_logprobs(body))
     kwargs = get(body, "chat_template_kwargs", dict, default={})
     thinking = {k: kwargs[k] for k in ("enable_thinking",) if k in kwargs}
-    prompt = render_chat(state.batcher, messages, tools, **thinking)
     model = get(body, "model", str, default=state.model_names[0])
+    stream_it = get(body, "stream", bool, default=False)
+    options = get(body, "stream_options", dict, default={})
+    prompt = await chat_prompt(state, messages, tools, **thinking)
     meta = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": model}
-    if get(body, "stream", bool, default=False):
-        options = get(body, "stream_options", dict, default={})
+    if stream_it:
         events = _chat_stream(state, prompt, params, meta, bool(options.get("include_usage")))
         return StreamingResponse(await _primed(events, CHAT_PATH), media_type="text/event-stream")
-    outcome = await complete(state.batcher, prompt, params)
+    outcome = await unless_disconnected(request, complete(state.batcher, prompt, params))
     message: dict[str, Any] = {"role": "assistant", "content": outcome.content or None}
     if outcome.reasoning:
         message["reasoning_content"] = outcome.reasoning
     if outcome.tool_calls:
         message["tool_calls"] = [_tool_json(c) for c in outcome.tool_calls]
-    return JSONResponse(
-        {
-            **meta,
-            "object": "chat.completion",
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": outcome.finish_reason, "logprobs": None}
-            ],
-            "usage": _usage(outcome),
-        }
-    )
+    logprobs = chat_logprobs(state.pieces, outcome.logprobs) if params.logprobs is not None else None
+    choice = {"index": 0, "message": message, "finish_reason": outcome.finish_reason, "logprobs": logprobs}
+    return JSONResponse({**meta, "object": "chat.completion", "choices": [choice], "usage": _usage(outcome)})
 
 
 def _sse(doc: dict[str, Any]) -> str:
@@ -160,15 +116,23 @@ def _sse(doc: dict[str, Any]) -> str:
 async def _chat_stream(
     state: ServeState, prompt: Prompt, params: SamplingParams, meta: dict[str, Any], usage: bool
 ) -> AsyncIterator[str]:
+    pending: list[TokenLogprobs] = []  # log-probabilities of tokens whose text has not been sent yet
+
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        logprobs = None
+        if params.logprobs is not None and (pending or finish is None):
+            logprobs = {"content": chat_entries(state.pieces, pending), "refusal": None}
+            pending.clear()
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         return _sse({**meta, "object": "chat.completion.chunk", "choices": [choice]})
 
     items = parsed(state.batcher, prompt, params)
     first = await items.__anext__()  # submitted: a refusal is raised before anything is sent
     yield chunk({"role": "assistant", "content": ""})
     async for item in chain(first, items):
-        if isinstance(item, TextDelta):
+        if isinstance(item, TokenLogprobs):
+            pending.append(item)
+        elif isinstance(item, TextDelta):
             yield chunk({"content": item.text})
         elif isinstance(item, ReasoningDelta):
             yield chunk({"reasoning_content": item.text})
@@ -182,49 +146,64 @@ async def _chat_stream(
 
 
 async def _primed(events: AsyncIterator[str], path: str) -> AsyncIterator[str]:
-    """Start the stream before answering, so a request refused at submission (400, 429) is still an
+    """Start the stream before answering, so a request refused at submission (400, 429, 503) is still an
     HTTP error rather than a broken stream; later failures end it with an error event."""
     return sse_guard(path, chain(await events.__anext__(), events))
 
 
-@router.post("/v1/completions")
+@router.post(COMPLETIONS_PATH)
 async def completions(request: Request) -> Any:
     state: ServeState = request.app.state.serve
-    body = await read_json(request)
+    body = await read_json(request, state.config.max_body_bytes)
+    fields.COMPLETIONS.check(body)
     prompt = get(body, "prompt", (str, list))
+    params = sampling(body, state, 16, requested_completion_logprobs(body))
+    model = get(body, "model", str, default=state.model_names[0])
+    stream_it = get(body, "stream", bool, default=False)
+    usage = bool(get(body, "stream_options", dict, default={}).get("include_usage"))
     if isinstance(prompt, list):
-        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise bad("prompt", "expected a string or an array of token ids")
-        ids = list(prompt)
+        ids = token_ids(prompt, state.vocab_size())
     else:
-        ids = state.batcher.engine.tokenizer.encode(prompt)
+        ids = await encode(state, prompt)
     if not ids:
         raise bad("prompt", "empty prompt")
-    params = sampling(body, state, default_max=16)
-    model = get(body, "model", str, default=state.model_names[0])
     meta = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": model}
-    if get(body, "stream", bool, default=False):
-        return StreamingResponse(
-            await _primed(_text_stream(state, ids, params, meta), "/v1/completions"),
-            media_type="text/event-stream",
-        )
-    text, finish, stats = "", "stop", None
+    if stream_it:
+        events = _text_stream(state, ids, params, meta, usage)
+        return StreamingResponse(await _primed(events, COMPLETIONS_PATH), media_type="text/event-stream")
+    return JSONResponse(await unless_disconnected(request, _text_completion(state, ids, params, meta)))
+
+
+async def _text_completion(
+    state: ServeState, ids: list[int], params: SamplingParams, meta: dict[str, Any]
+) -> dict[str, Any]:
+    text, finish, stats, logprobs = "", "stop", None, []
     async for event in stream(state.batcher, ids, params):
         text += event.text
+        if event.logprobs is not None and event.token_id not in state.batcher.engine.stop_ids:
+            logprobs.append(event.logprobs)
         if event.finished:
             finish, stats = event.finish_reason or "stop", event.stats
     assert stats is not None
-    outcome = Outcome(
-        prompt_tokens=len(ids), cached_tokens=stats.cached_tokens, completion_tokens=stats.completion_tokens
-    )
-    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-    return JSONResponse({**meta, "object": "text_completion", "choices": [choice], "usage": _usage(outcome)})
+    lp = completion_logprobs(state.pieces, logprobs) if params.logprobs is not None else None
+    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": lp}
+    return {**meta, "object": "text_completion", "choices": [choice], "usage": _stats_usage(ids, stats)}
 
 
 async def _text_stream(
-    state: ServeState, ids: list[int], params: SamplingParams, meta: dict[str, Any]
+    state: ServeState, ids: list[int], params: SamplingParams, meta: dict[str, Any], usage: bool
 ) -> AsyncIterator[str]:
+    offset = 0
+    stop_ids = state.batcher.engine.stop_ids
     async for event in stream(state.batcher, ids, params):
-        choice = {"index": 0, "text": event.text, "finish_reason": event.finish_reason, "logprobs": None}
+        lp = None
+        if params.logprobs is not None:
+            items = [event.logprobs] if event.logprobs is not None and event.token_id not in stop_ids else []
+            lp = completion_logprobs(state.pieces, items, offset)
+        offset += len(event.text)
+        choice = {"index": 0, "text": event.text, "finish_reason": event.finish_reason, "logprobs": lp}
         yield _sse({**meta, "object": "text_completion", "choices": [choice]})
+        if event.finished and usage and event.stats is not None:
+            usage_doc = _stats_usage(ids, event.stats)
+            yield _sse({**meta, "object": "text_completion", "choices": [], "usage": usage_doc})
     yield "data: [DONE]\n\n"

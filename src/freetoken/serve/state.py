@@ -1,46 +1,72 @@
-"""What the handlers share: the batcher, names, limits; and reading a JSON body within them."""
+"""What the handlers share: the server's settings, the batcher, names; and the edge checks on size."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-from fastapi import Request
 
 from freetoken.runtime.batcher import Batcher
+from freetoken.runtime.prompt_bound import PromptBound
 from freetoken.serve.errors import ApiError
+from freetoken.serve.logprobs_json import TokenPieces
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Built once from the command line (or a test)."""
+
+    api_key: str | None = None
+    max_body_bytes: int = 32 << 20
+    default_max_tokens: int = 4096
+    public_metrics: bool = False  # /metrics and /v1/stats open even with an API key
+    # Host header names accepted; None: any (the server is not bound to a loopback address)
+    allowed_hosts: tuple[str, ...] | None = LOOPBACK_NAMES
+    cors_origins: tuple[str, ...] = ()
+    shutdown_timeout_s: float = 30.0
+
+
+def host_allowlist(bind_host: str, extra: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Host header names to accept when bound to `bind_host`: loopback names (and `extra`) on a loopback
+    address, against DNS rebinding; on any other address, every name (None)."""
+    loopback = bind_host in LOOPBACK_NAMES or bind_host.startswith("127.")
+    return (*LOOPBACK_NAMES, *extra) if loopback else None
 
 
 @dataclass
 class ServeState:
     batcher: Batcher
     model_names: tuple[str, ...]
-    api_key: str | None = None
-    max_body_bytes: int = 32 << 20
-    default_max_tokens: int = 4096
+    config: ServeConfig = field(default_factory=ServeConfig)
     started: float = field(default_factory=time.time)
+    draining: bool = False  # shutting down: new requests get 503
+    bound: PromptBound = field(init=False)
+    pieces: TokenPieces = field(init=False)  # token texts and bytes, for logprobs
+
+    def __post_init__(self) -> None:
+        self.bound = PromptBound.of(self.batcher.engine.tokenizer)
+        self.pieces = TokenPieces(self.batcher.engine.tokenizer)
 
     def engine_context(self) -> int:
         return self.batcher.engine.max_seq_len
 
+    def vocab_size(self) -> int:
+        return self.batcher.engine.config.vocab_size
 
-async def read_json(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object; 413 past the limit, 400 when it is not a JSON object."""
-    state: ServeState = request.app.state.serve
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > state.max_body_bytes:
-        raise ApiError(413, f"request body of {declared} bytes is over the limit of {state.max_body_bytes}")
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > state.max_body_bytes:
-            raise ApiError(413, f"request body is over the limit of {state.max_body_bytes} bytes")
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"body: not valid JSON ({exc})", param="body") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "body: expected a JSON object", param="body")
-    return body
+    def check_fits(self, texts_bytes: int, messages: int = 0) -> None:
+        """400 before any tokenizing when the prompt cannot fit the context: at least one token per
+        message, and at least the byte bound's tokens for the text."""
+        context = self.engine_context()
+        if messages >= context:
+            raise ApiError(
+                400, f"{messages} messages cannot fit the context of {context} tokens", param="messages"
+            )
+        least = self.bound.min_tokens(texts_bytes)
+        if least >= context:
+            raise ApiError(
+                400,
+                f"prompt of at least {least} tokens ({texts_bytes} bytes) leaves no room in the context "
+                f"of {context}",
+                param="messages",
+            )
