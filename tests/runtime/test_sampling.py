@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from freetoken.errors import FreeTokenError
-from freetoken.runtime.sampling import Sampler, SamplingParams
+from freetoken.runtime.logprobs import token_logprobs
+from freetoken.runtime.sampling import NonFiniteLogits, Sampler, SamplingParams
 
 
 def logits(seed: int = 0, v: int = 50) -> torch.Tensor:
@@ -62,8 +63,67 @@ def test_samples_follow_the_distribution() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2}, {"max_tokens": 0}]
+    "kwargs",
+    [
+        {"temperature": -1},
+        {"temperature": float("nan")},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"top_k": -2},
+        {"max_tokens": 0},
+        {"seed": 2**64},
+        {"seed": -(2**63) - 1},
+        {"frequency_penalty": 3.0},
+        {"presence_penalty": float("inf")},
+        {"logprobs": 21},
+    ],
 )
 def test_bad_parameters(kwargs: dict) -> None:
     with pytest.raises(FreeTokenError, match=next(iter(kwargs))):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("temperature", [3e-39, 1e-300, 5e-324, 1e-6])
+def test_tiny_temperatures_are_greedy(temperature: float) -> None:
+    x = logits(3)
+    assert Sampler(SamplingParams(temperature=temperature))(x) == int(x.argmax())
+
+
+def test_extreme_seeds_are_accepted() -> None:
+    for seed in (0, 2**64 - 1, -(2**63)):
+        Sampler(SamplingParams(temperature=1.0, seed=seed))(logits())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_logits_are_named(bad: float) -> None:
+    x = logits()
+    x[7] = bad
+    with pytest.raises(NonFiniteLogits, match="NaN/Inf"):
+        Sampler(SamplingParams())(x)
+
+
+def test_penalties_and_bias_follow_openai() -> None:
+    """logit[j] - count[j]*frequency - (count[j] > 0)*presence + bias[j], checked on greedy picks."""
+    params = SamplingParams(frequency_penalty=0.5, presence_penalty=0.25, logit_bias=((3, 2.0), (9, -100.0)))
+    sampler = Sampler(params)
+    x = logits(5)
+    counts = torch.zeros_like(x)
+    for _ in range(12):
+        reference = x.clone()
+        reference[3] += 2.0
+        reference[9] -= 100.0
+        reference -= counts * 0.5 + (counts > 0).float() * 0.25
+        token = sampler(x)
+        assert token == int(reference.argmax())
+        counts[token] += 1
+    assert counts.count_nonzero() > 1  # the penalties moved the pick away from the first one
+
+
+def test_token_logprobs_are_log_softmax() -> None:
+    x = logits(9)
+    ref = torch.log_softmax(x, -1)
+    got = token_logprobs(x, 4, 3)
+    assert got.logprob == pytest.approx(float(ref[4]), abs=1e-6)
+    assert [t for t, _ in got.top] == ref.topk(3).indices.tolist()
+    assert [v for _, v in got.top] == pytest.approx(ref.topk(3).values.tolist(), abs=1e-6)
+    assert token_logprobs(x, 4, 0).top == ()

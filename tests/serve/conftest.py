@@ -1,12 +1,14 @@
 """A real uvicorn server on 127.0.0.1 over a tiny model, for the SDK-driven tests.
 
 `ScriptedEngine` wraps the real engine and forces the output tokens of prompts that contain a marker
-(a random-weight model never writes a tool call or a think block by itself); everything else — the
+(a random-weight model never writes a tool call or a think block by itself), or NaN logits for `[nan]`
+(a broken checkpoint); everything else — the
 batcher, the template, the tokenizer, the parser, the HTTP layers — is the real path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -38,6 +40,9 @@ SCRIPTS = {
 }
 
 
+POISON: list[int] = []
+
+
 class ScriptedEngine:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -53,6 +58,8 @@ class ScriptedEngine:
         state = self._state.get(id(seq))
         if state is None:
             return row
+        if state[0] is POISON:
+            return torch.full_like(row, float("nan"))
         tokens, i = state
         state[1] += 1
         forced = torch.full_like(row, -1e9)
@@ -64,9 +71,12 @@ class ScriptedEngine:
         self._state.pop(id(seq), None)  # ids of dead sequences are reused: never inherit a script
         text = self._engine.tokenizer.decode(seq.token_ids)
         self.prompts.append(text)
+        latest = text.split("<|im_start|>user")[-1]  # the markers of the latest user turn
         for marker, tokens in self._scripts.items():
-            if marker in text.split("<|im_start|>user")[-1]:  # the marker of the latest user turn
+            if marker in latest:
                 self._state[id(seq)] = [tokens, 0]
+        if "[nan]" in latest:  # a broken checkpoint: every logit NaN
+            self._state[id(seq)] = [POISON, 0]
         return self._force(seq, logits[-1:])
 
     def decode_batch(self, seqs: list[Sequence], ids: list[int]) -> torch.Tensor:
@@ -107,13 +117,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server(tiny_model: tuple[Path, Any]) -> Iterator[Server]:
-    engine = build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused")
-    scripted = ScriptedEngine(engine)
-    batcher = Batcher(scripted, max_running=4, max_queued=64, prefix_cache_tokens=8192)  # type: ignore[arg-type]
-    state = ServeState(batcher, ("tiny",), ServeConfig(api_key=API_KEY, max_body_bytes=256 << 10))
-    batcher.start()
+@contextlib.contextmanager
+def running_app(state: ServeState) -> Iterator[str]:
+    """uvicorn serving `state` on a free loopback port, on a thread; yields its base URL."""
     port = _free_port()
     config = uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning")
     uv = uvicorn.Server(config)
@@ -124,9 +130,22 @@ def server(tiny_model: tuple[Path, Any]) -> Iterator[Server]:
         if time.monotonic() > deadline:
             raise RuntimeError("server did not start")
         time.sleep(0.02)
-    yield Server(f"http://127.0.0.1:{port}", state, scripted)
-    uv.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model: tuple[Path, Any]) -> Iterator[Server]:
+    engine = build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused")
+    scripted = ScriptedEngine(engine)
+    batcher = Batcher(scripted, max_running=4, max_queued=64, prefix_cache_tokens=8192)  # type: ignore[arg-type]
+    state = ServeState(batcher, ("tiny",), ServeConfig(api_key=API_KEY, max_body_bytes=256 << 10))
+    batcher.start()
+    with running_app(state) as url:
+        yield Server(url, state, scripted)
     batcher.stop()
 
 

@@ -87,6 +87,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._queue: deque[tuple[Request, Callback]] = deque()
         self._running: list[tuple[Request, Callback]] = []
+        self._admitting: list[tuple[Request, Callback]] = []  # taken from the queue, prefilling this turn
         self._cancelled: set[int] = set()
         self._next_id = 0
         self._stop = False
@@ -96,6 +97,7 @@ class Batcher:
         self._died: str | None = None  # why the loop ended, when it did so by failing
         self._refusing: str | None = None  # why new requests are refused (shutting down)
         self._stalled = False
+        self._stopping = threading.Event()  # wakes the watchdog at stop()
 
     # -- called from any thread ------------------------------------------------------------------------------
 
@@ -147,6 +149,7 @@ class Batcher:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        self._stopping.set()
         for thread in (self._thread, self._watchdog):
             if thread is not None:
                 thread.join(timeout)
@@ -172,7 +175,7 @@ class Batcher:
         error = Unavailable(reason)
         with self._cond:
             queued, self._queue = list(self._queue), deque()
-            running = list(self._running)
+            running = [*self._admitting, *self._running]
             self._cancelled.update(request.id for request, _ in running)
             self.stats.failed += len(queued) + len(running)
             self._cond.notify()
@@ -181,15 +184,14 @@ class Batcher:
         return len(queued) + len(running)
 
     def _stall_s(self) -> float | None:
-        if self.watchdog_s is None or not (self._queue or self._running):
+        if self.watchdog_s is None or not (self._queue or self._running or self._admitting):
             return None
         late = time.monotonic() - self._beat
         return late if late > self.watchdog_s else None
 
     def _watch(self) -> None:
         period = min(1.0, self.watchdog_s / 4) if self.watchdog_s else 1.0
-        while not self._stop:
-            time.sleep(period)
+        while not self._stopping.wait(period):
             stalled = self._stall_s()
             if stalled is not None and not self._stalled:
                 self._stalled = True
@@ -221,12 +223,15 @@ class Batcher:
                 self._queue = deque(item for item in self._queue if item[0].id not in cancelled)
                 room = self.max_running - len(self._running) + len(cancelled & self._running_ids())
                 admitted = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
+                self._admitting = list(admitted)
             for item in [item for item in self._running if item[0].id in cancelled]:
                 self._running.remove(item)
                 self.stats.cancelled += 1
                 self._guarded(item, lambda request, _: self._retire(request))
             for item in admitted:
                 self._guarded(item, self._prefill)
+            with self._cond:
+                self._admitting = []
             if self._running:
                 self._decode_step()
 

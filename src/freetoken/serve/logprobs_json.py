@@ -27,7 +27,7 @@ def _byte_level_chars() -> dict[str, int]:
 
 
 class TokenPieces:
-    """Each token id's own bytes and text (the text of a piece that splits a character shows U+FFFD)."""
+    """Each token id's own bytes and text (a piece that splits a character is `bytes:\\xe2\\x80`)."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
@@ -49,7 +49,11 @@ class TokenPieces:
             raw = b"".join(bytes([table[c]]) if c in table else c.encode("utf-8") for c in token)
         else:
             raw = self._tokenizer.decode([token_id]).encode("utf-8")
-        return raw.decode("utf-8", "replace"), list(raw)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:  # part of a character: named by its bytes, as OpenAI does
+            text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        return text, list(raw)
 
 
 def chat_entries(pieces: TokenPieces, items: list[TokenLogprobs]) -> list[dict[str, Any]]:
