@@ -12,10 +12,18 @@ import torch
 from typer.testing import CliRunner
 
 from freetoken.cli.app import app
+from freetoken.errors import FreeTokenError
 from freetoken.runtime.config import MoeConfig
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.moe.executor import resolve_backend
-from freetoken.runtime.profile import load_profile, profile_path, read_profile, save_profile, this_machine
+from freetoken.runtime.profile import (
+    BandwidthProfile,
+    load_profile,
+    profile_path,
+    read_profile,
+    save_profile,
+    this_machine,
+)
 
 runner = CliRunner()
 
@@ -64,11 +72,11 @@ def test_validate_on_cpu(home: Path) -> None:
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["--preset", "nope"], "unknown --preset 'nope'"), (["--max-age", "soon"], "--max-age 'soon'")],
+    [(["--preset", "nope"], "--preset: expected one of"), (["--max-age", "soon"], "--max-age: expected")],
 )
 def test_bad_arguments(home: Path, args: list[str], message: str) -> None:
     result = runner.invoke(app, ["bench", "bw", *args])
-    assert result.exit_code == 1 and message in result.stderr
+    assert result.exit_code == 2 and result.stderr.startswith(f"error: {message}")
 
 
 def _profile_here(home: Path, **changes: Any):
@@ -84,7 +92,7 @@ def test_foreign_and_broken_profiles_are_ignored_with_a_warning(home: Path) -> N
     with pytest.warns(UserWarning, match="measured on another machine"):
         assert load_profile() is None
     profile_path(this_machine().key).write_text("{broken")
-    with pytest.warns(UserWarning, match="not a readable bandwidth profile"):
+    with pytest.warns(UserWarning, match="invalid JSON at line 1"):
         assert load_profile() is None
 
 
@@ -162,3 +170,57 @@ def test_validation_that_disagrees_saves_the_fastest(home: Path, monkeypatch: py
         "fastest": "cpu",
         "model_pick": "hybrid",
     }
+
+
+def _profile_doc() -> dict:
+    profile = BandwidthProfile(
+        machine_key="k",
+        machine={"threads": 2},
+        created=1.0,
+        versions={},
+        expert_shape={"hidden": 8, "intermediate": 4, "top_k": 2, "bytes": 192},
+        host_read=1e10,
+        b_h=5e9,
+        b_p=None,
+        h2d=None,
+        d2h=None,
+        cpu_fixed_s=1e-5,
+        kernel="torch",
+        b_h_batch={"4": 6e9},
+    )
+    return profile.as_dict()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"b_h": "fast"}, 'b_h: expected a positive number, got "fast"'),
+        ({"b_p": -1}, "b_p: expected a positive number, got -1"),
+        ({"overlap": [{"q": 1}]}, 'overlap: expected a list of {q, seconds} rows, got [{"q": 1}]'),
+        ({"expert_shape": {"hidden": 8}}, "expert_shape.intermediate: missing"),
+        ({"b_h_batch": {"four": 1e9}}, "b_h_batch.four: expected a token count as the key"),
+        ({"recommended_backend": "gpu"}, "recommended_backend: expected one of fused, offload, cpu, hybrid"),
+        ({"extra": 1}, "extra: unknown key"),
+        ({"version": 7}, "version: expected 1, got 7"),
+    ],
+)
+def test_bandwidth_profile_is_checked(tmp_path: Path, changes: dict, message: str) -> None:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(_profile_doc()))
+    assert read_profile(path).b_h_batch == {"4": 6e9}
+    path.write_text(json.dumps({**_profile_doc(), **changes}))
+    with pytest.raises(FreeTokenError) as info:
+        read_profile(path)
+    assert str(info.value).startswith(f"{path}: {message}")
+
+
+def test_run_with_a_broken_profile_warns_in_one_line(home: Path, tiny_model: tuple[Path, Any]) -> None:
+    path = profile_path(this_machine().key)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**_profile_doc(), "machine_key": this_machine().key, "b_h": "x"}))
+    result = runner.invoke(app, ["run", str(tiny_model[0]), "-p", "x", "-n", "1", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    warned = [line for line in result.stderr.splitlines() if "bandwidth profile" in line]
+    assert warned == [
+        f'warning: ignoring bandwidth profile: {path}: b_h: expected a positive number, got "x"'
+    ]

@@ -250,11 +250,11 @@ def server_url(tiny_model: tuple[Path, Any]) -> Iterator[str]:
 
     from freetoken.runtime.batcher import Batcher
     from freetoken.serve.app import create_app
-    from freetoken.serve.state import ServeState
+    from freetoken.serve.state import ServeConfig, ServeState
 
     served = build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused")
     batcher = Batcher(served, max_running=2, max_queued=8, prefix_cache_tokens=8192)
-    state = ServeState(batcher, ("tiny",), api_key="k")
+    state = ServeState(batcher, ("tiny",), ServeConfig(api_key="k"))
     batcher.start()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,6 +9,7 @@ import typer
 from freetoken import __version__
 from freetoken.cli.bench import bench_app
 from freetoken.cli.convert import convert
+from freetoken.cli.errors import CliGroup
 from freetoken.cli.replay import replay_app
 from freetoken.cli.run import run
 from freetoken.cli.serve import serve
@@ -17,6 +18,7 @@ app = typer.Typer(
     name="freetoken",
     help="Run large Mixture-of-Experts models on one small GPU: experts live in host RAM, "
     "the GPU caches the ones the router asks for.",
+    cls=CliGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

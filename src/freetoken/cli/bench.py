@@ -14,7 +14,7 @@ import typer
 
 from freetoken.cli.errors import reports_errors
 from freetoken.cli.options import JsonOpt
-from freetoken.errors import FreeTokenError
+from freetoken.runtime.config import MAX_CPU_THREADS, flag_error
 
 bench_app = typer.Typer(help="Measure this machine.", no_args_is_help=True)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -24,7 +24,7 @@ def parse_age(text: str) -> float:
     """'90', '30m', '12h', '7d' -> seconds."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if not match:
-        raise FreeTokenError(f"--max-age {text!r}: expected a number with an optional unit s, m, h or d")
+        raise flag_error("--max-age", f"expected a number with an optional unit s, m, h or d, got {text!r}")
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
@@ -44,7 +44,10 @@ def bw(
     threads: Annotated[
         int | None,
         typer.Option(
-            "--threads", min=1, help="CPU kernel threads (default: all cores, less 2 beside a GPU)."
+            "--threads",
+            min=1,
+            max=MAX_CPU_THREADS,
+            help="CPU kernel threads (default: all cores, less 2 beside a GPU).",
         ),
     ] = None,
     reps: Annotated[

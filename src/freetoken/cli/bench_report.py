@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from freetoken.errors import FreeTokenError
+from freetoken.runtime.config import flag_error
 
 GB = 1e9
 VALIDATION_DISAGREED = 3  # exit code: the layer-step model's pick was not the fastest real decode
@@ -34,6 +34,12 @@ def run_bench(
     from freetoken.runtime.bandwidth import PRESETS, measure, shape_from_model
     from freetoken.runtime.profile import load_profile, profile_path, save_profile, this_machine
 
+    if model is not None:
+        shape = shape_from_model(model)
+    elif preset in PRESETS:
+        shape = PRESETS[preset]
+    else:
+        raise flag_error("--preset", f"expected one of {', '.join(PRESETS)}, got {preset!r}")
     if threads:
         torch.set_num_threads(threads)
     machine = this_machine(threads)
@@ -56,12 +62,6 @@ def run_bench(
                     f"profile {profile_path(machine.key)} is {existing.age_s() / 3600:.1f} h old: kept"
                 )
             return 0
-    if model is not None:
-        shape = shape_from_model(model)
-    elif preset in PRESETS:
-        shape = PRESETS[preset]
-    else:
-        raise FreeTokenError(f"unknown --preset {preset!r}; choose one of: {', '.join(PRESETS)}")
     profile = measure(shape, threads, reps)
     code = 0
     report = None

@@ -8,8 +8,10 @@ from typing import Annotated
 import typer
 
 from freetoken.cli.errors import reports_errors
-from freetoken.cli.options import JsonOpt
+from freetoken.cli.options import JsonOpt, in_kind
 from freetoken.errors import FreeTokenError
+from freetoken.runtime.config import flag_error
+from freetoken.runtime.json_keys import POSITIVE
 
 _DTYPES = {
     "bf16": "bfloat16",
@@ -46,7 +48,13 @@ def convert(
     out: Annotated[str | None, typer.Argument(help="The FTW folder to write.")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Stored dtype: bf16, fp16 or fp32.")] = "bf16",
     shard_gib: Annotated[
-        float, typer.Option("--shard-gib", min=0.001, help="Largest data shard, GiB.")
+        float,
+        typer.Option(
+            "--shard-gib",
+            min=0.001,
+            callback=in_kind("--shard-gib", POSITIVE),
+            help="Largest data shard, GiB.",
+        ),
     ] = 4.0,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
     verify: Annotated[
@@ -78,7 +86,7 @@ def convert(
     if out is None:
         raise FreeTokenError("convert needs SRC and OUT (or --verify FOLDER)")
     if dtype.lower() not in _DTYPES:
-        raise FreeTokenError(f"--dtype {dtype!r}: choose one of bf16, fp16, fp32")
+        raise flag_error("--dtype", f"expected one of bf16, fp16, fp32, got {dtype!r}")
     from freetoken.formats.convert import convert_to_ftw
 
     bar, what = _progress_bar("converting", as_json)

@@ -2,13 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from freetoken.runtime.config import (
+    CHECKPOINT_POLICIES,
+    check_choice,
+    check_device,
+    check_flags,
+    normalize_dtype,
+)
+from freetoken.runtime.json_keys import Kind
+
 if TYPE_CHECKING:
     from freetoken.runtime.config import MoeConfig
+
+
+def checked(check: Callable[[Any], object]) -> Callable[[Any], Any]:
+    """An option callback: `check(value)` raises a FreeTokenError that names the flag (the app's group
+    prints it as one line, exit code 2) before the command runs; the value passes through unchanged."""
+
+    def callback(value: Any) -> Any:
+        if value is not None:
+            check(value)
+        return value
+
+    return callback
+
+
+def in_kind(flag: str, kind: Kind) -> Callable[[Any], Any]:
+    """An option callback: the value must be of `kind` (finite numbers, ranges: see json_keys)."""
+    return checked(lambda value: check_flags((flag, value, kind)))
+
 
 ModelArg = Annotated[
     str,
@@ -19,12 +47,19 @@ ModelArg = Annotated[
     ),
 ]
 DeviceOpt = Annotated[
-    str, typer.Option("--device", help="Compute device: auto (CUDA when present), cpu, cuda, cuda:N.")
+    str,
+    typer.Option(
+        "--device",
+        callback=checked(check_device),
+        help="Compute device: auto (CUDA when present), cpu, cuda, cuda:N.",
+    ),
 ]
 DtypeOpt = Annotated[
     str,
     typer.Option(
-        "--dtype", help="Compute dtype: auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16."
+        "--dtype",
+        callback=checked(normalize_dtype),
+        help="Compute dtype: auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16.",
     ),
 ]
 MoeBackendOpt = Annotated[
@@ -120,6 +155,7 @@ CheckpointPolicyOpt = Annotated[
     str,
     typer.Option(
         "--checkpoint-policy",
+        callback=checked(lambda value: check_choice("--checkpoint-policy", value, CHECKPOINT_POLICIES)),
         help="Where state checkpoints are taken: anchors (chat-template block boundaries: thinking, tool "
         "calls, tool outputs, turns), interval (every 64 tokens), none.",
     ),

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from freetoken.cli.errors import reports_errors
+from freetoken.cli.options import DeviceOpt
 
 replay_app = typer.Typer(
     help="Replay routing traces against cache policies, or agent sessions against the engine."
@@ -90,7 +91,7 @@ def session(
     ] = None,
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="FREETOKEN_API_KEY")] = None,
     model: Annotated[str, typer.Option("--model", help="Model for the in-process engine.")] = "demo",
-    device: Annotated[str, typer.Option("--device")] = "auto",
+    device: DeviceOpt = "auto",
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of a table.")
     ] = False,

@@ -28,8 +28,12 @@ from freetoken.cli.options import (
     PrefillStreamOpt,
     RecordRoutingOpt,
     StateCheckpointsOpt,
+    in_kind,
     moe_config_from,
 )
+from freetoken.runtime.json_keys import FRACTION, NON_NEGATIVE, Kind
+
+SEED = Kind("a 64-bit integer", lambda v: -(1 << 63) <= v < 1 << 64)  # what a torch.Generator takes
 
 
 def stdin_is_terminal() -> bool:
@@ -60,17 +64,23 @@ def run(
         typer.Option(
             "--temperature",
             "-t",
-            min=0.0,
+            callback=in_kind("--temperature", NON_NEGATIVE),
             help="0 is greedy. Default: the model's generation_config.json, else 0.7.",
         ),
     ] = None,
     top_p: Annotated[
-        float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling mass.")
+        float | None,
+        typer.Option(
+            "--top-p", callback=in_kind("--top-p", FRACTION), help="Nucleus sampling mass, in (0, 1]."
+        ),
     ] = None,
     top_k: Annotated[
         int | None, typer.Option("--top-k", min=0, help="Sample from the k likeliest (0: all).")
     ] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Random seed for sampling.")] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", callback=in_kind("--seed", SEED), help="Random seed for sampling."),
+    ] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",

@@ -65,6 +65,7 @@ def load_engine(
     from freetoken.runtime.demo import is_random_model
     from freetoken.runtime.devices import dtype_name
     from freetoken.runtime.engine import Engine
+    from freetoken.runtime.generation_config import generation_defaults
     from freetoken.runtime.model_ref import resolve_model
     from freetoken.runtime.moe.executor import CACHED_BACKENDS
 
@@ -72,6 +73,7 @@ def load_engine(
     if model == "demo" and not quiet:
         err.print("[dim]preparing the demo model…[/dim]")
     path = resolve_model(model)
+    generation_defaults(path)  # a broken generation_config.json fails before the weights load
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -133,7 +135,8 @@ def save_routing(engine: Engine, path: Path | None, quiet: bool = False) -> None
 
 
 def sampling_params(opts: RunOptions, engine: Engine) -> SamplingParams:
-    from freetoken.runtime.sampling import SamplingParams, generation_defaults
+    from freetoken.runtime.generation_config import generation_defaults
+    from freetoken.runtime.sampling import SamplingParams
 
     defaults = {**FALLBACK_SAMPLING, **generation_defaults(engine.engine_config.model_path)}
     return SamplingParams(
@@ -164,15 +167,20 @@ def stats_line(stats: GenerationStats, engine: Engine) -> str:
     return line
 
 
-def _stream(events: Any, echo: bool) -> tuple[str, TokenEvent]:
+def _stream(events: Any, echo: bool, engine: Engine) -> tuple[str, TokenEvent]:
+    from freetoken.runtime.sampling import NonFiniteLogits
+
     parts = []
     last = None
-    for event in events:
-        parts.append(event.text)
-        if echo and event.text:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-        last = event
+    try:
+        for event in events:
+            parts.append(event.text)
+            if echo and event.text:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            last = event
+    except NonFiniteLogits as exc:  # a broken checkpoint, not a bad request: name it
+        raise FreeTokenError(f"{engine.engine_config.model_path}: {exc}") from None
     assert last is not None and last.stats is not None
     return "".join(parts), last
 
@@ -196,7 +204,7 @@ def run_once(opts: RunOptions, prompt: str) -> None:
         ids = engine.tokenizer.encode(text)
     engine.moe_counters.reset()
     try:
-        text, last = _stream(engine.generate(ids, params), echo=not opts.as_json)
+        text, last = _stream(engine.generate(ids, params), not opts.as_json, engine)
     finally:
         save_routing(engine, opts.record_routing, quiet=opts.as_json)
     assert last.stats is not None
@@ -257,7 +265,7 @@ def _chat_loop(opts: RunOptions, engine: Engine) -> None:
         history.append({"role": "user", "content": line})
         engine.moe_counters.reset()
         try:
-            text, last = _stream(engine.chat(_messages(opts, history), params), echo=True)
+            text, last = _stream(engine.chat(_messages(opts, history), params), True, engine)
         except KeyboardInterrupt:
             sys.stdout.write("\n")
             err.print("[dim]answer stopped[/dim]")

@@ -1,5 +1,7 @@
-"""HF safetensors folder -> FTW folder. Assembled beside OUT, fsynced, then renamed into place: an
-interrupted convert leaves only a temporary folder, never something that looks like a model."""
+"""HF safetensors folder -> FTW folder. Assembled beside OUT in `.<name>.converting-<pid>`, fsynced, then
+renamed into place: an interrupted convert leaves only that temporary folder, never something that looks
+like a model. A failure removes it; one left by a killed convert is removed by the next convert into the
+same folder (only when its process is gone)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ from freetoken.errors import FreeTokenError
 from freetoken.formats.ftw import DTYPES, SIDE_FILES, is_ftw
 from freetoken.formats.ftw_writer import FtwWriter, fsync_path
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
-from freetoken.runtime.config import read_json
+from freetoken.runtime.config import model_config_from, read_json
 
 ProgressFn = Callable[[int, int], None]
+STAGING = ".converting-"  # .<name>.converting-<pid>: the folder a convert assembles OUT in
 
 
 @dataclass(frozen=True)
@@ -70,16 +73,18 @@ def convert_to_ftw(
         source = GgufCheckpoint(src)
         config = config_dict(source)
     else:
+        check_tokenizer(src)
         source = SafetensorsCheckpoint(src)
         config = read_json(src / "config.json")
-    arch = get_architecture(config.get("model_type", ""))
-    cfg = arch.parse_config(config, str(src))
+    cfg = model_config_from(config, str(src if gguf else src / "config.json"))
+    arch = get_architecture(cfg.architecture)
     with torch.device("meta"):
         model = arch.build_model(cfg)
     model.tie_weights()
     target = DTYPES[dtype]
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.converting-{os.getpid()}")
+    remove_stale_folders(out.parent)
+    tmp = out.with_name(f".{out.name}{STAGING}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -126,6 +131,40 @@ def convert_to_ftw(
     )
 
 
+def check_tokenizer(src: Path) -> None:
+    """A folder converts only with a tokenizer that loads: `run` needs it, and finding out after the
+    weights are written is too late."""
+    from freetoken.runtime.tokenizer import Tokenizer
+
+    if not (src / "tokenizer.json").is_file():
+        raise FreeTokenError(f"{src}: no tokenizer.json; an FTW folder needs the model's tokenizer")
+    Tokenizer.from_dir(src)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def remove_stale_folders(parent: Path) -> list[Path]:
+    """Remove `.<name>.converting-<pid>` folders in `parent` whose process is gone (a killed convert);
+    those of a live process stay. Returns what was removed."""
+    removed = []
+    for folder in parent.glob(f".*{STAGING}*"):
+        pid = folder.name.rpartition(STAGING)[2]
+        if folder.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 def _write_gguf_side_files(ckpt: object, config: dict, folder: Path) -> None:
     """config.json, tokenizer.json and tokenizer_config.json rebuilt from the GGUF's metadata."""
     import json
@@ -148,7 +187,12 @@ def _replace(tmp: Path, out: Path) -> None:
     if out.exists():
         old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
         out.rename(old)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if old is not None:
+            old.rename(out)  # the model that was there stays
+        raise
     fsync_path(out.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

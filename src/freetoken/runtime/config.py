@@ -2,16 +2,60 @@
 
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from freetoken.errors import FreeTokenError
+from freetoken.runtime.json_keys import (
+    BOOL,
+    COUNT,
+    FRACTION,
+    NON_NEGATIVE,
+    NUMBER,
+    POSITIVE,
+    POSITIVE_INT,
+    TEXT,
+    JsonObject,
+    Kind,
+    read_json,
+)
 
 ROPE_TYPES = ("default", "linear", "yarn")
 DTYPES = ("float32", "bfloat16")
 DTYPE_ALIASES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+MOE_BACKEND_NAMES = ("auto", "fused", "offload", "cpu", "hybrid")  # = moe.executor.BACKEND_CHOICES
+CHECKPOINT_POLICIES = ("anchors", "interval", "none")
+MAX_CPU_THREADS = 4096
+CPU_THREADS = Kind(
+    f"an integer in [1, {MAX_CPU_THREADS}]", lambda v: POSITIVE_INT.check(v) and v <= MAX_CPU_THREADS
+)
+
+
+def flag_error(flag: str, problem: str) -> FreeTokenError:
+    """A bad command-line value: one line that names the flag, exit code 2 as for the parser's own."""
+    return FreeTokenError(f"{flag}: {problem}", exit_code=2)
+
+
+def check_flags(*checks: tuple[str, Any, Kind]) -> None:
+    """(flag, value, kind): a value that is given must be of its kind."""
+    for flag, value, kind in checks:
+        if value is not None and not kind.check(value):
+            raise flag_error(flag, f"expected {kind.expected}, got {value}")
+
+
+def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise flag_error(flag, f"expected one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def check_device(name: str) -> str:
+    """`--device`: auto, cpu, cuda or cuda:N (whether CUDA is there is found out when it is used)."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", name):
+        raise flag_error("--device", f"expected auto, cpu, cuda or cuda:N, got {name!r}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -102,25 +146,22 @@ class MoeConfig:
     device_pairs_per_s: float | None = None  # device expert compute, (token, expert) pairs/s (profile)
 
     def __post_init__(self) -> None:
-        checks = (
-            ("--moe-cache-size", self.cache_size, lambda v: v >= 0),
-            ("--moe-cache-ratio", self.cache_ratio, lambda v: 0 < v <= 1),
-            ("--kv-reserve-tokens", self.kv_reserve_tokens, lambda v: v >= 0),
-            ("--moe-hybrid-max-fetch", self.hybrid_max_fetch, lambda v: v >= 1),
-            ("--moe-cpu-threads", self.cpu_threads, lambda v: v >= 1),
-            ("--moe-pcie-gbps", self.pcie_gbps, lambda v: v > 0),
-            ("--moe-host-gbps", self.host_gbps, lambda v: v > 0),
-            ("reprofile interval", self.reprofile_interval_s, lambda v: v >= 0),
-            ("fetch correction", self.fetch_correction, lambda v: v > 0),
+        check_choice("--moe-backend", self.backend, MOE_BACKEND_NAMES)
+        check_flags(
+            ("--moe-cache-size", self.cache_size, COUNT),
+            ("--moe-cache-ratio", self.cache_ratio, FRACTION),
+            ("--kv-reserve-tokens", self.kv_reserve_tokens, COUNT),
+            ("--moe-hybrid-max-fetch", self.hybrid_max_fetch, POSITIVE_INT),
+            ("--moe-cpu-threads", self.cpu_threads, CPU_THREADS),
+            ("--moe-pcie-gbps", self.pcie_gbps, POSITIVE),
+            ("--moe-host-gbps", self.host_gbps, POSITIVE),
+            ("reprofile interval", self.reprofile_interval_s, NON_NEGATIVE),
+            ("fetch correction", self.fetch_correction, POSITIVE),
         )
-        for flag, value, ok in checks:
-            if value is not None and not ok(value):
-                raise FreeTokenError(f"{flag} {value} is out of range")
-        if self.prefill_stream not in PREFILL_STREAM_CHOICES:
-            choices = ", ".join(PREFILL_STREAM_CHOICES)
-            raise FreeTokenError(f"--moe-prefill-stream {self.prefill_stream!r}: expected one of {choices}")
+        check_choice("--moe-prefill-stream", self.prefill_stream, PREFILL_STREAM_CHOICES)
+        cpu_layers_form(self.cpu_layers)
         if self.cache_size is not None and self.cache_ratio is not None:
-            raise FreeTokenError("give --moe-cache-size or --moe-cache-ratio, not both")
+            raise flag_error("--moe-cache-size", "give it or --moe-cache-ratio, not both")
 
 
 @dataclass(frozen=True)
@@ -139,126 +180,118 @@ class EngineConfig:
     checkpoint_interval: int = 64  # spacing of the interval policy
 
     def __post_init__(self) -> None:
-        if self.checkpoint_policy not in ("anchors", "interval", "none"):
-            raise FreeTokenError(
-                f"--checkpoint-policy {self.checkpoint_policy!r}: expected one of anchors, interval, none"
-            )
-        if self.state_checkpoints < 0 or self.checkpoint_interval < 1:
-            raise FreeTokenError("--state-checkpoints must be >= 0 and the checkpoint interval >= 1")
-        if self.max_prefill_tokens < 1:
-            raise FreeTokenError(f"--max-prefill-tokens {self.max_prefill_tokens} is out of range")
+        check_device(self.device)
+        normalize_dtype(self.dtype)
+        check_choice("--checkpoint-policy", self.checkpoint_policy, CHECKPOINT_POLICIES)
+        check_flags(
+            ("--state-checkpoints", self.state_checkpoints, COUNT),
+            ("checkpoint interval", self.checkpoint_interval, POSITIVE_INT),
+            ("--max-prefill-tokens", self.max_prefill_tokens, POSITIVE_INT),
+            ("max_seq_len", self.max_seq_len, POSITIVE_INT),
+        )
 
 
-def parse_cpu_layers(spec: str | None, moe_layers: tuple[int, ...]) -> frozenset[int]:
-    """`--moe-cpu-layers`: ids with commas ("3,7,11" or "7,"), a count ("4": the first four MoE layers),
-    or a fraction ("0.25" of the MoE layers, the first ones)."""
+def cpu_layers_form(spec: str | None) -> tuple[str, Any] | None:
+    """`--moe-cpu-layers` without the model: ("ids", [3, 7, 11]) for ids with commas ("3,7,11" or "7,"),
+    ("count", 4) for the first four MoE layers, ("fraction", 0.25) for that share of them, the first ones."""
     if spec is None or not spec.strip():
-        return frozenset()
-    if not moe_layers:
-        raise FreeTokenError(f"--moe-cpu-layers {spec}: the model has no MoE layers")
+        return None
     text = spec.strip()
     try:
         if "," in text:
             ids = [int(part) for part in text.split(",") if part.strip()]
-            unknown = [i for i in ids if i not in moe_layers]
-            if unknown:
-                raise FreeTokenError(
-                    f"--moe-cpu-layers {spec}: {unknown} are not MoE layers (those are {moe_layers[0]}.."
-                    f"{moe_layers[-1]})"
-                )
-            return frozenset(ids)
-        if "." in text:
-            fraction = float(text)
-            if not 0 <= fraction <= 1:
-                raise FreeTokenError(f"--moe-cpu-layers {spec}: a fraction must be in [0, 1]")
-            return frozenset(moe_layers[: round(fraction * len(moe_layers))])
-        count = int(text)
+            form: tuple[str, Any] = ("ids", ids)
+            ok = all(i >= 0 for i in ids)
+        elif "." in text:
+            form = ("fraction", float(text))
+            ok = 0 <= form[1] <= 1
+        else:
+            form = ("count", int(text))
+            ok = form[1] >= 0
     except ValueError:
-        raise FreeTokenError(
-            f"--moe-cpu-layers {spec!r}: expected ids '3,7,11', a count or a fraction"
+        raise flag_error(
+            "--moe-cpu-layers", f"expected ids '3,7,11', a count or a fraction, got {spec!r}"
         ) from None
-    if not 0 <= count <= len(moe_layers):
-        raise FreeTokenError(f"--moe-cpu-layers {spec}: the model has {len(moe_layers)} MoE layers")
-    return frozenset(moe_layers[:count])
+    if not ok:
+        raise flag_error("--moe-cpu-layers", f"{spec}: ids and counts are >= 0, a fraction is in [0, 1]")
+    return form
+
+
+def parse_cpu_layers(spec: str | None, moe_layers: tuple[int, ...]) -> frozenset[int]:
+    """`--moe-cpu-layers` (see cpu_layers_form) -> the MoE layer ids whose misses compute on the CPU."""
+    form = cpu_layers_form(spec)
+    if form is None:
+        return frozenset()
+    if not moe_layers:
+        raise FreeTokenError(f"--moe-cpu-layers: {spec}: the model has no MoE layers")
+    kind, value = form
+    if kind == "ids":
+        unknown = [i for i in value if i not in moe_layers]
+        if unknown:
+            raise FreeTokenError(
+                f"--moe-cpu-layers: {spec}: {unknown} are not MoE layers (those are {moe_layers[0]}.."
+                f"{moe_layers[-1]})"
+            )
+        return frozenset(value)
+    if kind == "fraction":
+        return frozenset(moe_layers[: round(value * len(moe_layers))])
+    if value > len(moe_layers):
+        raise FreeTokenError(f"--moe-cpu-layers: {spec}: the model has {len(moe_layers)} MoE layers")
+    return frozenset(moe_layers[:value])
 
 
 def normalize_dtype(name: str) -> str:
+    """`--dtype`: auto, float32 (fp32) or bfloat16 (bf16) -> auto or the full name."""
     key = name.lower()
     if key == "auto":
         return "auto"
     if key not in DTYPE_ALIASES:
-        raise FreeTokenError(f"unsupported dtype {name!r}; choose one of: auto, {', '.join(DTYPES)}")
+        raise flag_error("--dtype", f"unsupported dtype {name!r}; choose one of: auto, {', '.join(DTYPES)}")
     return DTYPE_ALIASES[key]
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """Read a JSON object, turning every failure into a one-line error naming the file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FreeTokenError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise FreeTokenError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FreeTokenError(
-            f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
-    if not isinstance(value, dict):
-        raise FreeTokenError(f"{path}: expected a JSON object")
-    return value
 
 
 def rope_from_hf(raw: dict[str, Any], source: str = "config.json") -> RopeConfig:
     """Normalise HF rope fields: `rope_parameters` (new) or `rope_theta` + `rope_scaling` (old)."""
-    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise FreeTokenError(
-            f"{source}: unsupported rope type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
-        )
-    original = params.get("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
+    top = JsonObject(raw, source)
+    params = top.child("rope_parameters" if raw.get("rope_parameters") else "rope_scaling")
+
+    def either(key: str, kind: Kind, default: Any) -> Any:  # the rope object's value, else the top level's
+        return params.get(key, kind) if params.raw.get(key) is not None else top.get(key, kind, default)
+
+    rope_type = params.choice("rope_type", ROPE_TYPES, None) or params.choice("type", ROPE_TYPES, "default")
+    original = either("original_max_position_embeddings", POSITIVE_INT, None)
+    max_positions = top.get("max_position_embeddings", POSITIVE_INT, 32768)
     if rope_type == "yarn" and original is None:
-        original = raw.get("max_position_embeddings")
-    factor = params.get("factor")
+        original = max_positions
+    factor = params.get("factor", POSITIVE, None)
     if factor is None:
         if rope_type == "linear":
-            raise FreeTokenError(f"{source}: rope type 'linear' needs a 'factor'")
-        factor = raw["max_position_embeddings"] / original if rope_type == "yarn" else 1.0
+            raise params.error("factor", "missing (rope type 'linear' needs it)")
+        factor = max_positions / original if rope_type == "yarn" else 1.0
     return RopeConfig(
         type=rope_type,
-        theta=float(theta),
+        theta=either("rope_theta", POSITIVE, 10000.0),
         factor=float(factor),
         original_max_position_embeddings=original,
-        attention_factor=params.get("attention_factor"),
-        beta_fast=float(params.get("beta_fast") or 32.0),
-        beta_slow=float(params.get("beta_slow") or 1.0),
-        mscale=params.get("mscale"),
-        mscale_all_dim=params.get("mscale_all_dim"),
-        truncate=bool(params.get("truncate", True)),
-        partial_rotary_factor=float(
-            params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-        ),
+        attention_factor=params.get("attention_factor", NUMBER, None),
+        beta_fast=params.get("beta_fast", NUMBER, None) or 32.0,
+        beta_slow=params.get("beta_slow", NUMBER, None) or 1.0,
+        mscale=params.get("mscale", NUMBER, None),
+        mscale_all_dim=params.get("mscale_all_dim", NUMBER, None),
+        truncate=params.get("truncate", BOOL, True),
+        partial_rotary_factor=either("partial_rotary_factor", FRACTION, 1.0),
     )
 
 
-def eos_ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+def model_config_from(raw: dict[str, Any], source: str) -> ModelConfig:
+    """Parse a config.json object (already read from `source`) through the architecture registry."""
+    from freetoken.runtime.models import get_architecture
+
+    model_type = JsonObject(raw, source).get("model_type", TEXT)
+    return get_architecture(model_type).parse_config(raw, source)
 
 
 def load_model_config(model_dir: Path) -> ModelConfig:
     """Parse `config.json` of a model folder through the architecture registry."""
-    from freetoken.runtime.models import get_architecture
-
     path = Path(model_dir) / "config.json"
-    raw = read_json(path)
-    model_type = raw.get("model_type")
-    if not model_type:
-        raise FreeTokenError(f"{path}: missing field 'model_type'")
-    return get_architecture(model_type).parse_config(raw, str(path))
+    return model_config_from(read_json(path), str(path))

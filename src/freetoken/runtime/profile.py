@@ -18,7 +18,23 @@ from typing import Any
 from freetoken import __version__
 from freetoken.env import profiles_dir
 from freetoken.errors import FreeTokenError
-from freetoken.runtime.config import MoeConfig
+from freetoken.runtime.config import MOE_BACKEND_NAMES, MoeConfig
+from freetoken.runtime.json_keys import (
+    COUNT,
+    FRACTION,
+    NON_NEGATIVE,
+    NUMBER,
+    OBJECT,
+    POSITIVE,
+    POSITIVE_INT,
+    REQUIRED,
+    SHARE,
+    TEXT,
+    JsonObject,
+    Kind,
+    read_json,
+    shown,
+)
 
 PROFILE_VERSION = 1
 
@@ -107,14 +123,60 @@ def save_profile(profile: BandwidthProfile, path: Path | None = None) -> Path:
     return path
 
 
+SHAPE_KEYS = ("hidden", "intermediate", "top_k", "bytes")
+OVERLAP_ROWS = Kind(
+    "a list of {q, seconds} rows",
+    lambda v: (
+        isinstance(v, list)
+        and all(
+            isinstance(r, dict) and COUNT.check(r.get("q")) and POSITIVE.check(r.get("seconds")) for r in v
+        )
+    ),
+)
+# key -> (kind, what an absent or null key means; REQUIRED: it must be set)
+PROFILE_KEYS: dict[str, tuple[Kind, Any]] = {
+    "machine_key": (TEXT, REQUIRED),
+    "machine": (OBJECT, REQUIRED),
+    "created": (NUMBER, REQUIRED),
+    "versions": (OBJECT, REQUIRED),
+    "expert_shape": (OBJECT, REQUIRED),
+    "host_read": (POSITIVE, REQUIRED),
+    "b_h": (POSITIVE, REQUIRED),
+    "b_p": (POSITIVE, None),
+    "h2d": (POSITIVE, None),
+    "d2h": (POSITIVE, None),
+    "cpu_fixed_s": (NON_NEGATIVE, REQUIRED),
+    "kernel": (TEXT, REQUIRED),
+    "b_h_batch": (OBJECT, {}),
+    "device_pairs_s": (POSITIVE, None),
+    "overlap": (OVERLAP_ROWS, []),
+    "measured_fetch_fraction": (SHARE, None),
+    "model_fetch_fraction": (FRACTION, None),
+    "recommended_backend": (TEXT, "cpu"),
+    "validated": (OBJECT, None),
+    "version": (POSITIVE_INT, REQUIRED),
+}
+
+
 def read_profile(path: Path) -> BandwidthProfile:
-    try:
-        raw = json.loads(path.read_text())
-        if raw.get("version") != PROFILE_VERSION:
-            raise FreeTokenError(f"{path}: profile version {raw.get('version')}, expected {PROFILE_VERSION}")
-        return BandwidthProfile(**raw)
-    except (OSError, json.JSONDecodeError, TypeError) as exc:
-        raise FreeTokenError(f"{path}: not a readable bandwidth profile ({exc})") from None
+    """A saved profile, every key checked: a wrong one is one line naming the file and the key."""
+    profile = JsonObject(read_json(path), str(path))
+    if profile.raw.get("version") != PROFILE_VERSION:
+        raise profile.error("version", f"expected {PROFILE_VERSION}, got {shown(profile.raw.get('version'))}")
+    for key in profile.raw:
+        if key not in PROFILE_KEYS:
+            raise profile.error(key, "unknown key")
+    values = {key: profile.get(key, kind, default) for key, (kind, default) in PROFILE_KEYS.items()}
+    profile.choice("recommended_backend", tuple(n for n in MOE_BACKEND_NAMES if n != "auto"), "cpu")
+    shape = profile.child("expert_shape")
+    for key in SHAPE_KEYS:
+        shape.get(key, POSITIVE_INT)
+    batch = profile.child("b_h_batch")
+    for key in batch.raw:
+        if not (key.isdigit() and int(key) > 0):
+            raise batch.error(key, "expected a token count as the key")
+        batch.get(key, POSITIVE)
+    return BandwidthProfile(**values)
 
 
 def load_profile(path: Path | None = None, machine: MachineIdentity | None = None) -> BandwidthProfile | None:

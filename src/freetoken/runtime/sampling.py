@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from freetoken.errors import FreeTokenError
-from freetoken.runtime.config import read_json
 
 # Below this a temperature is greedy: dividing logits by it would overflow to inf (and NaN after softmax).
 SAMPLING_EPS = 1e-5
@@ -130,18 +128,3 @@ class Sampler:
             token = int(torch.multinomial(probs, 1, generator=self.generator))
         self._counts[token] = self._counts.get(token, 0) + 1
         return token
-
-
-def generation_defaults(model_dir: Path) -> dict[str, float | int]:
-    """Sampling defaults a model ships in generation_config.json (temperature, top_p, top_k), if any."""
-    path = Path(model_dir) / "generation_config.json"
-    if not path.exists():
-        return {}
-    raw = read_json(path)
-    out: dict[str, float | int] = {}
-    if raw.get("do_sample") is False:
-        return {"temperature": 0.0}
-    for key, cast in (("temperature", float), ("top_p", float), ("top_k", int)):
-        if raw.get(key) is not None:
-            out[key] = cast(raw[key])
-    return out

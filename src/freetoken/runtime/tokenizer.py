@@ -14,7 +14,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from freetoken.errors import FreeTokenError
 from freetoken.runtime.chat_template import render_chat_template
-from freetoken.runtime.config import read_json
+from freetoken.runtime.json_keys import OBJECT, TOKEN_IDS, JsonObject, read_json
 
 # Template variables the reference renderer fills from the tokenizer's named special tokens.
 NAMED_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -43,12 +43,7 @@ def _token_text(value: Any, field: str, path: Path) -> str | None:
 
 
 def _id_list(value: Any, field: str, path: Path) -> list[int]:
-    if value is None:
-        return []
-    values = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise FreeTokenError(f"{path}: field {field!r} must be an int or a list of ints, got {value!r}")
-    return list(values)
+    return list(JsonObject({field: value}, str(path)).get(field, TOKEN_IDS, ()))
 
 
 def _pick_template(value: Any, path: Path) -> str | dict[str, str] | None:
@@ -110,7 +105,8 @@ class Tokenizer:
                     special[name] = _token_text(value, name, legacy_map)
 
         extra_special: set[int] = set()
-        for key, entry in (config.get("added_tokens_decoder") or {}).items():
+        added = JsonObject(config, str(config_file)).get("added_tokens_decoder", OBJECT, {})
+        for key, entry in added.items():
             if isinstance(entry, dict) and entry.get("special") and str(key).isdigit():
                 extra_special.add(int(key))
 

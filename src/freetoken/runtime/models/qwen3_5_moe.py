@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from freetoken.errors import FreeTokenError
 from freetoken.formats.tensor_names import QWEN3_MOE_EXPERTS
 from freetoken.runtime.config import ModelConfig
+from freetoken.runtime.json_keys import POSITIVE_INT, TEXTS, JsonObject
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.models.base import Architecture
 from freetoken.runtime.models.delta_net import GatedDeltaNet, LinearState
@@ -212,28 +212,30 @@ class Qwen3_5MoeForCausalLM(Qwen3MoeForCausalLM):
         self.rotary = RotaryEmbedding(cfg.rope, int(cfg.head_dim * cfg.rope.partial_rotary_factor))
 
 
-def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
-    def need(key: str) -> Any:
-        if key not in raw:
-            raise FreeTokenError(f"{source}: missing field {key!r}")
-        return raw[key]
+LAYER_KINDS = ("linear_attention", "full_attention")
+LINEAR_KEYS = (
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "shared_expert_intermediate_size",
+)
 
-    layers = int(need("num_hidden_layers"))
-    kinds = raw.get("layer_types")
+
+def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    cfg = JsonObject(raw, source)
+    layers = cfg.get("num_hidden_layers", POSITIVE_INT)
+    kinds = cfg.get("layer_types", TEXTS, None)
     if kinds is None:
-        interval = int(raw.get("full_attention_interval", 4))
+        interval = cfg.get("full_attention_interval", POSITIVE_INT, 4)
         kinds = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
-    if len(kinds) != layers or set(kinds) - {"linear_attention", "full_attention"}:
-        raise FreeTokenError(f"{source}: layer_types must list {layers} of linear_attention / full_attention")
-    for key in (
-        "linear_num_key_heads",
-        "linear_num_value_heads",
-        "linear_key_head_dim",
-        "linear_value_head_dim",
-        "linear_conv_kernel_dim",
-        "shared_expert_intermediate_size",
-    ):
-        need(key)
+    if len(kinds) != layers or set(kinds) - set(LAYER_KINDS):
+        raise cfg.error("layer_types", f"expected {layers} of linear_attention / full_attention")
+    for key in LINEAR_KEYS:
+        cfg.get(key, POSITIVE_INT)
+    if cfg.raw["linear_num_value_heads"] % cfg.raw["linear_num_key_heads"]:
+        raise cfg.error("linear_num_value_heads", "expected a multiple of linear_num_key_heads")
     return ModelConfig(
         architecture="qwen3_5_moe_text",
         intermediate_size=0,

@@ -13,7 +13,17 @@ from torch import nn
 
 from freetoken.errors import FreeTokenError
 from freetoken.formats.tensor_names import QWEN3_MOE_EXPERTS
-from freetoken.runtime.config import ModelConfig, eos_ids, rope_from_hf
+from freetoken.runtime.config import ModelConfig, rope_from_hf
+from freetoken.runtime.json_keys import (
+    BOOL,
+    COUNT,
+    INDICES,
+    POSITIVE,
+    POSITIVE_INT,
+    TEXT,
+    TOKEN_IDS,
+    JsonObject,
+)
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.models.base import Architecture
 from freetoken.runtime.models.layers import RMSNorm, SwiGLUMLP, causal_attention, decode_attention
@@ -176,61 +186,61 @@ class Qwen3MoeForCausalLM(nn.Module):
         return self.lm_head(self.model.norm(x))
 
 
-def _require(raw: dict[str, Any], key: str, source: str) -> Any:
-    if key not in raw:
-        raise FreeTokenError(f"{source}: missing field {key!r}")
-    return raw[key]
-
-
 def decoder_fields(raw: dict[str, Any], source: str) -> dict[str, Any]:
     """The ModelConfig fields every Qwen MoE decoder reads the same way (attention, rope, experts)."""
-    hidden = int(_require(raw, "hidden_size", source))
-    heads = int(_require(raw, "num_attention_heads", source))
-    num_experts = raw.get("num_experts", raw.get("num_local_experts"))
-    if num_experts is None:
-        raise FreeTokenError(f"{source}: missing field 'num_experts' (or 'num_local_experts')")
-    act = raw.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise FreeTokenError(f"{source}: unsupported hidden_act {act!r}; supported: silu")
-    kv_heads = int(raw.get("num_key_value_heads") or heads)
+    cfg = JsonObject(raw, source)
+    hidden = cfg.get("hidden_size", POSITIVE_INT)
+    heads = cfg.get("num_attention_heads", POSITIVE_INT)
+    cfg.choice("hidden_act", ("silu", "swish"), "silu")
+    kv_heads = cfg.get("num_key_value_heads", POSITIVE_INT, heads)
     if heads % kv_heads:
-        raise FreeTokenError(
-            f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads"
-        )
+        raise cfg.error("num_key_value_heads", f"num_attention_heads {heads} is not a multiple of {kv_heads}")
+    head_dim = cfg.get("head_dim", POSITIVE_INT, hidden // heads)
+    if head_dim < 1:
+        raise cfg.error("head_dim", f"missing, and hidden_size {hidden} < num_attention_heads {heads}")
     fields = dict(
-        vocab_size=int(_require(raw, "vocab_size", source)),
+        vocab_size=cfg.get("vocab_size", POSITIVE_INT),
         hidden_size=hidden,
-        num_layers=int(_require(raw, "num_hidden_layers", source)),
+        num_layers=cfg.get("num_hidden_layers", POSITIVE_INT),
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=int(raw.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        head_dim=head_dim,
+        rms_norm_eps=cfg.get("rms_norm_eps", POSITIVE, 1e-6),
         rope=rope_from_hf(raw, source),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
-        num_experts=int(num_experts),
-        num_experts_per_tok=int(_require(raw, "num_experts_per_tok", source)),
-        moe_intermediate_size=int(_require(raw, "moe_intermediate_size", source)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=bool(raw.get("attention_bias", False)),
+        max_position_embeddings=cfg.get("max_position_embeddings", POSITIVE_INT, 32768),
+        num_experts=cfg.first(("num_experts", "num_local_experts"), POSITIVE_INT),
+        num_experts_per_tok=cfg.get("num_experts_per_tok", POSITIVE_INT),
+        moe_intermediate_size=cfg.get("moe_intermediate_size", POSITIVE_INT),
+        tie_word_embeddings=cfg.get("tie_word_embeddings", BOOL, False),
+        attention_bias=cfg.get("attention_bias", BOOL, False),
         hidden_act="silu",
-        eos_token_ids=eos_ids(raw.get("eos_token_id")),
-        torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
+        eos_token_ids=cfg.get("eos_token_id", TOKEN_IDS, ()),
+        torch_dtype=cfg.first(("dtype", "torch_dtype"), TEXT, "float32"),
     )
-    if not 0 < fields["num_experts_per_tok"] <= fields["num_experts"]:
-        raise FreeTokenError(
-            f"{source}: num_experts_per_tok must be in [1, num_experts={fields['num_experts']}]"
+    if fields["num_experts_per_tok"] > fields["num_experts"]:
+        raise cfg.error(
+            "num_experts_per_tok",
+            f"expected at most num_experts={fields['num_experts']}, got {fields['num_experts_per_tok']}",
         )
     return fields
+
+
+def layout_fields(raw: dict[str, Any], source: str, norm_topk_prob: bool) -> dict[str, Any]:
+    """Which layers are dense, and how top-k weights are normalised (Qwen3-MoE and Qwen3-Next)."""
+    cfg = JsonObject(raw, source)
+    return dict(
+        intermediate_size=cfg.get("intermediate_size", COUNT, 0),
+        norm_topk_prob=cfg.get("norm_topk_prob", BOOL, norm_topk_prob),
+        decoder_sparse_step=cfg.get("decoder_sparse_step", POSITIVE_INT, 1),
+        mlp_only_layers=cfg.get("mlp_only_layers", INDICES, ()),
+    )
 
 
 def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
     cfg = ModelConfig(
         architecture="qwen3_moe",
-        intermediate_size=int(raw.get("intermediate_size", 0)),
-        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-        decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
-        mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
         raw=raw,
+        **layout_fields(raw, source, norm_topk_prob=False),
         **decoder_fields(raw, source),
     )
     return check_dense_layers(cfg, source)

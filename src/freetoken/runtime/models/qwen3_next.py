@@ -14,7 +14,7 @@ from freetoken.formats.tensor_names import QWEN3_MOE_EXPERTS
 from freetoken.runtime.config import ModelConfig
 from freetoken.runtime.models import qwen3_5_moe
 from freetoken.runtime.models.base import Architecture
-from freetoken.runtime.models.qwen3_moe import check_dense_layers
+from freetoken.runtime.models.qwen3_moe import check_dense_layers, layout_fields
 
 
 def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
@@ -22,10 +22,7 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
     cfg = replace(
         cfg,
         architecture="qwen3_next",
-        intermediate_size=int(raw.get("intermediate_size", 0)),
-        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
-        decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
-        mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+        **layout_fields(raw, source, norm_topk_prob=True),
     )
     return check_dense_layers(cfg, source)
 
