@@ -53,6 +53,7 @@ RAW_400 = [
     ("deep nesting", b"[" * 100_000 + b"]" * 100_000, "nested"),
     ("deep object", b'{"a":' * 200 + b"1" + b"}" * 200, "nested"),
     ("huge integer", b'{"seed": ' + b"9" * 5000 + b"}", "body"),
+    ("utf-16 body", json.dumps({"model": "tiny", "messages": []}).encode("utf-16"), "UTF-8"),
 ]
 
 

@@ -39,11 +39,13 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
 
 def parse_body(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
-    except RecursionError:
-        raise bad("body", f"JSON nested deeper than {MAX_DEPTH} levels") from None
+        text = raw.decode("utf-8")  # JSON over HTTP is UTF-8 (RFC 8259); json.loads would guess UTF-16/32
     except UnicodeDecodeError as exc:
         raise bad("body", f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    try:
+        body = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise bad("body", f"JSON nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # JSONDecodeError, or an integer of more digits than Python converts
         raise bad("body", f"not valid JSON ({exc})") from None
     if not isinstance(body, dict):
