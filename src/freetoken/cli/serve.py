@@ -77,8 +77,8 @@ def serve(
         typer.Option(
             "--watchdog-s",
             min=0,
-            help="A loop step longer than this while requests wait fails them and /health answers 503 "
-            "(0: off).",
+            help="Seconds without a finished forward pass while requests wait: then they fail and "
+            "/health answers 503 until the engine moves again (0: off).",
         ),
     ] = 600.0,
     public_metrics: Annotated[

@@ -74,7 +74,8 @@ class Batcher:
     ) -> None:
         """`prefix_checkpoints`: recurrent-state checkpoints the prefix cache holds (hybrid models);
         default `state_checkpoints` × max(4, `max_running`), as many conversations' worth.
-        `watchdog_s`: a loop turn longer than this while work waits counts as a stall (None: never)."""
+        `watchdog_s`: this long without a finished loop turn or forward pass while work waits counts as
+        a stall (None: never)."""
         self.engine = engine
         self.max_running, self.max_queued = max_running, max_queued
         self.watchdog_s = watchdog_s
@@ -186,7 +187,9 @@ class Batcher:
     def _stall_s(self) -> float | None:
         if self.watchdog_s is None or not (self._queue or self._running or self._admitting):
             return None
-        late = time.monotonic() - self._beat
+        # progress is a finished loop turn or a finished forward pass (a long prompt prefills in chunks)
+        last = max(self._beat, getattr(self.engine, "heartbeat", self._beat))
+        late = time.monotonic() - last
         return late if late > self.watchdog_s else None
 
     def _watch(self) -> None:

@@ -62,6 +62,7 @@ class Engine:
         self._queue: deque[Request] = deque()
         self._next_id = 0
         self.recorder: RoutingRecorder | None = None
+        self.heartbeat = time.monotonic()  # when the last forward pass ended: progress, for a watchdog
 
     def record_routing(self, recorder: RoutingRecorder | None) -> None:
         """Hand every MoE layer's routing to `recorder` (None stops recording)."""
@@ -156,6 +157,7 @@ class Engine:
                 self.recorder.end_pass(len(ids))
         seq.kv.advance(len(ids))
         seq.token_ids.extend(ids)
+        self.heartbeat = time.monotonic()
         return logits
 
     @torch.inference_mode()
@@ -182,6 +184,7 @@ class Engine:
         for seq, token in zip(seqs, ids, strict=True):
             seq.kv.advance(1)
             seq.token_ids.append(token)
+        self.heartbeat = time.monotonic()
         return logits
 
     # -- requests --------------------------------------------------------------------------------------------
