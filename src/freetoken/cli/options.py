@@ -142,6 +142,15 @@ RecordRoutingOpt = Annotated[
         dir_okay=False,
     ),
 ]
+ContextLengthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--context-length",
+        min=1,
+        help="Most tokens a sequence may hold, prompt and answer (default: the model's "
+        "max_position_embeddings; larger values are capped to it).",
+    ),
+]
 StateCheckpointsOpt = Annotated[
     int,
     typer.Option(

@@ -10,6 +10,7 @@ from freetoken.cli.errors import reports_errors
 from freetoken.cli.options import (
     CacheRatioOpt,
     CacheSizeOpt,
+    ContextLengthOpt,
     CpuLayersOpt,
     CpuThreadsOpt,
     DeviceOpt,
@@ -98,6 +99,7 @@ def serve(
             "--cors-origins", help="Origins allowed by CORS (repeatable; '*' for any). Off by default."
         ),
     ] = None,
+    context_length: ContextLengthOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     moe_backend: MoeBackendOpt = "auto",
@@ -125,7 +127,7 @@ def serve(
 
     moe = moe_config_from(locals())
     sock = bind_socket(host, port)  # a port in use fails now, not after the model loads
-    engine = load_engine(model, device, dtype, moe, max_prefill_tokens)
+    engine = load_engine(model, device, dtype, moe, max_prefill_tokens, max_seq_len=context_length)
     if record_routing is not None:
         from freetoken.replay.recorder import attach_recorder
 
