@@ -40,3 +40,9 @@ def linear_attention_choice() -> str:
     """`FREETOKEN_LINEAR_ATTENTION`: `auto` (flash-linear-attention's kernels for CUDA tensors when the
     package imports, torch otherwise) or `torch` (always the torch rules)."""
     return os.environ.get("FREETOKEN_LINEAR_ATTENTION", "auto").lower()
+
+
+def moe_decode_kernel_choice() -> str:
+    """`FREETOKEN_MOE_DECODE_KERNEL`: `auto` (the Triton decode kernel for a few tokens on CUDA when Triton
+    imports) or `torch` (the gathered torch path)."""
+    return os.environ.get("FREETOKEN_MOE_DECODE_KERNEL", "auto").lower()

@@ -6,8 +6,13 @@ Banks are indexed by whatever the ids name: expert ids into the pool, slot ids i
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
+
+from freetoken.env import moe_decode_kernel_choice
+from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS, fused_moe_decode, triton_available
 
 
 def swiglu_expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -94,7 +99,17 @@ def routed_experts(
     gate_up_bank: torch.Tensor,
     down_bank: torch.Tensor,
 ) -> torch.Tensor:
-    """Pick the gathered path for a few pairs on an accelerator, the grouped one otherwise."""
-    if x.device.type != "cpu" and topk_ids.device == x.device and topk_ids.numel() <= GATHER_MAX_PAIRS:
+    """A few tokens on CUDA: the fused Triton decode kernel (weights read in place by id); a few pairs on
+    another accelerator: the gathered path; otherwise the grouped one. All without a host sync but the
+    last."""
+    on_device = x.device.type != "cpu" and topk_ids.device == x.device
+    if on_device and x.device.type == "cuda" and x.shape[0] <= MAX_DECODE_TOKENS and _decode_kernel_on():
+        return fused_moe_decode(x, topk_ids, topk_weights, gate_up_bank, down_bank)
+    if on_device and topk_ids.numel() <= GATHER_MAX_PAIRS:
         return gathered_experts(x, topk_ids, topk_weights, gate_up_bank, down_bank)
     return grouped_experts(x, topk_ids, topk_weights, gate_up_bank, down_bank)
+
+
+@functools.cache
+def _decode_kernel_on() -> bool:
+    return moe_decode_kernel_choice() != "torch" and triton_available()

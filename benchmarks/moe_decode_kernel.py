@@ -1,0 +1,141 @@
+"""The fused MoE decode kernel beside the memory floor and the torch paths it replaces.
+
+    python benchmarks/moe_decode_kernel.py                  # Qwen3-30B-A3B experts, batch 1..16
+    python benchmarks/moe_decode_kernel.py --sweep --json   # also try tile sizes
+
+One MoE layer's routed experts for T tokens: bytes = the distinct experts' weights (gate_up + down)
+read once. Times are CUDA-graph replays (no launch overhead), median of repeats; `GB/s` = bytes / time,
+`x read` = that over a plain reduction's read bandwidth measured in the same run; `x peak` over the
+card's data-sheet HBM bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from freetoken.runtime.moe.experts import gathered_experts, grouped_experts
+from freetoken.runtime.moe.kernels.moe_decode import DEFAULT_BLOCKS, DecodeBlocks, fused_moe_decode
+
+SWEEP = [
+    DecodeBlocks(gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=w, num_stages=st)
+    for n1, k1 in ((4, 256), (4, 512), (8, 512))
+    for n2, k2 in ((4, 256), (4, 512), (8, 256), (8, 512), (16, 256))
+    for w in (4, 8)
+    for st in (1, 4)
+]
+HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
+
+
+def graph_time(fn: Any, reps: int = 50, rounds: int = 7) -> float:
+    """Seconds per call: `reps` calls captured in one CUDA graph, median over `rounds` replays."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / reps)
+    return statistics.median(times)
+
+
+def read_bandwidth(nbytes: int = 4 << 30) -> float:
+    """Bytes per second a plain reduction reads (what a streaming read reaches on this card)."""
+    src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty((), dtype=torch.float32, device="cuda")
+    return nbytes / graph_time(lambda: torch.sum(src, dim=0, dtype=torch.float32, out=out), reps=3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--moe-inter", type=int, default=768)
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--batches", default="1,2,4,8,16")
+    ap.add_argument("--sweep", action="store_true", help="time every tile size in SWEEP at batch 1 first")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    h, i, e, k = args.hidden, args.moe_inter, args.experts, args.top_k
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gate_up = (torch.randn(e, 2 * i, h, device="cuda", generator=g) / h**0.5).bfloat16()
+    down = (torch.randn(e, h, i, device="cuda", generator=g) / i**0.5).bfloat16()
+    expert_bytes = 3 * h * i * 2
+    copy = read_bandwidth()
+    blocks, sweep_rows = DEFAULT_BLOCKS, []
+    if args.sweep:
+        x = torch.randn(1, h, device="cuda").bfloat16()
+        ids = torch.randperm(e, device="cuda", generator=g)[:k][None]
+        w = torch.rand(1, k, device="cuda")
+        for candidate in SWEEP:
+            s = graph_time(lambda c=candidate: fused_moe_decode(x, ids, w, gate_up, down, c))
+            sweep_rows.append({**asdict(candidate), "us": s * 1e6, "x_read": k * expert_bytes / s / copy})
+        best = min(sweep_rows, key=lambda r: r["us"])
+        blocks = DecodeBlocks(**{f: best[f] for f in asdict(DEFAULT_BLOCKS)})
+    rows = []
+    for t in [int(b) for b in args.batches.split(",")]:
+        x = torch.randn(t, h, device="cuda").bfloat16()
+        ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
+        w = torch.rand(t, k, device="cuda")
+        nbytes = int(torch.unique(ids).numel()) * expert_bytes
+        fused = graph_time(lambda x=x, ids=ids, w=w: fused_moe_decode(x, ids, w, gate_up, down, blocks))
+        gathered = graph_time(lambda x=x, ids=ids, w=w: gathered_experts(x, ids, w, gate_up, down), reps=5)
+        ref = grouped_experts(x.float(), ids, w, gate_up.float(), down.float())
+        got = fused_moe_decode(x, ids, w, gate_up, down, blocks).float()
+        err = float((got - ref).norm() / ref.norm())
+        rows.append(
+            {
+                "tokens": t,
+                "experts_read": nbytes // expert_bytes,
+                "fused_us": fused * 1e6,
+                "fused_gbps": nbytes / fused / 1e9,
+                "fused_x_read": nbytes / fused / copy,
+                "gathered_us": gathered * 1e6,
+                "speedup_vs_gathered": gathered / fused,
+                "fused_x_hbm_peak": nbytes / fused / HBM_PEAK.get(torch.cuda.get_device_name(), float("nan")),
+                "rel_err": err,
+            }
+        )
+    doc = {
+        "shape": {"hidden": h, "moe_inter": i, "experts": e, "top_k": k},
+        "device": torch.cuda.get_device_name(),
+        "read_gbps": copy / 1e9,
+        "blocks": asdict(blocks),
+        "rows": rows,
+        "sweep": sweep_rows,
+    }
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return
+    if sweep_rows:
+        for r in sorted(sweep_rows, key=lambda r: r["us"])[:5]:
+            print(
+                f"sweep {r['gate_up_n']}x{r['gate_up_k']} / {r['down_n']}x{r['down_k']} w{r['num_warps']}: "
+                f"{r['us']:.1f} us ({r['x_read']:.2f} x read)"
+            )
+    shape = f"H {h} I {i} E {e} K {k}"
+    print(f"{doc['device']} · read {copy / 1e9:.0f} GB/s · {shape} · blocks {asdict(blocks)}")
+    head = ("T", "experts", "fused us", "GB/s", "x read", "x peak", "gathered us", "speedup")
+    print(" ".join(f"{c:>{w}}" for c, w in zip(head, (3, 7, 9, 7, 7, 7, 12, 8), strict=True)))
+    for r in rows:
+        print(
+            f"{r['tokens']:>3} {r['experts_read']:>7} {r['fused_us']:>9.1f} {r['fused_gbps']:>7.0f} "
+            f"{r['fused_x_read']:>7.2f} {r['fused_x_hbm_peak']:>7.2f} {r['gathered_us']:>12.1f} "
+            f"{r['speedup_vs_gathered']:>8.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Fused MoE decode for a few tokens: two Triton GEMV launches that read each (token, choice)'s expert
+in place from the bank by id, with no host sync and no weight copies (graph-capturable).
+
+Reference: `experts.grouped_experts` (same inputs, same sum). On CUDA tensors the compiled kernels
+run; with TRITON_INTERPRET=1 set before Triton is imported (the test suite does so on machines without
+CUDA), Triton's interpreter runs the same kernel bodies on CPU tensors, so CI checks them.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+MAX_DECODE_TOKENS = 16  # beyond this a grouped (per-expert) kernel reads each expert once, not per pair
+
+
+@dataclass(frozen=True)
+class DecodeBlocks:
+    """Tile sizes: rows per program and the reduction chunk, per kernel."""
+
+    gate_up_n: int = 4
+    gate_up_k: int = 512
+    down_n: int = 8
+    down_k: int = 256
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+DEFAULT_BLOCKS = DecodeBlocks()
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any, bool]:
+    """(gate_up_act, down, interpreted)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from freetoken.runtime.moe.kernels import moe_decode_triton as body
+
+    interpreted = isinstance(body.gate_up_act_kernel, InterpretedFunction)
+    return body.gate_up_act_kernel, body.down_sum_kernel, interpreted
+
+
+def fused_moe_decode(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    gate_up_bank: torch.Tensor,
+    down_bank: torch.Tensor,
+    blocks: DecodeBlocks = DEFAULT_BLOCKS,
+) -> torch.Tensor:
+    """x [T, H], topk_ids [T, K] (-1: skip) and topk_weights [T, K] on x's device, gate_up_bank [S, 2I, H]
+    and down_bank [S, H, I] (rows contiguous) -> [T, H] in x's dtype."""
+    t, h = x.shape
+    k = topk_ids.shape[1]
+    i = down_bank.shape[2]
+    if gate_up_bank.stride(2) != 1 or down_bank.stride(2) != 1:
+        raise ValueError("expert banks need contiguous rows")
+    if gate_up_bank.shape[1:] != (2 * i, h) or down_bank.shape[1] != h:
+        shapes = f"{tuple(gate_up_bank.shape)} / {tuple(down_bank.shape)}"
+        raise ValueError(f"bank shapes {shapes} do not fit x of width {h}")
+    gate_up_act, down, interpreted = _kernels()
+    if x.device.type == "cpu" and not interpreted:
+        raise ValueError("the Triton MoE kernels take CUDA tensors (CPU ones only under TRITON_INTERPRET=1)")
+    pairs = t * k
+    ids = topk_ids.reshape(pairs).contiguous()
+    weights = topk_weights.reshape(pairs).contiguous()
+    x = x.contiguous()
+    act = torch.empty(pairs, i, dtype=torch.float32, device=x.device)
+    out = torch.empty(t, h, dtype=x.dtype, device=x.device)
+    b = blocks
+    gate_up_act[(pairs, -(-i // b.gate_up_n))](
+        x, ids, gate_up_bank, act, gate_up_bank.stride(0), gate_up_bank.stride(1),
+        H=h, INTER=i, K=k, BLOCK_N=b.gate_up_n, BLOCK_K=b.gate_up_k,
+        num_warps=b.num_warps, num_stages=b.num_stages,
+    )  # fmt: skip
+    down[(t, -(-h // b.down_n))](
+        act, ids, weights, down_bank, out, down_bank.stride(0), down_bank.stride(1),
+        H=h, INTER=i, K=k, BLOCK_N=b.down_n, BLOCK_K=b.down_k,
+        num_warps=b.num_warps, num_stages=b.num_stages,
+    )  # fmt: skip
+    return out

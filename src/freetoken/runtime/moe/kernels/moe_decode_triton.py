@@ -1,0 +1,95 @@
+"""Triton kernel bodies of the fused MoE decode step (launchers in moe_decode.py).
+
+A gate_up program owns one (token, choice) pair and a block of rows, a down program one token and a
+block of output rows over all its choices; each reads its experts' weights
+in place from the bank by id: no `bank[ids]` copies. A pair whose id is -1 (computed by another
+branch) loads nothing (its loads are masked off) and contributes zero.
+
+  gate_up_act: act[p, n] = silu(W_gu[e, n] · x[t]) * (W_gu[e, I + n] · x[t])     W_gu [S, 2I, H]
+  down_sum:    out[t, n] = Σ_k w[p] * (W_d[e, n] · act[p])                       W_d  [S, H, I]
+
+with p = t·K + k and e = ids[p]. Accumulation in fp32; the sum over k and the cast to the output dtype
+happen in the down kernel (no reduction launches after it).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gate_up_act_kernel(
+    x_ptr,  # [T, H]
+    ids_ptr,  # [T * K] int
+    w_ptr,  # [S, 2I, H], rows contiguous
+    act_ptr,  # [T * K, I] fp32 out
+    stride_we,
+    stride_wn,
+    H: tl.constexpr,  # constants per model: loop bounds known to the compiler
+    INTER: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < INTER
+    expert = tl.load(ids_ptr + pair)
+    valid = expert >= 0
+    base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
+    token = pair // K
+    acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < H
+        xk = tl.load(x_ptr + token * H + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        mask = valid & mask_n[:, None] & mask_k[None, :]
+        rows = offs_n[:, None] * stride_wn + offs_k[None, :]
+        gate = tl.load(base + rows, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(base + rows + INTER * stride_wn, mask=mask, other=0.0).to(tl.float32)
+        acc_gate += tl.sum(gate * xk[None, :], axis=1)
+        acc_up += tl.sum(up * xk[None, :], axis=1)
+    act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
+    tl.store(act_ptr + pair * INTER + offs_n, act, mask=mask_n)
+
+
+@triton.jit
+def down_sum_kernel(
+    act_ptr,  # [T * K, I] fp32
+    ids_ptr,  # [T * K] int
+    weights_ptr,  # [T * K] routing weights
+    w_ptr,  # [S, H, I], rows contiguous
+    out_ptr,  # [T, H] in the activations' dtype
+    stride_we,
+    stride_wn,
+    H: tl.constexpr,
+    INTER: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    token = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < H
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for choice in range(K):
+        pair = token * K + choice
+        expert = tl.load(ids_ptr + pair)
+        valid = expert >= 0
+        base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, INTER, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < INTER
+            a = tl.load(act_ptr + pair * INTER + offs_k, mask=mask_k, other=0.0)
+            mask = valid & mask_n[:, None] & mask_k[None, :]
+            w = tl.load(base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=mask, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+        total += acc * tl.where(valid, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
+    tl.store(out_ptr + token * H + offs_n, total.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+def cdiv(a: int, b: int) -> int:
+    return triton.cdiv(a, b)

@@ -1,0 +1,66 @@
+"""The fused MoE decode kernel against the plain-torch reference, run by Triton's interpreter on CPU
+(the same kernel bodies the GPU compiles; tests/gpu runs them compiled)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.runtime.moe.experts import grouped_experts
+from freetoken.runtime.moe.kernels.moe_decode import DecodeBlocks, fused_moe_decode, triton_available
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+
+# Small tiles so that the loops run several chunks and the masks cut partial ones (H, I not multiples).
+SMALL = DecodeBlocks(gate_up_n=16, gate_up_k=32, down_n=16, down_k=32)
+
+
+def case(t: int, k: int, slots: int = 6, h: int = 72, i: int = 40, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, generator=g)
+    ids = torch.stack([torch.randperm(slots, generator=g)[:k] for _ in range(t)])  # distinct per token
+    weights = torch.rand(t, k, generator=g)
+    gate_up = torch.randn(slots, 2 * i, h, generator=g) / h**0.5
+    down = torch.randn(slots, h, i, generator=g) / i**0.5
+    return x, ids, weights, gate_up, down
+
+
+@pytest.mark.parametrize(("t", "k"), [(1, 1), (1, 4), (3, 2), (5, 3)])
+def test_matches_the_reference_in_fp32(t: int, k: int) -> None:
+    x, ids, weights, gate_up, down = case(t, k, seed=t * 10 + k)
+    got = fused_moe_decode(x, ids, weights, gate_up, down, SMALL)
+    torch.testing.assert_close(got, grouped_experts(x, ids, weights, gate_up, down), rtol=1e-4, atol=1e-5)
+
+
+def test_skipped_pairs_contribute_nothing() -> None:
+    x, ids, weights, gate_up, down = case(3, 3, seed=7)
+    ids[0, 1] = -1
+    ids[2] = -1  # a token whose every choice runs elsewhere
+    got = fused_moe_decode(x, ids, weights, gate_up, down, SMALL)
+    torch.testing.assert_close(got, grouped_experts(x, ids, weights, gate_up, down), rtol=1e-4, atol=1e-5)
+    assert torch.count_nonzero(got[2]) == 0
+
+
+def test_bf16_banks_within_bf16_tolerance() -> None:
+    x, ids, weights, gate_up, down = case(2, 4, seed=3)
+    xb, gub, db = x.bfloat16(), gate_up.bfloat16(), down.bfloat16()
+    got = fused_moe_decode(xb, ids, weights, gub, db, SMALL)
+    assert got.dtype == torch.bfloat16
+    reference = grouped_experts(xb.float(), ids, weights, gub.float(), db.float())
+    torch.testing.assert_close(got.float(), reference, rtol=2e-2, atol=2e-2)
+
+
+def test_reads_slots_in_place_from_a_bank_view() -> None:
+    """Banks are often views (a slice of a larger slot pool): strides, not copies."""
+    x, ids, weights, gate_up, down = case(2, 2, slots=8, seed=5)
+    got = fused_moe_decode(x, ids + 2, weights, gate_up, down, SMALL)
+    view = fused_moe_decode(x, ids, weights, gate_up[2:], down[2:], SMALL)
+    torch.testing.assert_close(got, view)
+
+
+def test_refuses_banks_that_do_not_fit() -> None:
+    x, ids, weights, gate_up, down = case(1, 2)
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_moe_decode(x, ids, weights, gate_up.transpose(1, 2), down, SMALL)
+    with pytest.raises(ValueError, match="do not fit"):
+        fused_moe_decode(x[:, :10], ids, weights, gate_up, down, SMALL)
