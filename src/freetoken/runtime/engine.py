@@ -130,7 +130,13 @@ class Engine:
         cfg = self.config
         cache_class = getattr(self.model, "cache_class", KVCache)  # hybrid models add recurrent state
         kv = cache_class(
-            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device, self.max_seq_len
+            cfg.num_layers,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            self.dtype,
+            self.device,
+            self.max_seq_len,
+            layers=getattr(self.model, "attention_layers", None),  # hybrid models: K/V for these only
         )
         if self._anchors is None:
             return Sequence(kv)

@@ -12,9 +12,17 @@ from freetoken.runtime.moe.pool import HostExpertPool
 ACTIVATION_MARGIN_BYTES = 1 << 30
 
 
+def kv_layer_count(cfg: ModelConfig) -> int:
+    """Layers that keep K/V: all, or a hybrid model's full-attention ones (`layer_types`)."""
+    kinds = cfg.raw.get("layer_types")
+    if not isinstance(kinds, list):
+        return cfg.num_layers
+    return sum(kind == "full_attention" for kind in kinds[: cfg.num_layers])
+
+
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
     element = torch.empty(0, dtype=dtype).element_size()
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * element
+    return 2 * kv_layer_count(cfg) * cfg.num_kv_heads * cfg.head_dim * element
 
 
 def plan_slots(

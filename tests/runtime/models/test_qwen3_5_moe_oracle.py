@@ -40,6 +40,22 @@ def test_prompt_and_decode_logits(hybrid: tuple[Path, Any]) -> None:
         assert rel_err(engine.forward(seq, ids[-1:])[-1], reference(model, ids)[-1]) < 1e-4
 
 
+def test_kv_only_for_the_attention_layers(hybrid: tuple[Path, Any]) -> None:
+    folder, model = hybrid
+    engine = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused")
+    kinds = model.config.layer_types
+    attention = tuple(i for i, kind in enumerate(kinds) if kind == "full_attention")
+    assert 0 < len(attention) < len(kinds)
+    kv = engine.new_sequence().kv
+    assert kv.layers == attention and len(kv.k) == len(kv.v) == len(attention)
+    full = type(kv)(len(kinds), kv.num_kv_heads, kv.head_dim, kv.dtype, kv.device, kv.max_len)
+    assert kv.nbytes * len(kinds) == full.nbytes * len(attention)
+    from freetoken.runtime.memory import kv_bytes_per_token
+
+    per_token = 2 * len(attention) * kv.num_kv_heads * kv.head_dim * 4
+    assert kv_bytes_per_token(engine.config, torch.float32) == per_token  # VRAM planning agrees
+
+
 def greedy(engine: Any, prompt: list[int], n: int = 16) -> list[int]:
     engine.reset()
     return [e.token_id for e in engine.generate(prompt, SamplingParams(max_tokens=n, ignore_eos=True))]

@@ -1,7 +1,9 @@
 """Contiguous per-sequence KV cache for full-attention layers, grown by doubling.
 
-Layout per layer: k, v [KVH, capacity, D]. Positions [0, length) are valid; a forward of T tokens at
-`start == length` writes [start, start + T) in every layer, then the caller advances `length`.
+Layout per attention layer: k, v [KVH, capacity, D]; `layers` names the model's layers that have K/V
+(all by default; a hybrid model's recurrent layers have none). Positions [0, length) are valid; a
+forward of T tokens at `start == length` writes [start, start + T) in every attention layer, then the
+caller advances `length`.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ class KVCache:
         device: torch.device,
         max_len: int,
         initial_capacity: int = _GROW_QUANTUM,
+        layers: tuple[int, ...] | None = None,
     ) -> None:
         self.num_layers = num_layers
+        self.layers = tuple(range(num_layers)) if layers is None else tuple(layers)  # those with K/V
+        self._slot = {layer: i for i, layer in enumerate(self.layers)}  # model layer -> index in k, v
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
@@ -45,8 +50,8 @@ class KVCache:
         quantum = _GROW_QUANTUM
         capacity = min(self.max_len, max(2 * self.capacity, -(-needed // quantum) * quantum))
         shape = (self.num_kv_heads, capacity, self.head_dim)
-        k = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        v = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        k = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        v = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
         for layer in range(len(self.k)):
             k[layer][:, : self.length] = self.k[layer][:, : self.length]
             v[layer][:, : self.length] = self.v[layer][:, : self.length]
@@ -55,11 +60,12 @@ class KVCache:
     def write(
         self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v [KVH, T, D] at [start, start + T) and return views of [0, start + T)."""
+        """Store k, v [KVH, T, D] of model layer `layer` at [start, start + T); views of [0, start + T)."""
         end = start + k.shape[1]
-        self.k[layer][:, start:end] = k
-        self.v[layer][:, start:end] = v
-        return self.k[layer][:, :end], self.v[layer][:, :end]
+        i = self._slot[layer]
+        self.k[i][:, start:end] = k
+        self.v[i][:, start:end] = v
+        return self.k[i][:, :end], self.v[i][:, :end]
 
     def advance(self, n: int) -> None:
         self.length += n

@@ -145,8 +145,8 @@ class PrefixCache:
             if pos >= total:
                 break
             n = min(m, total - pos)
-            for layer in range(kv.num_layers):
-                kv.write(layer, pos, node.k[layer][:, :n], node.v[layer][:, :n])
+            for i, layer in enumerate(kv.layers):
+                kv.write(layer, pos, node.k[i][:, :n], node.v[i][:, :n])
             node.last_used = stamp
             pos += n
         kv.advance(total)
@@ -203,8 +203,8 @@ class PrefixCache:
                 end = len(key)
                 leaf = _Node(
                     key[pos:],
-                    [kv.k[layer][:, pos:end].clone() for layer in range(kv.num_layers)],
-                    [kv.v[layer][:, pos:end].clone() for layer in range(kv.num_layers)],
+                    [k[:, pos:end].clone() for k in kv.k],
+                    [v[:, pos:end].clone() for v in kv.v],
                     parent=node,
                     last_used=stamp,
                 )

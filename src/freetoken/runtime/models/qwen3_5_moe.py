@@ -210,6 +210,10 @@ class Qwen3_5MoeForCausalLM(Qwen3MoeForCausalLM):
         self.model = Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, int(cfg.head_dim * cfg.rope.partial_rotary_factor))
+        # the layers whose K/V the cache keeps (the DeltaNet layers keep a recurrent state instead)
+        self.attention_layers = tuple(
+            i for i, kind in enumerate(cfg.raw["layer_types"][: cfg.num_layers]) if kind == "full_attention"
+        )
 
 
 LAYER_KINDS = ("linear_attention", "full_attention")
