@@ -39,8 +39,12 @@ async def chat_prompt(
     state: ServeState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kwargs: Any
 ) -> Prompt:
     """The rendered, tokenized prompt; refused first by the cheap context bound, then rendered and
-    tokenized on a worker thread (a long prompt must not hold up the event loop)."""
-    state.check_fits(text_bytes(messages) + text_bytes(tools), len(messages))
+    tokenized on a worker thread (a long prompt must not hold up the event loop).
+
+    The bound counts only what every chat template renders whole: the content of the system, user and
+    tool messages (a template may trim earlier assistant turns, e.g. drop their reasoning)."""
+    rendered = [m for m in messages if m.get("role") != "assistant"]
+    state.check_fits(text_bytes([m.get("content") for m in rendered]), len(rendered))
     return await run_in_threadpool(render_chat, state.batcher, messages, tools, **kwargs)
 
 
