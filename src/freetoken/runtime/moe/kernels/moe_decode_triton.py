@@ -36,7 +36,7 @@ def gate_up_act_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < INTER
     expert = tl.load(ids_ptr + pair)
-    valid = expert >= 0
+    rows_live = offs_n < tl.where(expert >= 0, INTER, 0)  # a skipped pair reads nothing
     base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
     token = pair // K
     acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -45,7 +45,7 @@ def gate_up_act_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < H
         xk = tl.load(x_ptr + token * H + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        mask = valid & mask_n[:, None] & mask_k[None, :]
+        mask = rows_live[:, None] & mask_k[None, :]
         rows = offs_n[:, None] * stride_wn + offs_k[None, :]
         gate = tl.load(base + rows, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(base + rows + INTER * stride_wn, mask=mask, other=0.0).to(tl.float32)
@@ -78,13 +78,14 @@ def down_sum_kernel(
         pair = token * K + choice
         expert = tl.load(ids_ptr + pair)
         valid = expert >= 0
+        rows_live = offs_n < tl.where(valid, H, 0)
         base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for k0 in range(0, INTER, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < INTER
             a = tl.load(act_ptr + pair * INTER + offs_k, mask=mask_k, other=0.0)
-            mask = valid & mask_n[:, None] & mask_k[None, :]
+            mask = rows_live[:, None] & mask_k[None, :]
             w = tl.load(base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=mask, other=0.0)
             acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
         total += acc * tl.where(valid, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
