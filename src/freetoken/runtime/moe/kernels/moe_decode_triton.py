@@ -90,7 +90,3 @@ def down_sum_kernel(
             acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
         total += acc * tl.where(valid, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
     tl.store(out_ptr + token * H + offs_n, total.to(out_ptr.dtype.element_ty), mask=mask_n)
-
-
-def cdiv(a: int, b: int) -> int:
-    return triton.cdiv(a, b)
