@@ -50,7 +50,10 @@ def freetoken_bench(engine: Engine, prompt: int, gen: int) -> dict[str, float]:
     """Prefill `prompt` tokens, then `gen` greedy decode steps: tokens per second of each (warmed up)."""
     vocab = engine.config.vocab_size
     ids = [(7 * i + 11) % vocab for i in range(prompt)]
-    engine.prefill(engine.new_sequence(), ids[:32])  # warm-up: kernels compiled, caches touched
+    warm = engine.new_sequence()  # warm-up: prefill and decode kernels compiled, caches touched
+    token = int(engine.prefill(warm, ids[:32])[-1].argmax())
+    for _ in range(4):
+        token = int(engine.decode_batch([warm], [token])[-1].argmax())
     seq = engine.new_sequence()
     sync_device(engine.device)
     start = time.perf_counter()
