@@ -127,3 +127,18 @@ def test_token_logprobs_are_log_softmax() -> None:
     assert [t for t, _ in got.top] == ref.topk(3).indices.tolist()
     assert [v for _, v in got.top] == pytest.approx(ref.topk(3).values.tolist(), abs=1e-6)
     assert token_logprobs(x, 4, 0).top == ()
+
+
+def test_a_stop_token_reports_no_logprobs() -> None:
+    from types import SimpleNamespace
+
+    from freetoken.runtime.request import sample
+
+    x = logits(11)
+    best = int(x.argmax())
+    params = SamplingParams(logprobs=2)
+    request = SimpleNamespace(sampler=Sampler(params), params=params, stop_ids=frozenset())
+    token, lp = sample(request, x)  # type: ignore[arg-type]
+    assert token == best and lp is not None and lp.top[0][0] == best
+    request = SimpleNamespace(sampler=Sampler(params), params=params, stop_ids=frozenset({best}))
+    assert sample(request, x) == (best, None)  # type: ignore[arg-type]

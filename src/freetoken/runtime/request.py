@@ -56,10 +56,13 @@ def new_request(
 
 
 def sample(request: Request, logits: torch.Tensor) -> tuple[int, TokenLogprobs | None]:
-    """Draw the next token from last-position logits [V], with its log-probabilities when asked for."""
+    """Draw the next token from last-position logits [V], with its log-probabilities when asked for (a
+    stop token is not part of the answer: none for it)."""
     token = request.sampler(logits)
     top = request.params.logprobs
-    return token, None if top is None else token_logprobs(logits, token, top)
+    if top is None or token in request.stop_ids:
+        return token, None
+    return token, token_logprobs(logits, token, top)
 
 
 def accept_token(

@@ -168,9 +168,8 @@ async def parsed(
     events its text produced, then one Outcome."""
     parser = OutputParser(reasoning=reasoning, tools=prompt.tools, starts_in_reasoning=prompt.in_reasoning)
     outcome = Outcome(prompt_tokens=len(prompt.ids))
-    stop_ids = batcher.engine.stop_ids
     async for event in stream(batcher, prompt.ids, params):
-        if event.logprobs is not None and event.token_id not in stop_ids:
+        if event.logprobs is not None:
             outcome.logprobs.append(event.logprobs)
             yield event.logprobs
         for item in parser.push(event.text):

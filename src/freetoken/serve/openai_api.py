@@ -180,7 +180,7 @@ async def _text_completion(
     text, finish, stats, logprobs = "", "stop", None, []
     async for event in stream(state.batcher, ids, params):
         text += event.text
-        if event.logprobs is not None and event.token_id not in state.batcher.engine.stop_ids:
+        if event.logprobs is not None:
             logprobs.append(event.logprobs)
         if event.finished:
             finish, stats = event.finish_reason or "stop", event.stats
@@ -194,11 +194,10 @@ async def _text_stream(
     state: ServeState, ids: list[int], params: SamplingParams, meta: dict[str, Any], usage: bool
 ) -> AsyncIterator[str]:
     offset = 0
-    stop_ids = state.batcher.engine.stop_ids
     async for event in stream(state.batcher, ids, params):
         lp = None
         if params.logprobs is not None:
-            items = [event.logprobs] if event.logprobs is not None and event.token_id not in stop_ids else []
+            items = [] if event.logprobs is None else [event.logprobs]
             lp = completion_logprobs(state.pieces, items, offset)
         offset += len(event.text)
         choice = {"index": 0, "text": event.text, "finish_reason": event.finish_reason, "logprobs": lp}
