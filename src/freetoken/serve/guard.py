@@ -9,13 +9,12 @@ while shutting down, 503. Errors come in the protocol's schema of the path.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from freetoken.serve.errors import error_response
-from freetoken.serve.state import ServeState
+from freetoken.serve.state import ServeState, is_loopback
 
 OPEN_PATHS = ("/health",)
 METRICS_PATHS = ("/metrics", "/v1/stats")
@@ -51,7 +50,7 @@ class RequestGuard:
         host = headers.get("host")
         if allowed is not None and host is not None:
             name = host_name(host)
-            if name not in allowed and not _loopback_ip(name):
+            if name not in allowed and not is_loopback(name):
                 return 403, f"Host {name!r} is not allowed here (loopback names only; see --allowed-hosts)"
         open_path = path in OPEN_PATHS or (config.public_metrics and path in METRICS_PATHS)
         if config.api_key and not open_path and not _key_matches(headers, config.api_key):
@@ -63,13 +62,6 @@ class RequestGuard:
             if self.state.draining:
                 return 503, "the server is shutting down"
         return None
-
-
-def _loopback_ip(name: str) -> bool:
-    try:
-        return ipaddress.ip_address(name.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _key_matches(headers: Headers, key: str) -> bool:

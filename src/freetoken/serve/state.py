@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from dataclasses import dataclass, field
 
@@ -30,8 +31,18 @@ class ServeConfig:
 def host_allowlist(bind_host: str, extra: tuple[str, ...]) -> tuple[str, ...] | None:
     """Host header names to accept when bound to `bind_host`: loopback names (and `extra`) on a loopback
     address, against DNS rebinding; on any other address, every name (None)."""
-    loopback = bind_host in LOOPBACK_NAMES or bind_host.startswith("127.")
-    return (*LOOPBACK_NAMES, *extra) if loopback else None
+    return (*LOOPBACK_NAMES, *extra) if is_loopback(bind_host) else None
+
+
+def is_loopback(name: str) -> bool:
+    """A loopback name or address literal (127.0.0.0/8, ::1; IPv6 with or without brackets), never a
+    DNS name that merely looks like one (`127.evil.example`)."""
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass
