@@ -12,19 +12,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 
 from freetoken.runtime.logprobs import TokenLogprobs
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.serve import fields
 from freetoken.serve.body import read_json
-from freetoken.serve.errors import bad, get, in_range, join_text_blocks, sse_guard
+from freetoken.serve.errors import bad, get, in_range, join_text_blocks
 from freetoken.serve.generation import (
     Outcome,
     Prompt,
     chain,
     chat_prompt,
     complete,
+    event_stream,
     parsed,
     unless_disconnected,
 )
@@ -173,11 +174,7 @@ async def messages(request: Request) -> Any:
     prompt = await prompt_of(state, body)
     message_id = f"msg_{secrets.token_hex(12)}"
     if stream_it:
-        events = _stream(state, prompt, params, message_id, model)
-        first = await events.__anext__()  # submitted: a refusal is still an HTTP error
-        return StreamingResponse(
-            sse_guard("/v1/messages", chain(first, events)), media_type="text/event-stream"
-        )
+        return await event_stream(_stream(state, prompt, params, message_id, model), "/v1/messages")
     outcome = await unless_disconnected(request, complete(state.batcher, prompt, params))
     content: list[dict[str, Any]] = []
     if outcome.reasoning:

@@ -14,13 +14,14 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import StreamingResponse
 
 from freetoken.errors import FreeTokenError
 from freetoken.runtime.batcher import Batcher, Overloaded, Unavailable
 from freetoken.runtime.logprobs import TokenLogprobs
 from freetoken.runtime.sampling import NonFiniteLogits, SamplingParams
 from freetoken.runtime.sequence import TokenEvent
-from freetoken.serve.errors import ApiError
+from freetoken.serve.errors import ApiError, sse_guard
 from freetoken.serve.output_parser import Event, OutputParser, ToolCallDelta
 from freetoken.serve.state import ServeState
 
@@ -138,6 +139,13 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def event_stream(events: AsyncIterator[str], path: str) -> StreamingResponse:
+    """An SSE response started before answering, so a request refused at submission (400, 429, 503) is
+    still an HTTP error rather than a broken stream; later failures end it with an error event."""
+    first = await events.__anext__()
+    return StreamingResponse(sse_guard(path, chain(first, events)), media_type="text/event-stream")
 
 
 async def chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:

@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 
 from freetoken.runtime.logprobs import TokenLogprobs
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import GenerationStats
 from freetoken.serve import fields
 from freetoken.serve.body import read_json
-from freetoken.serve.errors import bad, get, sse_guard
+from freetoken.serve.errors import bad, get
 from freetoken.serve.generation import (
     Outcome,
     Prompt,
@@ -24,6 +24,7 @@ from freetoken.serve.generation import (
     chat_prompt,
     complete,
     encode,
+    event_stream,
     parsed,
     stream,
     unless_disconnected,
@@ -97,7 +98,7 @@ async def chat_completions(request: Request) -> Any:
     meta = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": model}
     if stream_it:
         events = _chat_stream(state, prompt, params, meta, bool(options.get("include_usage")))
-        return StreamingResponse(await _primed(events, CHAT_PATH), media_type="text/event-stream")
+        return await event_stream(events, CHAT_PATH)
     outcome = await unless_disconnected(request, complete(state.batcher, prompt, params))
     message: dict[str, Any] = {"role": "assistant", "content": outcome.content or None}
     if outcome.reasoning:
@@ -145,12 +146,6 @@ async def _chat_stream(
     yield "data: [DONE]\n\n"
 
 
-async def _primed(events: AsyncIterator[str], path: str) -> AsyncIterator[str]:
-    """Start the stream before answering, so a request refused at submission (400, 429, 503) is still an
-    HTTP error rather than a broken stream; later failures end it with an error event."""
-    return sse_guard(path, chain(await events.__anext__(), events))
-
-
 @router.post(COMPLETIONS_PATH)
 async def completions(request: Request) -> Any:
     state: ServeState = request.app.state.serve
@@ -170,7 +165,7 @@ async def completions(request: Request) -> Any:
     meta = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": model}
     if stream_it:
         events = _text_stream(state, ids, params, meta, usage)
-        return StreamingResponse(await _primed(events, COMPLETIONS_PATH), media_type="text/event-stream")
+        return await event_stream(events, COMPLETIONS_PATH)
     return JSONResponse(await unless_disconnected(request, _text_completion(state, ids, params, meta)))
 
 
