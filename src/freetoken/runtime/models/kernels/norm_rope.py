@@ -1,0 +1,162 @@
+"""The decode step's norms and rotary as Triton launches, with no host sync (graph-capturable):
+
+- `add_rms_norm`: the residual add and the RMSNorm after it, in one pass over [B, H];
+- `qk_norm_rope_kv_write`: per-head q/k RMSNorm, rotary on q and k, and the k/v cache write at each
+  row's (slot, position), in one launch.
+
+Each matches its reference beside it (`layers.RMSNorm` and `rope.apply_rotary` as the model runs them)
+bit for bit up to the fp32 sum of squares and rsqrt (on CPU under the interpreter they agree exactly in
+practice; compiled, expect rare 1-ulp differences in the model dtype).
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+import torch
+
+from freetoken.runtime.models.kernels.decode_attention import check_device
+from freetoken.runtime.models.rope import apply_rotary
+
+
+@functools.cache
+def _body() -> tuple[ModuleType, bool]:
+    """(the kernel module, whether Triton's interpreter runs it)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from freetoken.runtime.models.kernels import norm_rope_triton as body
+
+    return body, isinstance(body.add_rms_norm_kernel, InterpretedFunction)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual [B, H] (rows contiguous), weight [H], all in one dtype -> (normed, summed) [B, H]:
+    summed = x + residual (x itself without a residual), normed = RMSNorm(summed)."""
+    b, h = x.shape
+    if weight.shape != (h,) or weight.dtype != x.dtype:
+        raise ValueError(f"weight {tuple(weight.shape)} {weight.dtype} does not fit x [{b}, {h}] {x.dtype}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} does not fit x")
+    check_device(x)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if residual is not None and residual.stride(-1) != 1:
+        residual = residual.contiguous()
+    normed = torch.empty(b, h, dtype=x.dtype, device=x.device)
+    summed = x if residual is None else torch.empty_like(normed)
+    if b == 0:
+        return normed, summed
+    block = _next_pow2(h)
+    body, interpreted = _body()
+    body.add_rms_norm_kernel[(b,)](
+        x, x if residual is None else residual, weight.contiguous(), normed, summed,
+        x.stride(0), 0 if residual is None else residual.stride(0), eps,
+        H=h, BLOCK=block, HAS_RESIDUAL=residual is not None, COMPILED=not interpreted,
+        num_warps=min(16, max(1, block // 256)),
+    )  # fmt: skip
+    return normed, summed
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """layers.RMSNorm.forward: normalise in fp32, round to the dtype, scale in the dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def add_rms_norm_reference(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    summed = x if residual is None else x + residual
+    return rms_norm_reference(summed, weight, eps), summed
+
+
+def _check_rows(name: str, t: torch.Tensor, b: int, width: int) -> None:
+    if t.dim() != 2 or t.shape != (b, width) or t.stride(-1) != 1:
+        raise ValueError(f"{name} must be [{b}, {width}] with contiguous rows, not {tuple(t.shape)}")
+
+
+def qk_norm_rope_kv_write(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """q [B, NH*D], k, v [B, KVH*D] (row strides free, columns contiguous: views into one qkv projection
+    are fine), norm weights [D], cos, sin [B, D] (rows contiguous), caches [S, KVH, CAP, D] (D contiguous,
+    same strides), slots, positions [B] int32 -> q rotated [B, NH, D] (contiguous). Writes rotated k and
+    raw v at [slots[b], :, positions[b]] for every row with slots[b] >= 0 (a position outside [0, CAP)
+    writes nothing: checking it on the host would sync). Activations, weights and caches in one dtype."""
+    d = q_norm_weight.numel()
+    b = q.shape[0]
+    nh, kvh = q.shape[1] // d, k.shape[1] // d
+    if d % 2 or k_norm_weight.shape != (d,) or q.shape[1] != nh * d or k.shape[1] != kvh * d:
+        raise ValueError(f"q {tuple(q.shape)} / k {tuple(k.shape)} do not split into heads of {d}")
+    widths = {"q": (q, nh * d), "k": (k, kvh * d), "v": (v, kvh * d), "cos": (cos, d), "sin": (sin, d)}
+    for name, (t, width) in widths.items():
+        _check_rows(name, t, b, width)
+    if k_cache.shape[1] != kvh or k_cache.shape[3] != d or k_cache.stride(-1) != 1:
+        raise ValueError(f"cache {tuple(k_cache.shape)} does not fit {kvh} KV heads of {d}")
+    if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
+        raise ValueError("k and v caches need one shape and one layout")
+    if any(t.dtype != torch.int32 or t.shape != (b,) for t in (slots, positions)):
+        raise ValueError("slots and positions must be int32 vectors of one entry per row")
+    others = (k, v, q_norm_weight, k_norm_weight, cos, sin, k_cache, v_cache)
+    if any(t.dtype != q.dtype for t in others):
+        found = sorted({str(t.dtype) for t in (q, *others)})
+        raise ValueError(f"activations, weights, cos/sin and caches need one dtype, not {found}")
+    check_device(q)
+    q_out = torch.empty(b, nh, d, dtype=q.dtype, device=q.device)
+    if b == 0:
+        return q_out
+    body, interpreted = _body()
+    body.qk_norm_rope_kv_write_kernel[(b, nh + kvh)](
+        q, k, v, q_norm_weight.contiguous(), k_norm_weight.contiguous(), cos, sin, k_cache, v_cache,
+        slots, positions, q_out, q.stride(0), k.stride(0), v.stride(0), cos.stride(0), sin.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps, k_cache.shape[2],
+        NH=nh, D=d, HALF=d // 2, BLOCK=_next_pow2(d // 2), COMPILED=not interpreted, num_warps=1,
+        enable_fp_fusion=False,  # keep x*cos + r*sin two roundings, as torch computes it (fp32 models)
+    )  # fmt: skip
+    return q_out
+
+
+def qk_norm_rope_kv_write_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """The oracle: Attention.forward_batch's q/k norm and rotary, then the cache writes, in plain torch."""
+    d = q_norm_weight.numel()
+    b = q.shape[0]
+    qh = rms_norm_reference(q.reshape(b, -1, d), q_norm_weight, eps).transpose(0, 1)  # [NH, B, D]
+    kh = rms_norm_reference(k.reshape(b, -1, d), k_norm_weight, eps).transpose(0, 1)  # [KVH, B, D]
+    q_rot, k_rot = apply_rotary(qh, cos, sin), apply_rotary(kh, cos, sin)
+    live = slots >= 0
+    at_slot, at_pos = slots[live].long(), positions[live].long()
+    k_cache[at_slot, :, at_pos] = k_rot.transpose(0, 1)[live]  # [M, KVH, D]
+    v_cache[at_slot, :, at_pos] = v.reshape(b, -1, d)[live]
+    return q_rot.transpose(0, 1).contiguous()  # [B, NH, D]

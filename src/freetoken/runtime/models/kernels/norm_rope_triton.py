@@ -1,0 +1,146 @@
+"""Triton kernel bodies of the decode step's norms and rotary (launchers and references in norm_rope.py).
+
+Every value the torch reference rounds to the model dtype is rounded here at the same point (compute in
+fp32, round once), so results match torch bit for bit wherever fp32 sums and rsqrt agree:
+
+  add_rms_norm:   s = x + r (rounded);  normed = w * (s · rsqrt(mean(s²) + eps)) (rounded, then rounded)
+  qk_norm_rope:   per head: n = rms_norm(x, w);  out = n·cos + rotate_half(n)·sin  (each product and the
+                  sum rounded); key heads go to the cache at [slot, head, position] with the raw values.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr, COMPILED: tl.constexpr):
+    """fp32 -> dtype, to nearest even. Triton's interpreter truncates fp32 -> bf16 casts, so there bf16
+    is rounded on the bits (finite values); compiled, this is the plain cast."""
+    if COMPILED or dtype != tl.bfloat16:
+        out = x.to(dtype)
+    else:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        out = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return out
+
+
+@triton.jit
+def _in(x, dtype: tl.constexpr, COMPILED: tl.constexpr):
+    """fp32 -> rounded to dtype -> fp32: a value as torch holds it in the model dtype."""
+    return _round(x, dtype, COMPILED).to(tl.float32)
+
+
+@triton.jit
+def add_rms_norm_kernel(
+    x_ptr,  # [B, H]
+    res_ptr,  # [B, H] (unused without HAS_RESIDUAL)
+    w_ptr,  # [H]
+    normed_ptr,  # [B, H] out, contiguous
+    summed_ptr,  # [B, H] out, contiguous (unused without HAS_RESIDUAL)
+    stride_x,
+    stride_r,
+    eps,
+    H: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    COMPILED: tl.constexpr,  # False under Triton's interpreter
+):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < H
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = _round(x.to(tl.float32) + r.to(tl.float32), x.dtype, COMPILED)
+        tl.store(summed_ptr + row * H + offs, x, mask=mask)
+    h = x.to(tl.float32)
+    normed = _in(h * tl.rsqrt(tl.sum(h * h, axis=0) / H + eps), x.dtype, COMPILED)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(normed_ptr + row * H + offs, _round(w * normed, x.dtype, COMPILED), mask=mask)
+
+
+@triton.jit
+def _norm_rope_head(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, eps, offs, mask,
+    D: tl.constexpr, HALF: tl.constexpr, COMPILED: tl.constexpr,
+):  # fmt: skip
+    """One head's two halves -> (first, second) half of rotary(rms_norm(x)), in x's dtype."""
+    x1 = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    x2 = tl.load(x_ptr + HALF + offs, mask=mask, other=0.0)
+    dtype = x1.dtype
+    h1, h2 = x1.to(tl.float32), x2.to(tl.float32)
+    rstd = tl.rsqrt((tl.sum(h1 * h1, axis=0) + tl.sum(h2 * h2, axis=0)) / D + eps)
+    w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    n1 = _in(w1 * _in(h1 * rstd, dtype, COMPILED), dtype, COMPILED)
+    n2 = _in(w2 * _in(h2 * rstd, dtype, COMPILED), dtype, COMPILED)
+    c1 = tl.load(cos_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    # x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1): each product rounded, then the sum
+    out1 = _round(_in(n1 * c1, dtype, COMPILED) + _in(-n2 * s1, dtype, COMPILED), dtype, COMPILED)
+    out2 = _round(_in(n2 * c2, dtype, COMPILED) + _in(n1 * s2, dtype, COMPILED), dtype, COMPILED)
+    return out1, out2
+
+
+@triton.jit
+def qk_norm_rope_kv_write_kernel(
+    q_ptr,  # [B, NH * D], D contiguous
+    k_ptr,  # [B, KVH * D]
+    v_ptr,  # [B, KVH * D]
+    q_w_ptr,  # [D]
+    k_w_ptr,  # [D]
+    cos_ptr,  # [B, D]
+    sin_ptr,  # [B, D]
+    k_cache_ptr,  # [S, KVH, CAP, D], D contiguous
+    v_cache_ptr,  # same shape and strides
+    slots_ptr,  # [B] int32, < 0: write nothing
+    positions_ptr,  # [B] int32
+    q_out_ptr,  # [B, NH, D] out, contiguous
+    stride_q,
+    stride_k,
+    stride_v,
+    stride_cos,
+    stride_sin,
+    stride_cs,
+    stride_ch,
+    stride_cn,
+    eps,
+    cap,  # positions per slot: a position outside [0, cap) writes nothing
+    NH: tl.constexpr,
+    D: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,  # >= HALF
+    COMPILED: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)  # [0, NH): a query head; [NH, NH + KVH): a key head and its value
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HALF
+    cos = cos_ptr + row * stride_cos
+    sin = sin_ptr + row * stride_sin
+    if head < NH:
+        x = q_ptr + row * stride_q + head * D
+        out1, out2 = _norm_rope_head(x, q_w_ptr, cos, sin, eps, offs, mask, D, HALF, COMPILED)
+        out = q_out_ptr + (row * NH + head) * D
+        tl.store(out + offs, out1, mask=mask)
+        tl.store(out + HALF + offs, out2, mask=mask)
+    else:
+        kv_head = head - NH
+        x = k_ptr + row * stride_k + kv_head * D
+        out1, out2 = _norm_rope_head(x, k_w_ptr, cos, sin, eps, offs, mask, D, HALF, COMPILED)
+        slot = tl.load(slots_ptr + row)
+        position = tl.load(positions_ptr + row)
+        writes = (slot >= 0) & (position >= 0) & (position < cap)  # a padding row writes nothing
+        live = offs < tl.where(writes, HALF, 0)
+        at = tl.maximum(slot, 0).to(tl.int64) * stride_cs + kv_head * stride_ch
+        at += tl.maximum(position, 0).to(tl.int64) * stride_cn
+        tl.store(k_cache_ptr + at + offs, out1, mask=live)
+        tl.store(k_cache_ptr + at + HALF + offs, out2, mask=live)
+        v = v_ptr + row * stride_v + kv_head * D
+        tl.store(v_cache_ptr + at + offs, tl.load(v + offs, mask=live, other=0.0), mask=live)
+        tl.store(v_cache_ptr + at + HALF + offs, tl.load(v + HALF + offs, mask=live, other=0.0), mask=live)
