@@ -121,6 +121,8 @@ class ModelConfig:
 
 
 PREFILL_STREAM_CHOICES = ("auto", "on", "off")
+# The context per sequence when none is given: the KV cache is allocated once for all of it, per slot.
+DEFAULT_CONTEXT = 8192
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,8 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     moe: MoeConfig = field(default_factory=MoeConfig)
-    max_seq_len: int | None = None
+    max_seq_len: int | None = None  # the context per sequence; None: the model's, at most DEFAULT_CONTEXT
+    max_running: int = 1  # sequences held at once: slots of the static KV cache
     max_prefill_tokens: int = 8192  # prompt tokens per forward pass
     verify: bool = False  # check every checksum of an FTW folder while loading
     state_checkpoints: int = 16  # recurrent-state checkpoints kept for the cached sequence (hybrid models)
@@ -188,6 +191,7 @@ class EngineConfig:
             ("checkpoint interval", self.checkpoint_interval, POSITIVE_INT),
             ("--max-prefill-tokens", self.max_prefill_tokens, POSITIVE_INT),
             ("max_seq_len", self.max_seq_len, POSITIVE_INT),
+            ("--max-running-requests", self.max_running, POSITIVE_INT),
         )
 
 

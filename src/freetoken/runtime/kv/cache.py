@@ -1,16 +1,19 @@
-"""Contiguous per-sequence KV cache for full-attention layers, grown by doubling.
+"""One sequence's K/V: a view on its slot of the engine's KVSlotPool (fixed storage, never re-allocated).
 
 Layout per attention layer: k, v [KVH, capacity, D]; `layers` names the model's layers that have K/V
 (all by default; a hybrid model's recurrent layers have none). Positions [0, length) are valid; a
 forward of T tokens at `start == length` writes [start, start + T) in every attention layer, then the
-caller advances `length`.
+caller advances `length`. Without a pool (tests, tools) the cache makes a one-slot pool of its own.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-_GROW_QUANTUM = 256
+from freetoken.errors import FreeTokenError
+from freetoken.runtime.kv.slot_pool import KVSlotPool
 
 
 class KVCache:
@@ -24,38 +27,36 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
         max_len: int,
-        initial_capacity: int = _GROW_QUANTUM,
         layers: tuple[int, ...] | None = None,
+        pool: KVSlotPool | None = None,
     ) -> None:
         self.num_layers = num_layers
         self.layers = tuple(range(num_layers)) if layers is None else tuple(layers)  # those with K/V
+        if pool is None:
+            pool = KVSlotPool(1, self.layers, num_kv_heads, head_dim, max_len, dtype, device)
         self._slot = {layer: i for i, layer in enumerate(self.layers)}  # model layer -> index in k, v
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = device
-        self.max_len = max_len
+        self.pool = pool
+        self.slot = pool.acquire(self)
+        self._release = weakref.finalize(self, pool.release, self.slot)  # at most once: release() or GC
+        self.capacity = pool.capacity
+        self.max_len = min(max_len, pool.capacity)
         self.length = 0
-        self.capacity = 0
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        self.reserve(min(initial_capacity, max_len))
+        self.bind()
+
+    def bind(self) -> None:
+        """(Re)read this slot's views from the pool: k, v per attention layer [KVH, capacity, D]."""
+        pool = self.pool
+        self.k = [pool.k[pool.index[layer]][self.slot] for layer in self.layers]
+        self.v = [pool.v[pool.index[layer]][self.slot] for layer in self.layers]
 
     def reserve(self, needed: int) -> None:
-        """Make room for `needed` positions, keeping [0, length)."""
-        if needed <= self.capacity:
-            return
+        """Check that `needed` positions fit (the storage is fixed: nothing is allocated)."""
         if needed > self.max_len:
-            raise ValueError(f"sequence of {needed} tokens exceeds the context of {self.max_len}")
-        quantum = _GROW_QUANTUM
-        capacity = min(self.max_len, max(2 * self.capacity, -(-needed // quantum) * quantum))
-        shape = (self.num_kv_heads, capacity, self.head_dim)
-        k = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
-        v = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
-        for layer in range(len(self.k)):
-            k[layer][:, : self.length] = self.k[layer][:, : self.length]
-            v[layer][:, : self.length] = self.v[layer][:, : self.length]
-        self.k, self.v, self.capacity = k, v, capacity
+            raise FreeTokenError(f"sequence of {needed} tokens exceeds the context of {self.max_len}")
 
     def write(
         self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor
@@ -79,8 +80,9 @@ class KVCache:
         self.length = min(self.length, max(0, length))
 
     def release(self) -> None:
-        """Give the K/V storage back (a slot of the engine's pool); the cache is not used afterwards."""
+        """Give the slot back to the pool; the cache is not used afterwards."""
+        self._release()
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))  # the slot's share
