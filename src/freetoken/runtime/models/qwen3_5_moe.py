@@ -203,6 +203,7 @@ class Qwen3_5MoeForCausalLM(Qwen3MoeForCausalLM):
     """The Qwen3-MoE loop (forward, decode_batch, executor wiring) over hybrid layers and caches."""
 
     cache_class = HybridCache
+    slot_decode = False  # DeltaNet layers: decode runs eagerly through decode_batch
 
     def __init__(self, cfg: ModelConfig) -> None:
         nn.Module.__init__(self)

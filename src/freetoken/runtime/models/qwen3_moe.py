@@ -136,6 +136,8 @@ class Backbone(nn.Module):
 
 
 class Qwen3MoeForCausalLM(nn.Module):
+    slot_decode = True  # its layers are those models/slot_decode.py steps over the static KV pool
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg

@@ -1,0 +1,111 @@
+"""The decode step over the static KV pool: one new token per row, every input a device tensor.
+
+Nothing here reads a value back to the host or allocates by data, so on CUDA the whole step (all layers,
+the final norm, the LM head) is captured once per padded batch size and replayed (decode_graph.py). On
+CUDA the norms, q/k norm + rotary + K/V write and attention are the Triton kernels of models/kernels and
+the experts the fused MoE decode kernel; elsewhere the same step runs eagerly on their plain-torch
+references, so CI checks the very function that is captured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from freetoken.runtime.kv.slot_pool import KVSlotPool
+from freetoken.runtime.models.kernels.decode_attention import (
+    slot_decode_attention,
+    slot_decode_attention_reference,
+)
+from freetoken.runtime.models.kernels.norm_rope import (
+    add_rms_norm,
+    add_rms_norm_reference,
+    qk_norm_rope_kv_write,
+    qk_norm_rope_kv_write_reference,
+)
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """One decode step's rows, all on the compute device. A padding row has slot -1 (reads and writes
+    nothing; its logits are garbage and ignored)."""
+
+    tokens: torch.Tensor  # [B] int64: the token each row feeds
+    positions: torch.Tensor  # [B] int32: where it goes (the sequence's length before the step)
+    slots: torch.Tensor  # [B] int32: the row's KV slot
+    lengths: torch.Tensor  # [B] int32: positions + 1, the keys attention sees
+
+
+@dataclass(frozen=True)
+class DecodeOps:
+    """The kernels of one step: Triton on CUDA, the references elsewhere."""
+
+    add_rms_norm: object
+    qk_norm_rope_kv_write: object
+    attention: object
+
+    @staticmethod
+    def for_device(device: torch.device) -> DecodeOps:
+        if device.type == "cuda":
+            return DecodeOps(add_rms_norm, qk_norm_rope_kv_write, slot_decode_attention)
+        return DecodeOps(
+            add_rms_norm_reference, qk_norm_rope_kv_write_reference, slot_decode_attention_reference
+        )
+
+
+def supports_slot_decode(model: nn.Module) -> bool:
+    """Whether the model's layers are the ones this step knows (Qwen3-MoE: attention + MoE/dense MLP)."""
+    return bool(getattr(model, "slot_decode", False))
+
+
+def decode_step(model: nn.Module, rows: DecodeRows, pool: KVSlotPool, ops: DecodeOps) -> torch.Tensor:
+    """Qwen3-MoE layers over the slot pool -> logits [B, V]. The caller advances each sequence's length.
+
+    The residual stream is carried beside the normed activations: each norm adds the branch output to
+    it first (x + attn, then + mlp), exactly the sums the eager layer computes.
+    """
+    backbone = model.model
+    x = backbone.embed_tokens(rows.tokens)  # [B, H]
+    cos, sin = model.rotary(rows.positions, x.dtype)  # [B, D]
+    residual: torch.Tensor | None = None
+    for layer in backbone.layers:
+        norm = layer.input_layernorm
+        h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)  # type: ignore[operator]
+        x = _attention(layer.self_attn, h, cos, sin, pool, rows, ops)
+        norm = layer.post_attention_layernorm
+        h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)  # type: ignore[operator]
+        x = layer.mlp(h)
+    norm = backbone.norm
+    h, _ = ops.add_rms_norm(x, residual, norm.weight, norm.eps)  # type: ignore[operator]
+    return model.lm_head(h)
+
+
+def _attention(
+    attn: nn.Module,
+    h: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pool: KVSlotPool,
+    rows: DecodeRows,
+    ops: DecodeOps,
+) -> torch.Tensor:
+    i = pool.index[attn.layer]
+    k_cache, v_cache = pool.k[i], pool.v[i]  # [S, KVH, CAP, D]
+    q = ops.qk_norm_rope_kv_write(  # type: ignore[operator]
+        attn.q_proj(h),
+        attn.k_proj(h),
+        attn.v_proj(h),
+        attn.q_norm.weight,
+        attn.k_norm.weight,
+        attn.q_norm.eps,
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        rows.slots,
+        rows.positions,
+    )  # [B, NH, D]
+    out = ops.attention(q, k_cache, v_cache, rows.slots, rows.lengths, attn.head_dim**-0.5)  # type: ignore[operator]
+    return attn.o_proj(out)

@@ -1,0 +1,50 @@
+"""The decode step over the static KV pool (the function CUDA graphs capture) against the eager forward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from freetoken.runtime.engine import build_engine
+from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows, decode_step
+from oracle import rel_err
+
+PROMPTS = [[5, 77, 301, 12], [9, 250, 33, 401, 18, 2, 64], [111]]
+NEXT = [40, 41, 42]
+
+
+def test_batched_slot_step_equals_each_sequence_alone(tiny_model: tuple[Path, Any]) -> None:
+    batched = build_engine(tiny_model[0], device="cpu", dtype="float32")
+    alone = build_engine(tiny_model[0], device="cpu", dtype="float32")
+    seqs = [batched.new_sequence() for _ in PROMPTS]
+    for seq, prompt in zip(seqs, PROMPTS, strict=True):
+        batched.prefill(seq, prompt)
+    pool = batched.kv_pool
+    before = [k.clone() for k in pool.k]
+    # rows in another order than the slots, with a padding row in the middle
+    order = [2, 0, 1]
+    slots = [seqs[i].kv.slot for i in order]
+    rows = DecodeRows(
+        tokens=torch.tensor([NEXT[order[0]], 0, NEXT[order[1]], NEXT[order[2]]]),
+        positions=torch.tensor(
+            [len(PROMPTS[order[0]]), 0, len(PROMPTS[order[1]]), len(PROMPTS[order[2]])]
+        ).int(),
+        slots=torch.tensor([slots[0], -1, slots[1], slots[2]]).int(),
+        lengths=torch.tensor(
+            [len(PROMPTS[order[0]]) + 1, 1, len(PROMPTS[order[1]]) + 1, len(PROMPTS[order[2]]) + 1]
+        ).int(),
+    )
+    with torch.inference_mode():
+        logits = decode_step(batched.model, rows, pool, DecodeOps.for_device(torch.device("cpu")))
+    for row, i in zip((0, 2, 3), order, strict=True):
+        seq = alone.new_sequence()
+        alone.prefill(seq, PROMPTS[i])
+        want = alone.forward(seq, [NEXT[i]])
+        assert rel_err(logits[row : row + 1], want) < 1e-5
+        seq.release()
+    for layer, k in enumerate(pool.k):  # each row wrote exactly its own next position
+        changed = (k != before[layer]).any(dim=(1, 3))  # [S, CAP]
+        for seq, prompt in zip(seqs, PROMPTS, strict=True):
+            assert changed[seq.kv.slot].nonzero().flatten().tolist() == [len(prompt)]
