@@ -11,7 +11,7 @@ from freetoken.errors import FreeTokenError
 
 # Below this a temperature is greedy: dividing logits by it would overflow to inf (and NaN after softmax).
 SAMPLING_EPS = 1e-5
-SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what a torch.Generator takes
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # any 64 bits, signed or not (sampling reads them as int64)
 
 
 class NonFiniteLogits(FreeTokenError):
@@ -71,16 +71,19 @@ class SamplingParams:
 
 
 class Sampler:
-    """Draws one token per call from last-position logits; owns its random generator (seeded per request)."""
+    """Draws one token per call from last-position logits, with `sample_rows` (B = 1, on the logits'
+    device): counter-based noise from the request's `seed` and `step` (tokens drawn so far), so a seeded
+    request reproduces its tokens whether drawn here or in a batched device draw that stages the row
+    from this sampler (`params`, `seed`, `step`) and then calls `record(token)`."""
 
     def __init__(self, params: SamplingParams) -> None:
+        from freetoken.runtime.device_sampling import request_seed  # it imports this module
+
         self.params = params
-        self.generator = torch.Generator(device="cpu")
-        if params.seed is not None:
-            self.generator.manual_seed(params.seed)
-        else:
-            self.generator.seed()
+        self.seed: int = request_seed(params)  # int64 range
+        self.step: int = 0
         self._counts: dict[int, int] = {}  # generated token -> times, for the penalties
+        self._rows: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # per-device parameter rows
 
     def adjusted(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] after the logit bias and the frequency/presence penalties (a copy when changed)."""
@@ -99,7 +102,8 @@ class Sampler:
         return out
 
     def filtered_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [V] -> probabilities [V] after temperature, top-k, then top-p (HF's order)."""
+        """logits [V] -> probabilities [V] after temperature, top-k, then top-p (HF's order): the plain
+        reference that `sample_rows` (which does the drawing) is tested against."""
         p = self.params
         scores = logits.float() / p.temperature
         if 0 < p.top_k < scores.shape[-1]:
@@ -116,15 +120,36 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor) -> int:
         """logits [V] (any device) -> token id. NonFiniteLogits when the model produced NaN or Inf."""
-        if not bool(torch.isfinite(logits).all()):
+        from freetoken.runtime.device_sampling import greedy_rows, sample_rows
+
+        logits = self.adjusted(logits)  # finite exactly when the raw logits are (the changes are finite)
+        if self.params.greedy:
+            tokens, finite = greedy_rows(logits[None])
+        else:
+            temperature, top_k, top_p, seed = self._device_rows(logits.device)
+            step = torch.tensor([self.step], dtype=torch.int64, device=logits.device)
+            tokens, finite = sample_rows(logits[None], temperature, top_k, top_p, seed, step)
+        token, ok = torch.stack((tokens, finite.long()), dim=1)[0].tolist()  # one sync
+        if not ok:
             raise NonFiniteLogits(
                 "the model produced NaN/Inf logits: its weights are broken (or overflow in this dtype)"
             )
-        logits = self.adjusted(logits)
-        if self.params.greedy:
-            token = int(torch.argmax(logits))
-        else:
-            probs = self.filtered_probs(logits.detach().to("cpu"))
-            token = int(torch.multinomial(probs, 1, generator=self.generator))
-        self._counts[token] = self._counts.get(token, 0) + 1
+        self.record(token)
         return token
+
+    def record(self, token: int) -> None:
+        """Account for a drawn token (here or by a batched device draw): the step and the penalty counts."""
+        self.step += 1
+        self._counts[token] = self._counts.get(token, 0) + 1
+
+    def _device_rows(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(temperature, top_k, top_p, seed), each [1] on `device`: this request's rows for sample_rows."""
+        if device not in self._rows:
+            p = self.params
+            self._rows[device] = (
+                torch.tensor([p.temperature], dtype=torch.float32, device=device),
+                torch.tensor([p.top_k], dtype=torch.int64, device=device),
+                torch.tensor([p.top_p], dtype=torch.float32, device=device),
+                torch.tensor([self.seed], dtype=torch.int64, device=device),
+            )
+        return self._rows[device]
