@@ -1,0 +1,147 @@
+"""Decode steps over the static KV pool, replayed as CUDA graphs.
+
+Each step's rows (token, position, KV slot) are staged in pinned memory and copied in one transfer to a
+static device buffer; then one graph replay runs the whole step — every layer, the final norm, the LM
+head and the draw — for the batch padded up to a captured size (1, 2, 4, 8, 16; padding rows have slot
+-1). A graph is captured the first time its (size, mode) is met; the modes are `greedy` (argmax),
+`sample` (device_sampling with the per-row parameters SamplingRows holds) and `logits` (no draw: the
+host samples, for requests with penalties, logit bias or logprobs). The one host sync per step is the
+read-back of the drawn ids (with their finite flags), after an event.
+
+Where graphs cannot run (not CUDA, an expert backend that reads routing back, a routing recorder on, or a
+capture that failed — said once in the log) the same step is called eagerly. The graphs hold the
+addresses of the KV pool and of the expert banks: `reset()` drops them (the engine calls it when the
+executor changes), and they are dropped by themselves when the pool's storage moves.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from freetoken.runtime.device_sampling import SamplingRows, greedy_rows
+from freetoken.runtime.kv.slot_pool import KVSlotPool
+from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows, decode_step
+from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS
+
+log = logging.getLogger("freetoken.decode")
+
+GRAPH_SIZES = tuple(s for s in (1, 2, 4, 8, 16) if s <= MAX_DECODE_TOKENS)
+MAX_ROWS = GRAPH_SIZES[-1]  # rows per step; a larger batch runs as several steps
+MODES = ("greedy", "sample", "logits")
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    logits: torch.Tensor  # [n, V], valid until the next step
+    tokens: list[int] | None  # drawn ids (None in `logits` mode)
+    finite: list[bool] | None  # whether each row's logits were all finite
+
+
+def padded_size(n: int) -> int:
+    return next(s for s in GRAPH_SIZES if s >= n)
+
+
+class SlotDecoder:
+    def __init__(
+        self, model: nn.Module, pool: KVSlotPool, device: torch.device, sampling: SamplingRows
+    ) -> None:
+        self.model, self.pool, self.device, self.sampling = model, pool, device, sampling
+        self.ops = DecodeOps.for_device(device)
+        pin = device.type == "cuda"
+        self._staged = torch.zeros(3, MAX_ROWS, dtype=torch.int64, pin_memory=pin)  # tokens, positions, slots
+        self._staged_np = self._staged.numpy()  # host writes without a tensor per value
+        self._rows = torch.zeros(3, MAX_ROWS, dtype=torch.int64, device=device)
+        self._picked = torch.zeros(2, MAX_ROWS, dtype=torch.int64, pin_memory=pin)  # ids, finite
+        self._graphs: dict[
+            tuple[int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]
+        ] = {}
+        self._generation = pool.generation
+        self._mempool = None
+        self._event = torch.cuda.Event() if device.type == "cuda" else None
+        self.graphs_off: str | None = None if device.type == "cuda" else "no CUDA device"
+        self.replays = 0  # steps run by graph replay (for tests and benchmarks)
+
+    def reset(self) -> None:
+        """Forget the captured graphs (the addresses they hold are about to change)."""
+        self._graphs.clear()
+        self._mempool = None
+
+    def disable_graphs(self, reason: str) -> None:
+        if self.graphs_off is None:
+            log.info("decode runs eagerly, without CUDA graphs: %s", reason)
+        self.graphs_off = reason
+        self.reset()
+
+    def step(
+        self, tokens: list[int], positions: list[int], slots: list[int], mode: str, graphs: bool
+    ) -> StepOutput:
+        """One decode step for n <= MAX_ROWS rows (the sampling rows already staged and uploaded by the
+        caller for `sample` mode). `graphs`: whether this step may replay a graph (the caller knows
+        whether the expert backend and the recorder allow it)."""
+        n = len(tokens)
+        if not 0 < n <= MAX_ROWS:
+            raise ValueError(f"a decode step takes 1..{MAX_ROWS} rows, got {n}")
+        use_graph = graphs and self.graphs_off is None
+        size = padded_size(n) if use_graph else n
+        staged = self._staged_np
+        staged[:2, n:size], staged[2, n:size] = 0, -1  # padding rows: token 0 at position 0 of no slot
+        staged[0, :n], staged[1, :n], staged[2, :n] = tokens, positions, slots
+        self._rows[:, :size].copy_(staged[:, :size], non_blocking=True)
+        if self.pool.generation != self._generation:
+            self.reset()
+            self._generation = self.pool.generation
+        logits, picked = self._replay(size, mode) if use_graph else (None, None)
+        if logits is None:
+            logits, picked = self._body(size, mode)
+        if picked is None:
+            return StepOutput(logits[:n], None, None)
+        out = self._picked[:, :n]
+        out.copy_(picked[:, :n], non_blocking=True)
+        if self._event is not None:
+            self._event.record()
+            self._event.synchronize()
+        return StepOutput(logits[:n], out[0].tolist(), [bool(f) for f in out[1].tolist()])
+
+    def _body(self, size: int, mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        r = self._rows[:, :size]
+        positions = r[1].to(torch.int32)
+        rows = DecodeRows(tokens=r[0], positions=positions, slots=r[2].to(torch.int32), lengths=positions + 1)
+        logits = decode_step(self.model, rows, self.pool, self.ops)  # [size, V]
+        if mode == "logits":
+            return logits, None
+        ids, finite = greedy_rows(logits) if mode == "greedy" else self.sampling.sample(logits)
+        return logits, torch.stack((ids.to(torch.int64), finite.to(torch.int64)))
+
+    def _replay(self, size: int, mode: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        entry = self._graphs.get((size, mode))
+        if entry is None:
+            try:
+                entry = self._graphs[(size, mode)] = self._capture(size, mode)
+            except Exception as exc:  # one line, then eager for the rest of the run
+                self.disable_graphs(f"capturing the batch-{size} step failed: {type(exc).__name__}: {exc}")
+                return None, None
+        graph, logits, picked = entry
+        graph.replay()
+        self.replays += 1
+        return logits, picked
+
+    def _capture(
+        self, size: int, mode: str
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
+        # Warm up on a side stream (Triton compiles, allocator settles). The rows staged now are this
+        # step's own, so the K/V the warm-up writes are the values the replay writes again.
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._body(size, mode)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if self._mempool is None:
+            self._mempool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._mempool):
+            logits, picked = self._body(size, mode)
+        return graph, logits, picked
