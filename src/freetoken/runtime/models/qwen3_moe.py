@@ -29,6 +29,7 @@ from freetoken.runtime.models.base import Architecture
 from freetoken.runtime.models.layers import RMSNorm, SwiGLUMLP, causal_attention, decode_attention
 from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
 from freetoken.runtime.moe.executor import ExpertExecutor
+from freetoken.runtime.moe.kernels.router_topk import router_topk, use_router_kernel
 
 
 class Attention(nn.Module):
@@ -88,6 +89,8 @@ class SparseMoeBlock(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> topk_ids [T, K] int64, topk_weights [T, K] in x's dtype."""
         logits = self.gate(x)  # [T, E]
+        if use_router_kernel(x):  # a decode step on CUDA: one launch instead of four
+            return router_topk(logits, self.top_k, self.norm_topk_prob)
         probs = F.softmax(logits, dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:

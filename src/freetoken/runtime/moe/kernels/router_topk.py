@@ -20,7 +20,9 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from freetoken.env import moe_decode_kernel_choice
 from freetoken.runtime.models.kernels.decode_attention import check_device
+from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS, triton_available
 
 
 @functools.cache
@@ -73,3 +75,14 @@ def router_topk_reference(
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return ids, weights.to(logits.dtype)
+
+
+def use_router_kernel(x: torch.Tensor) -> bool:
+    """Whether the router of activations x [T, H] runs this kernel: a few rows on CUDA (the decode step),
+    unless FREETOKEN_MOE_DECODE_KERNEL=torch turns the decode kernels off."""
+    return x.is_cuda and x.shape[0] <= MAX_DECODE_TOKENS and _kernels_on()
+
+
+@functools.cache
+def _kernels_on() -> bool:
+    return moe_decode_kernel_choice() != "torch" and triton_available()
