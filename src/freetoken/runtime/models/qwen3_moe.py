@@ -58,6 +58,21 @@ class Attention(nn.Module):
         k_all, v_all = kv.write(self.layer, start, k, v)  # [KVH, start + T, D]
         return self.o_proj(causal_attention(q, k_all, v_all, self.head_dim**-0.5))
 
+    def fuse_projections(self) -> None:
+        """Store q, k, v projection weights (and biases) as row blocks of one `qkv` matrix, so the decode
+        step makes one GEMV of them; q_proj/k_proj/v_proj keep working on views of it."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        with torch.no_grad():
+            self.qkv_weight = torch.cat([p.weight for p in projections])  # [(NH + 2 KVH) D, H]
+            self.qkv_bias = torch.cat([p.bias for p in projections]) if self.q_proj.bias is not None else None
+            start = 0
+            for p in projections:
+                rows = p.weight.shape[0]
+                p.weight = nn.Parameter(self.qkv_weight[start : start + rows], requires_grad=False)
+                if self.qkv_bias is not None:
+                    p.bias = nn.Parameter(self.qkv_bias[start : start + rows], requires_grad=False)
+                start += rows
+
     def forward_batch(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
     ) -> torch.Tensor:

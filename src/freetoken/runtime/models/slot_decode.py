@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from freetoken.runtime.kv.slot_pool import KVSlotPool
@@ -60,6 +61,12 @@ def supports_slot_decode(model: nn.Module) -> bool:
     return bool(getattr(model, "slot_decode", False))
 
 
+def prepare_for_slot_decode(model: nn.Module) -> None:
+    """Once, after the weights are loaded: each attention layer's q, k, v weights become one matrix."""
+    for layer in model.model.layers:
+        layer.self_attn.fuse_projections()
+
+
 def decode_step(model: nn.Module, rows: DecodeRows, pool: KVSlotPool, ops: DecodeOps) -> torch.Tensor:
     """Qwen3-MoE layers over the slot pool -> logits [B, V]. The caller advances each sequence's length.
 
@@ -93,10 +100,12 @@ def _attention(
 ) -> torch.Tensor:
     i = pool.index[attn.layer]
     k_cache, v_cache = pool.k[i], pool.v[i]  # [S, KVH, CAP, D]
+    qkv = F.linear(h, attn.qkv_weight, attn.qkv_bias)  # [B, (NH + 2 KVH) D]: one GEMV
+    nq, nkv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
     q = ops.qk_norm_rope_kv_write(  # type: ignore[operator]
-        attn.q_proj(h),
-        attn.k_proj(h),
-        attn.v_proj(h),
+        qkv[:, :nq],
+        qkv[:, nq : nq + nkv],
+        qkv[:, nq + nkv :],
         attn.q_norm.weight,
         attn.k_norm.weight,
         attn.q_norm.eps,
