@@ -79,7 +79,7 @@ def test_sampling_failure_fails_that_request_alone(engine: Engine) -> None:
 def test_a_dead_loop_fails_everything_and_says_why(engine: Engine) -> None:
     batcher = Batcher(engine, max_running=1)
 
-    batcher._decode_step = lambda: (_ for _ in ()).throw(SystemError("bookkeeping defect"))  # type: ignore[method-assign]
+    batcher.scheduler._decode_step = lambda batch: (_ for _ in ()).throw(SystemError("bookkeeping defect"))  # type: ignore[method-assign]
     running, queued = Collector(), Collector()
     batcher.submit([1, 2, 3], LONG, running)
     batcher.submit([1, 2, 3], LONG, queued)

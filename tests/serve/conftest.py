@@ -26,6 +26,7 @@ import uvicorn
 
 from freetoken.runtime.batcher import Batcher
 from freetoken.runtime.engine import Engine, build_engine
+from freetoken.runtime.request import Request, Sampled, sample_each
 from freetoken.runtime.sequence import Sequence
 from freetoken.serve.app import create_app
 from freetoken.serve.state import ServeConfig, ServeState
@@ -82,6 +83,11 @@ class ScriptedEngine:
     def decode_batch(self, seqs: list[Sequence], ids: list[int]) -> torch.Tensor:
         logits = self._engine.decode_batch(seqs, ids)
         return torch.stack([self._force(seq, logits[i]) for i, seq in enumerate(seqs)])
+
+    def decode_tokens(self, requests: list[Request]) -> list[Sampled | Exception]:
+        """The scheduler's decode step, eager, over the forced logits."""
+        logits = self.decode_batch([r.seq for r in requests], [r.next_token for r in requests])  # type: ignore[misc]
+        return sample_each(requests, logits)
 
 
 @dataclass

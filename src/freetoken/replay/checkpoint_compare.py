@@ -55,7 +55,7 @@ def compare(
             engine = Engine(config)
             try:
                 reports = replay_in_process(engine, requests)
-                memory = engine.checkpoints.nbytes if engine.checkpoints is not None else 0
+                memory = sum(checkpoint.nbytes for checkpoint in engine.checkpoints)
             finally:
                 engine.close()
             reprefilled = [r.reprefilled_tokens for r in reports]

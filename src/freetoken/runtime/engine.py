@@ -1,14 +1,15 @@
 """Engine: build once; `add_request` / `step` / `generate`.
 
-`step` runs one sequence at a time (the server's Batcher runs many, through `decode_batch`); its KV
-cache is kept between requests, so a request that extends the previous conversation only prefills
-what is new.
+The verbs go through the one scheduler (runtime/scheduler.py) as a batch of one; `serve` runs the same
+scheduler with many. A finished request's KV (and, on a hybrid model, its recurrent-state checkpoints)
+goes into the scheduler's prefix cache, so a request that extends the previous conversation only
+prefills what is new. The engine owns the passes the scheduler calls: `prefill`, `decode_tokens` (one
+batched decode step and its sampling) and `sample_first`.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,19 +18,20 @@ import torch
 
 from freetoken.errors import FreeTokenError
 from freetoken.replay.recorder import RoutingRecorder
-from freetoken.replay.trace import DECODE, PREFILL
 from freetoken.runtime.anchors import AnchorTable
 from freetoken.runtime.config import EngineConfig, MoeConfig, parse_cpu_layers
 from freetoken.runtime.devices import resolve_device, resolve_dtype
 from freetoken.runtime.kv.cache import KVCache
-from freetoken.runtime.kv.state_checkpoints import StateCheckpoints
+from freetoken.runtime.kv.prefix_cache import PrefixCache
+from freetoken.runtime.kv.state_checkpoints import Checkpoint, StateCheckpoints
 from freetoken.runtime.loader import WeightSource, load_model
 from freetoken.runtime.memory import plan_slots
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
 from freetoken.runtime.profile import load_profile, with_profile
-from freetoken.runtime.request import Request, accept_token, new_request
+from freetoken.runtime.request import Request, Sampled, sample, sample_each
 from freetoken.runtime.sampling import SamplingParams
+from freetoken.runtime.scheduler import Scheduler
 from freetoken.runtime.sequence import Sequence, TokenEvent
 from freetoken.runtime.weights import ProgressFn
 
@@ -56,11 +58,15 @@ class Engine:
             config.max_seq_len or self.config.max_position_embeddings, self.config.max_position_embeddings
         )
         self.stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
-        self._sequence: Sequence | None = None
         # built once: every sequence of a hybrid model gets its own store of checkpoints over it
-        self._anchors = None if reuses_kv_prefixes(self) else AnchorTable.from_tokenizer(self.tokenizer)
-        self._queue: deque[Request] = deque()
-        self._next_id = 0
+        hybrid = not reuses_kv_prefixes(self)
+        self._anchors = AnchorTable.from_tokenizer(self.tokenizer) if hybrid else None
+        # What a conversation leaves for its next turn (`run` and the verbs; `serve` sizes its own): one
+        # full context of K/V, what the single sequence the engine used to keep could hold, and on a hybrid
+        # model one conversation's checkpoints (its anchors and its end). Only computed tokens are stored.
+        prefix = PrefixCache(self.max_seq_len, config.state_checkpoints + 1 if hybrid else 0)
+        self.scheduler = Scheduler(self, prefix, max_running=1)
+        self._events: list[TokenEvent | Exception] = []  # delivered by the scheduler, returned by step
         self.recorder: RoutingRecorder | None = None
         self.heartbeat = time.monotonic()  # when the last forward pass ended: progress, for a watchdog
 
@@ -116,13 +122,13 @@ class Engine:
         self.executor.close()
 
     def reset(self) -> None:
-        """Forget the cached sequence (and its checkpoints): the next request prefills its whole prompt."""
-        self._sequence = None
+        """Forget cached conversations (K/V and checkpoints): the next request prefills its whole prompt."""
+        self.scheduler.prefix.clear()
 
     @property
-    def checkpoints(self) -> StateCheckpoints | None:
-        """The recurrent-state checkpoints over the conversation `step` holds (hybrid models)."""
-        return self._sequence.checkpoints if self._sequence is not None else None
+    def checkpoints(self) -> list[Checkpoint]:
+        """The recurrent-state checkpoints the scheduler's prefix cache holds (hybrid models; else none)."""
+        return self.scheduler.prefix.saved_checkpoints()
 
     # -- sequences -------------------------------------------------------------------------------------------
 
@@ -193,48 +199,31 @@ class Engine:
         self.heartbeat = time.monotonic()
         return logits
 
-    # -- requests --------------------------------------------------------------------------------------------
+    # -- requests: the three verbs, through the scheduler ----------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
-        if not prompt_ids:
-            raise FreeTokenError("empty prompt")
-        if len(prompt_ids) >= self.max_seq_len:
-            raise FreeTokenError(
-                f"prompt of {len(prompt_ids)} tokens leaves no room in the context of {self.max_seq_len}"
-            )
-        request = new_request(self._next_id, prompt_ids, params, self.tokenizer, self.stop_ids)
-        self._next_id += 1
-        self._queue.append(request)
-        return request.id
+        return self.scheduler.add(prompt_ids, params, lambda event: self._events.append(event)).id
 
     def has_work(self) -> bool:
-        return bool(self._queue)
+        return bool(self._events) or self.scheduler.has_work()
 
     def step(self) -> list[TokenEvent]:
-        """One forward pass for the request at the head of the queue: its prefill, or one decode step."""
-        if not self._queue:
-            return []
-        request = self._queue[0]
-        event = self._prefill(request) if request.next_token is None else self._decode(request)
-        if event.finished:
-            self._queue.popleft()
-        self._maybe_probe()
-        return [event]
-
-    def _maybe_probe(self) -> None:
-        """A safe point (between steps): refresh B_P and B_H now and then, so q* follows contention."""
-        if not self.moe.reprofile:
-            return
-        now = time.monotonic()
-        if now - self._last_probe >= self.moe.reprofile_interval_s:
-            self.executor.probe()
-            self._last_probe = time.monotonic()
+        """One scheduler turn (admit and prefill, then one decode step for the running request); the events
+        it produced. A request that failed raises its error here (the turn's other events come next step)."""
+        if not self._events:
+            self.scheduler.step()
+        events, self._events = self._events, []
+        failure = next((e for e in events if isinstance(e, Exception)), None)
+        if failure is not None:
+            self._events = [e for e in events if e is not failure]
+            raise failure
+        return events  # type: ignore[return-value]
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[TokenEvent]:
         """Run one request to completion, yielding its tokens as they come; the last event has stats."""
         request_id = self.add_request(prompt_ids, params)
         try:
-            while self._queue:
+            while self.has_work():
                 for event in self.step():
                     if event.request_id == request_id:
                         yield event
@@ -245,7 +234,7 @@ class Engine:
 
     def abort(self, request_id: int) -> None:
         """Drop a request (finished or not); the KV it wrote stays reusable as a prefix."""
-        self._queue = deque(r for r in self._queue if r.id != request_id)
+        self.scheduler.abort(request_id)
 
     def chat(
         self, messages: list[dict[str, Any]], params: SamplingParams, **template_kwargs: Any
@@ -253,28 +242,27 @@ class Engine:
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
         return self.generate(self.tokenizer.encode(prompt), params)
 
-    # -- internals -------------------------------------------------------------------------------------------
+    def maybe_probe(self) -> None:
+        """A safe point (between turns): refresh B_P and B_H now and then, so q* follows contention."""
+        if not self.moe.reprofile:
+            return
+        now = time.monotonic()
+        if now - self._last_probe >= self.moe.reprofile_interval_s:
+            self.executor.probe()
+            self._last_probe = time.monotonic()
 
-    def _prefill(self, request: Request) -> TokenEvent:
-        request.t_start = time.perf_counter()
-        seq = self._sequence
-        if seq is None:
-            seq = self._sequence = self.new_sequence()
-        reuse = min(seq.common_prefix(request.prompt_ids), len(request.prompt_ids) - 1)
-        store = seq.checkpoints
-        if not seq.kv.can_truncate(reuse):  # a recurrent state cannot be rewound: resume from a checkpoint
-            saved = store.best(reuse) if store is not None else None
-            reuse = 0 if saved is None else saved.position
-            if saved is not None:
-                seq.kv.restore(saved.position, saved.states)  # type: ignore[attr-defined]
-                del seq.token_ids[saved.position :]
-        if store is not None:
-            store.drop_after(reuse)
-        seq.truncate(reuse)
-        request.cached_tokens = reuse
-        self.routing_context(PREFILL, [request.id])
-        logits = self.prefill(seq, request.prompt_ids[reuse:])
-        return self._accept(request, request.sampler(logits[-1]), first=True)
+    # -- the scheduler's passes ------------------------------------------------------------------------------
+
+    def decode_tokens(self, requests: list[Request]) -> list[Sampled | Exception]:
+        """One decode step for running requests (each one's next token fed, the one after it drawn); a row
+        whose sampling failed is its exception, so that request fails alone."""
+        seqs = [request.seq for request in requests]
+        logits = self.decode_batch(seqs, [request.next_token for request in requests])  # type: ignore[arg-type,misc]
+        return sample_each(requests, logits)
+
+    def sample_first(self, request: Request, logits: torch.Tensor) -> Sampled:
+        """The first token of a request, from its prefill's last-position logits [V]."""
+        return sample(request, logits)
 
     def prefill(self, seq: Sequence, ids: list[int]) -> torch.Tensor:
         """Append a prompt in chunks of at most `max_prefill_tokens` (bounding activation memory);
@@ -315,16 +303,6 @@ class Engine:
         position = seq.kv.length
         if position in marks and position > 0 and seq.checkpoints is not None:
             seq.checkpoints.save(position, marks[position], seq.kv.linear)  # type: ignore[attr-defined]
-
-    def _decode(self, request: Request) -> TokenEvent:
-        assert self._sequence is not None and request.next_token is not None
-        self.routing_context(DECODE, [request.id])
-        logits = self.decode_batch([self._sequence], [request.next_token])
-        return self._accept(request, request.sampler(logits[-1]), first=False)
-
-    def _accept(self, request: Request, token: int, first: bool) -> TokenEvent:
-        room = self._sequence is None or self._sequence.kv.length + 1 < self.max_seq_len
-        return accept_token(request, token, first, room)
 
 
 def build_engine(

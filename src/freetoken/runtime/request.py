@@ -1,7 +1,7 @@
 """A generation request's state, and what accepting one sampled token does to it.
 
-Shared by the engine's one-at-a-time loop and the server's batcher, so both stop, detokenise and
-report the same way.
+The scheduler (runtime/scheduler.py) drives both `run` and `serve` through these, so both stop,
+detokenise and report the same way.
 """
 
 from __future__ import annotations
@@ -55,7 +55,10 @@ def new_request(
     )
 
 
-def sample(request: Request, logits: torch.Tensor) -> tuple[int, TokenLogprobs | None]:
+Sampled = tuple[int, TokenLogprobs | None]  # a token drawn for a request, with its log-probabilities
+
+
+def sample(request: Request, logits: torch.Tensor) -> Sampled:
     """Draw the next token from last-position logits [V], with its log-probabilities when asked for (a
     stop token is not part of the answer: none for it)."""
     token = request.sampler(logits)
@@ -63,6 +66,18 @@ def sample(request: Request, logits: torch.Tensor) -> tuple[int, TokenLogprobs |
     if top is None or token in request.stop_ids:
         return token, None
     return token, token_logprobs(logits, token, top)
+
+
+def sample_each(requests: list[Request], logits: torch.Tensor) -> list[Sampled | Exception]:
+    """Sample row i of logits [B, V] for requests[i]; a row whose sampling fails (non-finite logits) is
+    that exception, so its request fails alone."""
+    out: list[Sampled | Exception] = []
+    for request, row in zip(requests, logits, strict=True):
+        try:
+            out.append(sample(request, row))
+        except Exception as exc:
+            out.append(exc)
+    return out
 
 
 def accept_token(

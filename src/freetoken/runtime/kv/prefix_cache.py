@@ -102,6 +102,15 @@ class PrefixCache:
             stack.extend(node.children.values())
         return total
 
+    def saved_checkpoints(self) -> list[Checkpoint]:
+        """Every recurrent-state checkpoint held now (all branches)."""
+        held, stack = [], [self._root]
+        while stack:
+            node = stack.pop()
+            held.extend(node.states.values())
+            stack.extend(node.children.values())
+        return held
+
     def _walk(self, ids: tuple[int, ...]) -> tuple[list[tuple[_Node, int]], int]:
         """Nodes along the longest cached prefix of ids, each with how many of its tokens match."""
         path: list[tuple[_Node, int]] = []
