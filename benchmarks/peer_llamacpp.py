@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,10 @@ import torch
 
 from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import Engine, build_engine
+from freetoken.runtime.kv.prefix_cache import PrefixCache
+from freetoken.runtime.sampling import SamplingParams
+from freetoken.runtime.scheduler import Scheduler
+from freetoken.runtime.sequence import GenerationStats, TokenEvent
 
 
 def llama_bench(
@@ -47,24 +52,47 @@ def llama_bench(
 
 
 def freetoken_bench(engine: Engine, prompt: int, gen: int) -> dict[str, float]:
-    """Prefill `prompt` tokens, then `gen` greedy decode steps: tokens per second of each (warmed up)."""
+    """Through the engine's scheduler, as `ft run` does: prefill `prompt` tokens (timed to the first
+    token); decode `gen` greedy tokens after a short prompt, as llama-bench's tg starts from an empty
+    context. Warmed up first (kernels compiled, the batch-1 graph captured)."""
     vocab = engine.config.vocab_size
     ids = [(7 * i + 11) % vocab for i in range(prompt)]
-    warm = engine.new_sequence()  # warm-up: prefill and decode kernels compiled, caches touched
-    token = int(engine.prefill(warm, ids[:32])[-1].argmax())
-    for _ in range(4):
-        token = int(engine.decode_batch([warm], [token])[-1].argmax())
-    seq = engine.new_sequence()
-    sync_device(engine.device)
-    start = time.perf_counter()
-    token = int(engine.prefill(seq, ids)[-1].argmax())
-    sync_device(engine.device)
-    prefill_s = time.perf_counter() - start
-    start = time.perf_counter()
-    for _ in range(gen):
-        token = int(engine.decode_batch([seq], [token])[-1].argmax())
-    decode_s = time.perf_counter() - start
-    return {"prefill_tok_s": prompt / prefill_s, "decode_tok_s": gen / decode_s}
+    list(engine.generate(ids[:32], SamplingParams(max_tokens=8, ignore_eos=True)))
+    engine.reset()  # nothing cached: the prompt is prefilled in full
+    prefill = _last(engine.generate(ids, SamplingParams(max_tokens=1, ignore_eos=True)))
+    engine.reset()
+    decode = _last(engine.generate(ids[-8:], SamplingParams(max_tokens=gen + 1, ignore_eos=True)))
+    return {"prefill_tok_s": prefill.prefill_tok_s, "decode_tok_s": decode.decode_tok_s}
+
+
+def batch_decode_tok_s(engine: Engine, batch: int, gen: int) -> float:
+    """Aggregate decode tokens/s of `batch` requests decoding together (short distinct prompts)."""
+    vocab = engine.config.vocab_size
+    engine.reserve_slots(batch)
+    scheduler = Scheduler(engine, PrefixCache(0), max_running=batch)
+
+    def run(steps: int) -> tuple[int, float]:
+        events: list[Any] = []
+        for b in range(batch):
+            prompt = [(13 * b + 7 * i + 5) % vocab for i in range(8)]
+            scheduler.add(prompt, SamplingParams(max_tokens=steps + 1, ignore_eos=True), events.append)
+        scheduler.step()  # every request prefills and draws its first token
+        first = len(events)
+        sync_device(engine.device)
+        start = time.perf_counter()
+        while scheduler.has_work():
+            scheduler.step()
+        return len(events) - first, time.perf_counter() - start
+
+    run(4)  # warm-up: the batch's graph captured
+    tokens, seconds = run(gen)
+    return tokens / seconds
+
+
+def _last(events: Iterator[TokenEvent]) -> GenerationStats:
+    *_, last = events
+    assert last.stats is not None
+    return last.stats
 
 
 def layer_count(gguf: Path) -> int:
@@ -85,6 +113,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=8, help="also decode this many requests together (fused)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     layers = layer_count(args.gguf)
@@ -104,6 +133,9 @@ def main() -> None:
             options = {"moe_backend": args.backend, "cache_ratio": ratio, "cpu_threads": args.threads}
         engine = build_engine(args.gguf, device=args.device, dtype="auto", **options)
         ours = freetoken_bench(engine, args.prompt, args.gen)
+        if offloaded == 0 and args.batch > 1:
+            ours["batch"] = args.batch
+            ours["batch_decode_tok_s"] = batch_decode_tok_s(engine, args.batch, args.gen)
         engine.close()
         del engine
         if args.device.startswith("cuda"):
@@ -113,7 +145,7 @@ def main() -> None:
                 "budget": ratio,
                 "llama_cpp": {"ncmoe": offloaded, **peer},
                 "freetoken": {**options, **ours},
-                "ratio": {k: ours[k] / peer[k] for k in ours if peer.get(k)},
+                "ratio": {k: ours[k] / peer[k] for k in ("prefill_tok_s", "decode_tok_s") if peer.get(k)},
             }
         )
     doc = {"gguf": str(args.gguf), "layers": layers, "device": args.device, "threads": args.threads,
@@ -129,6 +161,13 @@ def main() -> None:
             print(f"{row['budget']:>7.3f} {name:>10} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.1f}")
         ratio = row["ratio"]
         print(f"{'':>7} {'ours/peer':>10} {ratio['prefill_tok_s']:>14.2f} {ratio['decode_tok_s']:>13.2f}")
+        ours = row["freetoken"]
+        if "batch_decode_tok_s" in ours:
+            scale = ours["batch_decode_tok_s"] / ours["decode_tok_s"]
+            print(
+                f"{'':>7} {'ours b' + str(ours['batch']):>10} {'':>14} {ours['batch_decode_tok_s']:>13.1f}"
+                f"  ({scale:.2f}x batch 1)"
+            )
 
 
 if __name__ == "__main__":

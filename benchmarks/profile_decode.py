@@ -1,11 +1,18 @@
-"""Where one decode step's time goes: torch profiler tables (device and host) for a few decode steps.
+"""Where one decode step's time goes: wall time per step beside the GPU's busy time, so the host's
+share shows (the target: the GPU waits on the host < 10% of a step at batch 1), then the profiler's
+kernel table.
 
-python benchmarks/profile_decode.py --spec qwen3-30b-a3b --layers 4 --device cuda --backend fused
+    python benchmarks/profile_decode.py --spec qwen3-30b-a3b --layers 24 --device cuda --backend fused
+    python benchmarks/profile_decode.py --spec demo --device cpu --json
+
+Steps run through the scheduler, as `ft run` and `ft serve` run them (sampling, detokenising and stop
+matching included); on CUDA with `fused` each step is one graph replay.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from dataclasses import replace
@@ -16,6 +23,9 @@ from torch.profiler import ProfilerActivity, profile
 from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC, write_random_model
 from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import build_engine
+from freetoken.runtime.kv.prefix_cache import PrefixCache
+from freetoken.runtime.sampling import SamplingParams
+from freetoken.runtime.scheduler import Scheduler
 
 SPECS = {"demo": DEMO_SPEC, "qwen3-30b-a3b": QWEN3_30B_A3B_SPEC}
 
@@ -26,34 +36,53 @@ def main() -> None:
     ap.add_argument("--layers", type=int)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--backend", default="fused")
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--rows", type=int, default=15)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--rows", type=int, default=15, help="rows of the kernel table")
+    ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     spec = SPECS[args.spec] if not args.layers else replace(SPECS[args.spec], num_layers=args.layers)
     with tempfile.TemporaryDirectory(prefix="ft-prof-") as tmp:
         engine = build_engine(write_random_model(Path(tmp) / "m", spec), args.device, "auto", args.backend)
-    seq = engine.new_sequence()
-    engine.forward(seq, list(range(64)))
-    for _ in range(3):
-        engine.forward(seq, [7])
+    engine.reserve_slots(args.batch)
+    scheduler = Scheduler(engine, PrefixCache(0), max_running=args.batch)
+    params = SamplingParams(max_tokens=3 * args.steps + 20, ignore_eos=True)
+    for b in range(args.batch):
+        scheduler.add([(11 * b + 3 * i + 1) % 500 for i in range(64)], params, lambda event: None)
+    for _ in range(6):  # prefill, then the graphs captured
+        scheduler.step()
 
-    def sync() -> None:
+    def steps(n: int) -> float:
         sync_device(engine.device)
+        start = time.perf_counter()
+        for _ in range(n):
+            scheduler.step()
+        sync_device(engine.device)
+        return (time.perf_counter() - start) / n
 
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        engine.forward(seq, [7])
-    sync()
-    print(f"decode step: {(time.perf_counter() - t0) / args.steps * 1000:.2f} ms (no profiler)")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
+    wall = steps(args.steps)
+    cuda = engine.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
-        for _ in range(args.steps):
-            engine.forward(seq, [7])
-        sync()
-    sort = "self_cuda_time_total" if engine.device.type == "cuda" else "self_cpu_time_total"
-    print(prof.key_averages().table(sort_by=sort, row_limit=args.rows))
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+        steps(args.steps)
+    table = prof.key_averages()
+    gpu = sum(e.self_device_time_total for e in table) / 1e6 / args.steps if cuda else wall
+    doc = {
+        "spec": args.spec, "layers": spec.num_layers, "device": str(engine.device), "backend": engine.backend,
+        "batch": args.batch, "step_ms": wall * 1e3, "gpu_busy_ms": gpu * 1e3,
+        "host_share": max(0.0, 1 - gpu / wall), "tok_s": args.batch / wall,
+        "graph_replays": engine.decoder.replays if engine.decoder else 0,
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(table.table(sort_by=sort, row_limit=args.rows))
+    print(
+        f"{args.spec} · {spec.num_layers} layers · {engine.device} · {engine.backend} · batch {args.batch}: "
+        f"step {wall * 1e3:.3f} ms, GPU busy {gpu * 1e3:.3f} ms, host share {doc['host_share']:.1%}, "
+        f"{doc['tok_s']:.1f} tok/s, {doc['graph_replays']} graph replays"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from freetoken.runtime.batcher import Batcher, Unavailable
+from freetoken.runtime.decode_graph import StepOutput
 from freetoken.runtime.engine import Engine, build_engine
 from freetoken.runtime.sampling import NonFiniteLogits, SamplingParams
 from freetoken.runtime.sequence import TokenEvent
@@ -50,14 +51,17 @@ def wrap(engine: Engine, name: str, hook: Callable[..., Any]) -> None:
 
 
 def test_sampling_failure_fails_that_request_alone(engine: Engine) -> None:
-    def decode(real: Any, seqs: list[Any], ids: list[int]) -> torch.Tensor:
-        logits = real(seqs, ids).clone()
-        for row, seq in enumerate(seqs):
-            if seq.token_ids[:3] == [1, 2, 3]:  # request a's row turns bad mid-generation
-                logits[row] = float("nan")
-        return logits
+    def decode(real: Any, seqs: list[Any], ids: list[int], mode: str) -> StepOutput:
+        out = real(seqs, ids, mode)
+        bad = [seq.token_ids[:3] == [1, 2, 3] for seq in seqs]  # request a's row turns bad mid-generation
+        if not any(bad):
+            return out
+        logits = out.logits.clone()
+        logits[torch.tensor(bad)] = float("nan")
+        finite = None if out.finite is None else [f and not b for f, b in zip(out.finite, bad, strict=True)]
+        return StepOutput(logits, out.tokens, finite)  # as the device reports a row with NaN logits
 
-    wrap(engine, "decode_batch", decode)
+    wrap(engine, "_slot_step", decode)
     batcher = Batcher(engine, max_running=4)
     a, b = Collector(), Collector()
     batcher.submit([1, 2, 3], SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.7), a)
@@ -69,7 +73,7 @@ def test_sampling_failure_fails_that_request_alone(engine: Engine) -> None:
         assert b.error is None and len(b.events) == 6  # b, decoded in the same batches, finished
         assert batcher.health() is None and batcher.stats.failed == 1
         c = Collector()
-        wrap(engine, "decode_batch", lambda real, *args: real(*args))
+        wrap(engine, "_slot_step", lambda real, *args: real(*args))
         batcher.submit([7, 8], SamplingParams(max_tokens=3, ignore_eos=True), c)
         assert c.done.wait(30) and c.error is None
     finally:

@@ -123,6 +123,7 @@ def test_chunked_prefill_equals_unchunked(tiny_model: tuple[Path, Any], backend:
         seq = engine.new_sequence()
         last = engine.prefill(seq, ids)
         assert seq.kv.length == len(ids) and last.shape[0] == 1
+        seq.release()  # the engine holds one sequence at a time
         tokens = [e.token_id for e in engine.generate(ids, SamplingParams(max_tokens=12, ignore_eos=True))]
         results[chunk] = (last, tokens)
         engine.close()

@@ -83,7 +83,11 @@ CacheRatioOpt = Annotated[
 ]
 KvReserveOpt = Annotated[
     int,
-    typer.Option("--kv-reserve-tokens", help="Tokens of KV cache to keep VRAM for before sizing the slots."),
+    typer.Option(
+        "--kv-reserve-tokens",
+        help="Tokens of K/V to keep VRAM for (the prefix cache's copies) beyond the static KV cache of "
+        "--max-running-requests × --context-length, before sizing the expert slots.",
+    ),
 ]
 CpuLayersOpt = Annotated[
     str | None,
@@ -147,8 +151,8 @@ ContextLengthOpt = Annotated[
     typer.Option(
         "--context-length",
         min=1,
-        help="Most tokens a sequence may hold, prompt and answer (default: the model's "
-        "max_position_embeddings; larger values are capped to it).",
+        help="Most tokens a sequence may hold, prompt and answer; the KV cache is allocated once for it "
+        "(default: 8192 or the model's max_position_embeddings if smaller; larger values are capped to it).",
     ),
 ]
 StateCheckpointsOpt = Annotated[

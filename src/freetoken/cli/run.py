@@ -12,6 +12,7 @@ from freetoken.cli.options import (
     CacheRatioOpt,
     CacheSizeOpt,
     CheckpointPolicyOpt,
+    ContextLengthOpt,
     CpuLayersOpt,
     CpuThreadsOpt,
     DeviceOpt,
@@ -88,6 +89,7 @@ def run(
     moe_cache_size: CacheSizeOpt = None,
     moe_cache_ratio: CacheRatioOpt = None,
     kv_reserve_tokens: KvReserveOpt = 8192,
+    context_length: ContextLengthOpt = None,
     moe_cpu_layers: CpuLayersOpt = None,
     moe_hybrid_max_fetch: MaxFetchOpt = None,
     moe_cpu_threads: CpuThreadsOpt = None,
@@ -134,6 +136,7 @@ def run(
         record_routing=record_routing,
         state_checkpoints=state_checkpoints,
         checkpoint_policy=checkpoint_policy,
+        context_length=context_length,
     )
     if prompt is None and stdin_is_terminal() and not as_json:
         run_chat(opts)

@@ -127,7 +127,15 @@ def serve(
 
     moe = moe_config_from(locals())
     sock = bind_socket(host, port)  # a port in use fails now, not after the model loads
-    engine = load_engine(model, device, dtype, moe, max_prefill_tokens, max_seq_len=context_length)
+    engine = load_engine(
+        model,
+        device,
+        dtype,
+        moe,
+        max_prefill_tokens,
+        max_seq_len=context_length,
+        max_running=max_running_requests,
+    )
     if record_routing is not None:
         from freetoken.replay.recorder import attach_recorder
 

@@ -41,6 +41,7 @@ class RunOptions:
     record_routing: Path | None = None
     state_checkpoints: int = 16
     checkpoint_policy: str = "anchors"
+    context_length: int | None = None
 
 
 def _stderr() -> Console:
@@ -117,6 +118,7 @@ def _load(opts: RunOptions) -> Engine:
         opts.as_json,
         state_checkpoints=opts.state_checkpoints,
         checkpoint_policy=opts.checkpoint_policy,
+        max_seq_len=opts.context_length,
     )
     if opts.record_routing is not None:
         from freetoken.replay.recorder import attach_recorder

@@ -132,7 +132,7 @@ class MoeConfig:
     backend: str = "auto"
     cache_size: int | None = None  # expert slots on the compute device
     cache_ratio: float | None = None  # ... or a fraction of the pool
-    kv_reserve_tokens: int = 8192  # VRAM held back for the KV cache before sizing the slots
+    kv_reserve_tokens: int = 8192  # VRAM held back for prefix-cache K/V beyond the static KV pool
     cpu_layers: str | None = None  # "3,7,11" ids, "4" the first four MoE layers, "0.25" a fraction
     hybrid_max_fetch: int | None = None
     cpu_threads: int | None = None

@@ -61,9 +61,11 @@ class SlotDecoder:
         ] = {}
         self._generation = pool.generation
         self._mempool = None
-        self._event = torch.cuda.Event() if device.type == "cuda" else None
+        self._event = torch.cuda.Event() if device.type == "cuda" else None  # the drawn ids are back
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None  # the rows are on the device
         self.graphs_off: str | None = None if device.type == "cuda" else "no CUDA device"
-        self.replays = 0  # steps run by graph replay (for tests and benchmarks)
+        self.steps = 0  # decode steps run, and how many of them by graph replay (for tests and benchmarks)
+        self.replays = 0
 
     def reset(self) -> None:
         """Forget the captured graphs (the addresses they hold are about to change)."""
@@ -83,14 +85,19 @@ class SlotDecoder:
         caller for `sample` mode). `graphs`: whether this step may replay a graph (the caller knows
         whether the expert backend and the recorder allow it)."""
         n = len(tokens)
+        self.steps += 1
         if not 0 < n <= MAX_ROWS:
             raise ValueError(f"a decode step takes 1..{MAX_ROWS} rows, got {n}")
         use_graph = graphs and self.graphs_off is None
         size = padded_size(n) if use_graph else n
+        if self._copied is not None:
+            self._copied.synchronize()  # the last step's rows have left the staging buffer (long since)
         staged = self._staged_np
         staged[:2, n:size], staged[2, n:size] = 0, -1  # padding rows: token 0 at position 0 of no slot
         staged[0, :n], staged[1, :n], staged[2, :n] = tokens, positions, slots
-        self._rows[:, :size].copy_(staged[:, :size], non_blocking=True)
+        self._rows[:, :size].copy_(self._staged[:, :size], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
         if self.pool.generation != self._generation:
             self.reset()
             self._generation = self.pool.generation

@@ -19,17 +19,22 @@ import torch
 from freetoken.errors import FreeTokenError
 from freetoken.replay.recorder import RoutingRecorder
 from freetoken.runtime.anchors import AnchorTable
-from freetoken.runtime.config import EngineConfig, MoeConfig, parse_cpu_layers
+from freetoken.runtime.config import DEFAULT_CONTEXT, EngineConfig, MoeConfig, parse_cpu_layers
+from freetoken.runtime.decode_graph import MAX_ROWS, SlotDecoder, StepOutput
+from freetoken.runtime.device_sampling import SamplingRows
 from freetoken.runtime.devices import resolve_device, resolve_dtype
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.kv.prefix_cache import PrefixCache
+from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.kv.state_checkpoints import Checkpoint, StateCheckpoints
 from freetoken.runtime.loader import WeightSource, load_model
 from freetoken.runtime.memory import plan_slots
+from freetoken.runtime.models.slot_decode import prepare_for_slot_decode, supports_slot_decode
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
 from freetoken.runtime.profile import load_profile, with_profile
 from freetoken.runtime.request import Request, Sampled, sample, sample_each
+from freetoken.runtime.request_decode import accept_drawn, sampling_mode, stage_sampling
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 from freetoken.runtime.sequence import Sequence, TokenEvent
@@ -52,11 +57,15 @@ class Engine:
         self.model = model
         self.profile = load_profile() if self.config.moe_layers else None  # warns about a foreign one
         self._last_probe = time.monotonic()
+        self.max_seq_len = min(config.max_seq_len or DEFAULT_CONTEXT, self.config.max_position_embeddings)
+        # before the expert slots are sized: the K/V of every running sequence is held from the start
+        self.kv_pool = self._make_kv_pool(config.max_running)
+        self.decoder: SlotDecoder | None = None  # decode over the static KV pool (CUDA graphs there)
+        if supports_slot_decode(model):
+            prepare_for_slot_decode(model)
+            self.decoder = SlotDecoder(model, self.kv_pool, self.device, SamplingRows(MAX_ROWS, self.device))
         self.configure_moe(config.moe)
         self.model.eval()
-        self.max_seq_len = min(
-            config.max_seq_len or self.config.max_position_embeddings, self.config.max_position_embeddings
-        )
         self.stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
         # built once: every sequence of a hybrid model gets its own store of checkpoints over it
         hybrid = not reuses_kv_prefixes(self)
@@ -115,6 +124,8 @@ class Engine:
         self.backend = backend
         self.executor = build_executor(backend, ctx)
         self.model.attach_executor(self.executor)
+        if self.decoder is not None:
+            self.decoder.reset()  # captured graphs hold the old executor's expert banks
         self.moe_counters.reset()
 
     def close(self) -> None:
@@ -132,6 +143,17 @@ class Engine:
 
     # -- sequences -------------------------------------------------------------------------------------------
 
+    def reserve_slots(self, slots: int) -> None:
+        """Make the static KV cache hold `slots` sequences at once (a scheduler asks before it runs)."""
+        self.kv_pool.grow(slots)
+
+    def _make_kv_pool(self, slots: int) -> KVSlotPool:
+        cfg = self.config
+        layers = getattr(self.model, "attention_layers", tuple(range(cfg.num_layers)))
+        return KVSlotPool(
+            slots, layers, cfg.num_kv_heads, cfg.head_dim, self.max_seq_len, self.dtype, self.device
+        )
+
     def new_sequence(self) -> Sequence:
         cfg = self.config
         cache_class = getattr(self.model, "cache_class", KVCache)  # hybrid models add recurrent state
@@ -142,7 +164,8 @@ class Engine:
             self.dtype,
             self.device,
             self.max_seq_len,
-            layers=getattr(self.model, "attention_layers", None),  # hybrid models: K/V for these only
+            layers=self.kv_pool.layers,  # hybrid models: K/V for their attention layers only
+            pool=self.kv_pool,
         )
         if self._anchors is None:
             return Sequence(kv)
@@ -175,6 +198,13 @@ class Engine:
     @torch.inference_mode()
     def decode_batch(self, seqs: list[Sequence], ids: list[int]) -> torch.Tensor:
         """One decode step for several sequences at once: ids[i] continues seqs[i] -> logits [B, V]."""
+        if self.decoder is not None:  # the step decode_tokens runs, returning its logits
+            return torch.cat(
+                [
+                    self._slot_step(seqs[a : a + MAX_ROWS], ids[a : a + MAX_ROWS], "logits").logits.clone()
+                    for a in range(0, len(seqs), MAX_ROWS)
+                ]
+            )
         for seq, token in zip(seqs, ids, strict=True):  # a sequence standing at an anchor saves its states
             length = seq.kv.length
             self._maybe_checkpoint(seq, self._checkpoint_positions(seq, [token], length, length))
@@ -255,10 +285,45 @@ class Engine:
 
     def decode_tokens(self, requests: list[Request]) -> list[Sampled | Exception]:
         """One decode step for running requests (each one's next token fed, the one after it drawn); a row
-        whose sampling failed is its exception, so that request fails alone."""
-        seqs = [request.seq for request in requests]
-        logits = self.decode_batch(seqs, [request.next_token for request in requests])  # type: ignore[arg-type,misc]
-        return sample_each(requests, logits)
+        whose sampling failed is its exception, so that request fails alone. Over the static KV pool the
+        draw happens inside the step (a graph replay on CUDA), in parts of at most MAX_ROWS rows."""
+        if self.decoder is None:
+            seqs = [request.seq for request in requests]
+            logits = self.decode_batch(seqs, [request.next_token for request in requests])  # type: ignore[arg-type,misc]
+            return sample_each(requests, logits)
+        results: list[Sampled | Exception] = []
+        for a in range(0, len(requests), MAX_ROWS):
+            part = requests[a : a + MAX_ROWS]
+            mode = sampling_mode(part)
+            if mode == "sample":
+                stage_sampling(self.decoder.sampling, part)
+            seqs = [request.seq for request in part]
+            out = self._slot_step(seqs, [request.next_token for request in part], mode)  # type: ignore[arg-type,misc]
+            results += accept_drawn(part, out)
+        return results
+
+    @torch.inference_mode()
+    def _slot_step(self, seqs: list[Sequence], ids: list[int], mode: str) -> StepOutput:
+        """One decode step over the static KV pool for at most MAX_ROWS sequences."""
+        assert self.decoder is not None
+        for seq in seqs:
+            if seq.kv.length + 1 > self.max_seq_len:
+                raise FreeTokenError(
+                    f"sequence of {seq.kv.length + 1} tokens exceeds the context of {self.max_seq_len}"
+                )
+        graphs = self.backend == "fused" and self.recorder is None  # the others read routing back
+        self.executor.begin_pass(1)
+        try:
+            out = self.decoder.step(ids, [s.kv.length for s in seqs], [s.kv.slot for s in seqs], mode, graphs)
+        finally:
+            self.executor.end_pass()
+            if self.recorder is not None:
+                self.recorder.end_pass(len(ids))
+        for seq, token in zip(seqs, ids, strict=True):
+            seq.kv.advance(1)
+            seq.token_ids.append(token)
+        self.heartbeat = time.monotonic()
+        return out
 
     def sample_first(self, request: Request, logits: torch.Tensor) -> Sampled:
         """The first token of a request, from its prefill's last-position logits [V]."""

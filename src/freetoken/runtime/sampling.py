@@ -18,6 +18,9 @@ class NonFiniteLogits(FreeTokenError):
     """The model produced NaN or Inf logits: its weights (or their dtype) are broken, not the request."""
 
 
+NON_FINITE = "the model produced NaN/Inf logits: its weights are broken (or overflow in this dtype)"
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 (or below SAMPLING_EPS) is greedy; top_k 0 and top_p 1 disable those filters.
@@ -131,9 +134,7 @@ class Sampler:
             tokens, finite = sample_rows(logits[None], temperature, top_k, top_p, seed, step)
         token, ok = torch.stack((tokens, finite.long()), dim=1)[0].tolist()  # one sync
         if not ok:
-            raise NonFiniteLogits(
-                "the model produced NaN/Inf logits: its weights are broken (or overflow in this dtype)"
-            )
+            raise NonFiniteLogits(NON_FINITE)
         self.record(token)
         return token
 

@@ -67,6 +67,7 @@ class Turn:
 class Scheduler:
     def __init__(self, engine: Engine, prefix: PrefixCache, max_running: int = 1) -> None:
         self.engine, self.prefix, self.max_running = engine, prefix, max_running
+        engine.reserve_slots(max_running)  # a KV slot per running request, before any runs
         self.stats = SchedulerStats()
         self.queue: deque[Entry] = deque()
         self.running: list[Entry] = []
