@@ -23,11 +23,10 @@ from freetoken.runtime.moe.experts import gathered_experts, grouped_experts
 from freetoken.runtime.moe.kernels.moe_decode import DEFAULT_BLOCKS, DecodeBlocks, fused_moe_decode
 
 SWEEP = [
-    DecodeBlocks(gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=w, num_stages=st)
-    for n1, k1 in ((4, 256), (4, 512), (8, 512))
-    for n2, k2 in ((4, 256), (4, 512), (8, 256), (8, 512), (16, 256))
-    for w in (4, 8)
-    for st in (1, 4)
+    DecodeBlocks(gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=4, num_stages=st)
+    for n1, k1 in ((2, 256), (4, 128), (4, 256), (8, 128), (8, 256), (16, 64))
+    for n2, k2 in ((4, 256), (8, 128), (8, 256), (16, 128), (32, 64))
+    for st in (1, 2, 3)
 ]
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 

@@ -131,7 +131,8 @@ def main() -> None:
             options = {"moe_backend": "fused"}
         else:
             options = {"moe_backend": args.backend, "cache_ratio": ratio, "cpu_threads": args.threads}
-        engine = build_engine(args.gguf, device=args.device, dtype="auto", **options)
+        context = args.prompt + args.gen + 64
+        engine = build_engine(args.gguf, device=args.device, dtype="auto", max_seq_len=context, **options)
         ours = freetoken_bench(engine, args.prompt, args.gen)
         if offloaded == 0 and args.batch > 1:
             ours["batch"] = args.batch

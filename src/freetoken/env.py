@@ -46,3 +46,16 @@ def moe_decode_kernel_choice() -> str:
     """`FREETOKEN_MOE_DECODE_KERNEL`: `auto` (the Triton decode kernel for a few tokens on CUDA when Triton
     imports) or `torch` (the gathered torch path)."""
     return os.environ.get("FREETOKEN_MOE_DECODE_KERNEL", "auto").lower()
+
+
+def moe_decode_blocks() -> tuple[int, ...] | None:
+    """`FREETOKEN_MOE_DECODE_BLOCKS`: the decode kernel's tiles as six integers `gate_up_n,gate_up_k,
+    down_n,down_k,num_warps,num_stages` (what `benchmarks/moe_decode_kernel.py --sweep` found best on
+    this GPU); unset: the built-in defaults."""
+    raw = os.environ.get("FREETOKEN_MOE_DECODE_BLOCKS")
+    if not raw:
+        return None
+    values = tuple(int(v) for v in raw.split(","))
+    if len(values) != 6 or min(values) < 1:
+        raise ValueError(f"FREETOKEN_MOE_DECODE_BLOCKS: expected six positive integers, got {raw!r}")
+    return values

@@ -13,6 +13,7 @@ from freetoken.runtime.engine import Engine, build_engine
 from freetoken.runtime.kv.prefix_cache import PrefixCache
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
+from oracle import rel_err
 
 pytestmark = [
     pytest.mark.gpu,
@@ -58,8 +59,16 @@ def test_graph_replay_equals_eager_and_the_cpu_reference(tiny_model: tuple[Path,
     got = greedy(graphed, prompts)
     assert got == greedy(eager, prompts)
     assert graphed.decoder is not None and graphed.decoder.replays > 0 and eager.decoder.replays == 0
-    # bf16 against the fp32 reference: the first tokens agree (later ones may drift by rounding)
-    assert [g[:3] for g in got] == [r[:3] for r in reference]
+    # bf16 against the fp32 reference, within tolerance: one replayed step's logits
+    cpu = build_engine(tiny_model[0], device="cpu", dtype="float32")
+    logits = {}
+    for name, engine in (("cpu", cpu), ("graph", graphed)):
+        engine.reserve_slots(batch)
+        seqs = [engine.new_sequence() for _ in prompts]
+        for seq, prompt in zip(seqs, prompts, strict=True):
+            engine.prefill(seq, prompt)
+        logits[name] = engine.decode_batch(seqs, [40 + i for i in range(batch)]).float().cpu()
+    assert rel_err(logits["graph"], logits["cpu"]) < 3e-2
 
 
 def test_sampled_decode_replays_and_is_seeded(tiny_model: tuple[Path, Any]) -> None:

@@ -52,10 +52,11 @@ class SlotDecoder:
         self.model, self.pool, self.device, self.sampling = model, pool, device, sampling
         self.ops = DecodeOps.for_device(device)
         pin = device.type == "cuda"
-        self._staged = torch.zeros(3, MAX_ROWS, dtype=torch.int64, pin_memory=pin)  # tokens, positions, slots
+        # row-major, so the first `size` rows are one contiguous block: a single async copy each way
+        self._staged = torch.zeros(MAX_ROWS, 3, dtype=torch.int64, pin_memory=pin)  # token, position, slot
         self._staged_np = self._staged.numpy()  # host writes without a tensor per value
-        self._rows = torch.zeros(3, MAX_ROWS, dtype=torch.int64, device=device)
-        self._picked = torch.zeros(2, MAX_ROWS, dtype=torch.int64, pin_memory=pin)  # ids, finite
+        self._rows = torch.zeros(MAX_ROWS, 3, dtype=torch.int64, device=device)
+        self._picked = torch.zeros(MAX_ROWS, 2, dtype=torch.int64, pin_memory=pin)  # id, finite
         self._graphs: dict[
             tuple[int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]
         ] = {}
@@ -93,9 +94,9 @@ class SlotDecoder:
         if self._copied is not None:
             self._copied.synchronize()  # the last step's rows have left the staging buffer (long since)
         staged = self._staged_np
-        staged[:2, n:size], staged[2, n:size] = 0, -1  # padding rows: token 0 at position 0 of no slot
-        staged[0, :n], staged[1, :n], staged[2, :n] = tokens, positions, slots
-        self._rows[:, :size].copy_(self._staged[:, :size], non_blocking=True)
+        staged[n:size, :2], staged[n:size, 2] = 0, -1  # padding rows: token 0 at position 0 of no slot
+        staged[:n, 0], staged[:n, 1], staged[:n, 2] = tokens, positions, slots
+        self._rows[:size].copy_(self._staged[:size], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
         if self.pool.generation != self._generation:
@@ -106,22 +107,25 @@ class SlotDecoder:
             logits, picked = self._body(size, mode)
         if picked is None:
             return StepOutput(logits[:n], None, None)
-        out = self._picked[:, :n]
-        out.copy_(picked[:, :n], non_blocking=True)
+        out = self._picked[:n]
+        out.copy_(picked[:n], non_blocking=True)
         if self._event is not None:
             self._event.record()
             self._event.synchronize()
-        return StepOutput(logits[:n], out[0].tolist(), [bool(f) for f in out[1].tolist()])
+        ids, finite = out.T.tolist()
+        return StepOutput(logits[:n], ids, [bool(f) for f in finite])
 
     def _body(self, size: int, mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-        r = self._rows[:, :size]
-        positions = r[1].to(torch.int32)
-        rows = DecodeRows(tokens=r[0], positions=positions, slots=r[2].to(torch.int32), lengths=positions + 1)
+        r = self._rows[:size]
+        positions = r[:, 1].to(torch.int32)
+        rows = DecodeRows(
+            tokens=r[:, 0], positions=positions, slots=r[:, 2].to(torch.int32), lengths=positions + 1
+        )
         logits = decode_step(self.model, rows, self.pool, self.ops)  # [size, V]
         if mode == "logits":
             return logits, None
         ids, finite = greedy_rows(logits) if mode == "greedy" else self.sampling.sample(logits)
-        return logits, torch.stack((ids.to(torch.int64), finite.to(torch.int64)))
+        return logits, torch.stack((ids.to(torch.int64), finite.to(torch.int64)), dim=1)  # [size, 2]
 
     def _replay(self, size: int, mode: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         entry = self._graphs.get((size, mode))

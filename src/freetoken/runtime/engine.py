@@ -377,11 +377,14 @@ def build_engine(
     moe_backend: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     max_prefill_tokens: int = 8192,
+    max_seq_len: int | None = None,
     **moe_options: Any,
 ) -> Engine:
     """Build an engine; `moe_options` are MoeConfig fields (cache_size, cache_ratio, cpu_layers, ...)."""
     moe = MoeConfig(backend=moe_backend, **moe_options)
-    config = EngineConfig(Path(model_path), device, dtype, moe, max_prefill_tokens=max_prefill_tokens)
+    config = EngineConfig(
+        Path(model_path), device, dtype, moe, max_seq_len=max_seq_len, max_prefill_tokens=max_prefill_tokens
+    )
     return Engine(config, progress)
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from freetoken.env import moe_decode_blocks
+
 MAX_DECODE_TOKENS = 16  # beyond this a grouped (per-expert) kernel reads each expert once, not per pair
 
 
@@ -29,7 +31,12 @@ class DecodeBlocks:
     num_stages: int = 1
 
 
-DEFAULT_BLOCKS = DecodeBlocks()
+def _default_blocks() -> DecodeBlocks:
+    tiles = moe_decode_blocks()
+    return DecodeBlocks() if tiles is None else DecodeBlocks(*tiles)
+
+
+DEFAULT_BLOCKS = _default_blocks()
 
 
 def triton_available() -> bool:
