@@ -65,6 +65,7 @@ class SlotDecoder:
         self._event = torch.cuda.Event() if device.type == "cuda" else None  # the drawn ids are back
         self._copied = torch.cuda.Event() if device.type == "cuda" else None  # the rows are on the device
         self.graphs_off: str | None = None if device.type == "cuda" else "no CUDA device"
+        self._said: set[str] = set()  # eager reasons already logged
         self.steps = 0  # decode steps run, and how many of them by graph replay (for tests and benchmarks)
         self.replays = 0
 
@@ -80,16 +81,20 @@ class SlotDecoder:
         self.reset()
 
     def step(
-        self, tokens: list[int], positions: list[int], slots: list[int], mode: str, graphs: bool
+        self, tokens: list[int], positions: list[int], slots: list[int], mode: str, eager: str | None = None
     ) -> StepOutput:
         """One decode step for n <= MAX_ROWS rows (the sampling rows already staged and uploaded by the
-        caller for `sample` mode). `graphs`: whether this step may replay a graph (the caller knows
-        whether the expert backend and the recorder allow it)."""
+        caller for `sample` mode). `eager`: why this step may not replay a graph (the caller knows whether
+        the expert backend and the recorder allow it), said once in the log; None: it may."""
         n = len(tokens)
         self.steps += 1
         if not 0 < n <= MAX_ROWS:
             raise ValueError(f"a decode step takes 1..{MAX_ROWS} rows, got {n}")
-        use_graph = graphs and self.graphs_off is None
+        if eager is not None and eager not in self._said:
+            self._said.add(eager)
+            if self.graphs_off is None:
+                log.info("decode runs eagerly, without CUDA graphs: %s", eager)
+        use_graph = eager is None and self.graphs_off is None
         size = padded_size(n) if use_graph else n
         if self._copied is not None:
             self._copied.synchronize()  # the last step's rows have left the staging buffer (long since)

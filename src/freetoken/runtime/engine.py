@@ -9,6 +9,7 @@ batched decode step and its sampling) and `sample_first`.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,6 +41,8 @@ from freetoken.runtime.scheduler import Scheduler
 from freetoken.runtime.sequence import Sequence, TokenEvent
 from freetoken.runtime.weights import ProgressFn
 
+log = logging.getLogger("freetoken.engine")
+
 
 class Engine:
     def __init__(
@@ -64,6 +67,11 @@ class Engine:
         if supports_slot_decode(model):
             prepare_for_slot_decode(model)
             self.decoder = SlotDecoder(model, self.kv_pool, self.device, SamplingRows(MAX_ROWS, self.device))
+        elif self.device.type == "cuda":
+            log.info(
+                "decode runs eagerly, without CUDA graphs: %s layers have no static decode step",
+                self.config.architecture,
+            )
         self.configure_moe(config.moe)
         self.model.eval()
         self.stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
@@ -311,10 +319,14 @@ class Engine:
                 raise FreeTokenError(
                     f"sequence of {seq.kv.length + 1} tokens exceeds the context of {self.max_seq_len}"
                 )
-        graphs = self.backend == "fused" and self.recorder is None  # the others read routing back
+        eager = None
+        if self.backend != "fused":
+            eager = f"the {self.backend} backend reads routing back to the host for its misses"
+        elif self.recorder is not None:
+            eager = "routing is being recorded"
         self.executor.begin_pass(1)
         try:
-            out = self.decoder.step(ids, [s.kv.length for s in seqs], [s.kv.slot for s in seqs], mode, graphs)
+            out = self.decoder.step(ids, [s.kv.length for s in seqs], [s.kv.slot for s in seqs], mode, eager)
         finally:
             self.executor.end_pass()
             if self.recorder is not None:

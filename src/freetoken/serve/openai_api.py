@@ -60,8 +60,13 @@ def _usage(outcome: Outcome) -> dict[str, Any]:
 
 
 def _stats_usage(ids: list[int], stats: GenerationStats) -> dict[str, Any]:
-    return _usage(Outcome(prompt_tokens=len(ids), cached_tokens=stats.cached_tokens,
-                          completion_tokens=stats.completion_tokens))
+    return _usage(
+        Outcome(
+            prompt_tokens=len(ids),
+            cached_tokens=stats.cached_tokens,
+            completion_tokens=stats.completion_tokens,
+        )
+    )
 
 
 def _tool_json(call: ToolCallDelta) -> dict[str, Any]:

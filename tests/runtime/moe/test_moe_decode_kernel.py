@@ -68,3 +68,12 @@ def test_refuses_banks_that_do_not_fit() -> None:
         fused_moe_decode(x, ids, weights, gate_up.transpose(1, 2), down, SMALL)
     with pytest.raises(ValueError, match="do not fit"):
         fused_moe_decode(x[:, :10], ids, weights, gate_up, down, SMALL)
+
+
+@pytest.mark.parametrize("t", [2, 16])
+def test_tokens_sharing_experts_read_them_once_and_match(t: int) -> None:
+    x, ids, weights, gate_up, down = case(t, 3, seed=t)
+    ids[:] = torch.tensor([4, 0, 2])  # every token the same experts: groups of t pairs
+    ids[0] = torch.tensor([1, 4, -1])  # ... except one, with a skipped choice
+    got = fused_moe_decode(x, ids, weights, gate_up, down, SMALL)
+    torch.testing.assert_close(got, grouped_experts(x, ids, weights, gate_up, down), rtol=1e-4, atol=1e-5)
