@@ -158,8 +158,10 @@ class Engine:
     def _make_kv_pool(self, slots: int) -> KVSlotPool:
         cfg = self.config
         layers = getattr(self.model, "attention_layers", tuple(range(cfg.num_layers)))
+        shapes = getattr(self.model, "state_shapes", None)  # hybrid models: recurrent states in slots too
+        states = shapes(self.dtype) if shapes is not None else None
         return KVSlotPool(
-            slots, layers, cfg.num_kv_heads, cfg.head_dim, self.max_seq_len, self.dtype, self.device
+            slots, layers, cfg.num_kv_heads, cfg.head_dim, self.max_seq_len, self.dtype, self.device, states
         )
 
     def new_sequence(self) -> Sequence:

@@ -56,6 +56,22 @@ def test_kv_only_for_the_attention_layers(hybrid: tuple[Path, Any]) -> None:
     assert kv_bytes_per_token(engine.config, torch.float32) == per_token  # VRAM planning agrees
 
 
+def test_recurrent_states_live_in_fixed_slots(hybrid: tuple[Path, Any]) -> None:
+    """Each DeltaNet layer's state is a view of the engine's pool, in place through decode, a follow-up
+    turn that resumes from a checkpoint, and a new conversation (which starts from zero)."""
+    engine = build_engine(hybrid[0], device="cpu", dtype="float32", moe_backend="fused")
+    pool = engine.kv_pool
+    linear = [i for i, kind in enumerate(hybrid[1].config.layer_types) if kind == "linear_attention"]
+    assert sorted(pool.states) == linear
+    pointers = [t.data_ptr() for tensors in pool.states.values() for t in tensors]
+    first = greedy(engine, PROMPT, 8)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    follow = list(engine.generate([*PROMPT, *first, 7, 8], params))
+    assert follow[-1].stats is not None and follow[-1].stats.cached_tokens > 0  # resumed, not re-prefilled
+    assert greedy(engine, PROMPT, 8) == first  # a fresh conversation in a reused slot: zero states again
+    assert [t.data_ptr() for tensors in pool.states.values() for t in tensors] == pointers
+
+
 def greedy(engine: Any, prompt: list[int], n: int = 16) -> list[int]:
     engine.reset()
     return [e.token_id for e in engine.generate(prompt, SamplingParams(max_tokens=n, ignore_eos=True))]

@@ -7,6 +7,7 @@ replay). Contiguous, not paged: every slot holds a whole context, so `slots × c
 reserved. Should more sequences than slots be asked for (a scheduler reserves its batch size up front,
 so only tools and tests do this), the pool grows by one slot at that safe point: the storage is
 re-allocated, live caches re-bind their views, and `generation` changes so graphs are captured again.
+A hybrid model's recurrent layers get their states the same way: a fixed block per slot per layer.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import torch
 from freetoken.errors import FreeTokenError
 
 log = logging.getLogger("freetoken.kv")
+
+
+StateShape = tuple[tuple[int, ...], torch.dtype]
 
 
 class SlotHolder(Protocol):
@@ -36,7 +40,10 @@ class KVSlotPool:
         capacity: int,
         dtype: torch.dtype,
         device: torch.device,
+        state_shapes: dict[int, tuple[StateShape, ...]] | None = None,
     ) -> None:
+        """`state_shapes`: per recurrent layer, the (shape, dtype) of each tensor of its state (a hybrid
+        model's DeltaNet layers); each gets a fixed per-slot block too."""
         if slots < 1 or capacity < 1:
             raise FreeTokenError(
                 f"a KV pool needs at least one slot and one position, got {slots}×{capacity}"
@@ -47,13 +54,21 @@ class KVSlotPool:
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.dtype, self.device = dtype, device
         self.generation = 0  # changes whenever the storage moves
+        self.state_shapes = dict(state_shapes or {})
         self.k, self.v = self._allocate(slots), self._allocate(slots)
+        self.states = self._allocate_states(slots)  # layer -> [slots, *shape] per state tensor
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out the lowest slot first
         self._holders: weakref.WeakSet[SlotHolder] = weakref.WeakSet()
 
     def _allocate(self, slots: int) -> list[torch.Tensor]:
         shape = (slots, self.num_kv_heads, self.capacity, self.head_dim)
         return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+
+    def _allocate_states(self, slots: int) -> dict[int, list[torch.Tensor]]:
+        return {
+            layer: [torch.zeros((slots, *shape), dtype=dtype, device=self.device) for shape, dtype in shapes]
+            for layer, shapes in self.state_shapes.items()
+        }
 
     def acquire(self, holder: SlotHolder) -> int:
         """A free slot for `holder` (whose `bind()` re-reads its views should the storage move)."""
@@ -67,10 +82,12 @@ class KVSlotPool:
         if slots <= self.slots:
             return
         log.info("KV cache grows to %d sequence slots of %d positions", slots, self.capacity)
-        k, v = self._allocate(slots), self._allocate(slots)
-        for new, old in zip((*k, *v), (*self.k, *self.v), strict=True):
+        k, v, states = self._allocate(slots), self._allocate(slots), self._allocate_states(slots)
+        old_states = [t for layer in self.states for t in self.states[layer]]
+        new_states = [t for layer in states for t in states[layer]]
+        for new, old in zip((*k, *v, *new_states), (*self.k, *self.v, *old_states), strict=True):
             new[: self.slots] = old
-        self.k, self.v = k, v
+        self.k, self.v, self.states = k, v, states
         self._free = list(range(slots - 1, self.slots - 1, -1)) + self._free
         self.slots = slots
         self.generation += 1
@@ -88,7 +105,8 @@ class KVSlotPool:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+        states = [t for tensors in self.states.values() for t in tensors]
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v, *states))
 
     @staticmethod
     def bytes_per_token(layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

@@ -158,11 +158,15 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(head_v_dim, eps)
         self.out_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
 
+    def state_shapes(self, dtype: torch.dtype) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+        """(shape, dtype) of conv [C, W-1] (activations' dtype) and recurrent [Hv, Dk, Dv] (fp32)."""
+        return ((self.conv_dim, self.kernel - 1), dtype), ((self.hv, self.dk, self.dv), torch.float32)
+
     def new_state(self, device: torch.device, dtype: torch.dtype) -> LinearState:
-        return LinearState(
-            torch.zeros(self.conv_dim, self.kernel - 1, dtype=dtype, device=device),
-            torch.zeros(self.hv, self.dk, self.dv, dtype=torch.float32, device=device),
+        conv, recurrent = (
+            torch.zeros(shape, dtype=d, device=device) for shape, d in self.state_shapes(dtype)
         )
+        return LinearState(conv, recurrent)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, H] -> qkv [T, 2·Hk·Dk + Hv·Dv] (all q heads, all k, all v), z [T, Hv·Dv], b, a [T, Hv]."""

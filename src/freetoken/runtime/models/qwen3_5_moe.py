@@ -38,8 +38,9 @@ class HybridCache(KVCache):
     recurrent = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.linear: dict[int, LinearState] = {}  # fixed views of the pool's state slots (bind), if any
         super().__init__(*args, **kwargs)
-        self.linear: dict[int, LinearState] = {}
+        self._zero_states()  # a reused slot holds its last sequence's states
         # Positions inside the next forward pass whose states to keep (set by the caller); each DeltaNet
         # layer puts its state after position p into captured[p][layer].
         self.capture_at: tuple[int, ...] = ()
@@ -48,16 +49,34 @@ class HybridCache(KVCache):
     def can_truncate(self, length: int) -> bool:
         return length in (0, self.length)
 
+    def bind(self) -> None:
+        """K/V views, and each recurrent layer's state as views of this slot of the pool's state blocks."""
+        super().bind()
+        for layer, (conv, recurrent) in self.pool.states.items():
+            self.linear[layer] = LinearState(conv[self.slot], recurrent[self.slot])
+
+    def _zero_states(self) -> None:
+        for state in self.linear.values():
+            state.conv.zero_()
+            state.recurrent.zero_()
+
     def restore(self, position: int, states: dict[int, LinearState]) -> None:
-        """Go back to a checkpoint: the K/V prefix up to `position` and copies of the saved states."""
+        """Go back to a checkpoint: the K/V prefix up to `position` and the saved states, copied in place."""
         KVCache.truncate(self, position)
-        self.linear = {layer: state.clone() for layer, state in states.items()}
+        self._zero_states()
+        for layer, state in states.items():
+            mine = self.linear.get(layer)
+            if mine is None:  # a cache without state slots (made outside an engine)
+                self.linear[layer] = state.clone()
+            else:
+                mine.conv.copy_(state.conv)
+                mine.recurrent.copy_(state.recurrent)
 
     def truncate(self, length: int) -> None:
         if not self.can_truncate(length):
             raise ValueError(f"a recurrent state cannot go back to position {length} of {self.length}")
         if length == 0:
-            self.linear.clear()
+            self._zero_states()  # a zero state is a fresh one
         super().truncate(length)
 
 
@@ -215,6 +234,14 @@ class Qwen3_5MoeForCausalLM(Qwen3MoeForCausalLM):
         self.attention_layers = tuple(
             i for i, kind in enumerate(cfg.raw["layer_types"][: cfg.num_layers]) if kind == "full_attention"
         )
+
+    def state_shapes(self, dtype: torch.dtype) -> dict[int, tuple[tuple[tuple[int, ...], torch.dtype], ...]]:
+        """Per DeltaNet layer, its state tensors' (shape, dtype): the engine keeps them in fixed slots."""
+        return {
+            i: layer.linear_attn.state_shapes(dtype)
+            for i, layer in enumerate(self.model.layers)
+            if layer.kind == "linear_attention"
+        }
 
 
 LAYER_KINDS = ("linear_attention", "full_attention")
