@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,18 @@ class Engine:
         )
         return Sequence(kv, checkpoints=store)
 
+    @contextmanager
+    def _pass(self, new_tokens: int, rows: int) -> Iterator[None]:
+        """Around one forward pass of `new_tokens` per sequence over `rows` token rows: the executor's
+        begin/end (also when the pass raises) and the routing recorder's end of pass."""
+        self.executor.begin_pass(new_tokens)
+        try:
+            yield
+        finally:
+            self.executor.end_pass()
+            if self.recorder is not None:
+                self.recorder.end_pass(rows)
+
     @torch.inference_mode()
     def forward(self, seq: Sequence, ids: list[int], all_logits: bool = False) -> torch.Tensor:
         """Append `ids` to `seq` and return logits [T, V] (all_logits) or [1, V] for the last position."""
@@ -193,13 +206,8 @@ class Engine:
                 f"sequence of {seq.kv.length + len(ids)} tokens exceeds the context of {self.max_seq_len}"
             )
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
-        self.executor.begin_pass(len(ids))
-        try:
+        with self._pass(len(ids), len(ids)):
             logits = self.model(tokens, seq.kv, all_logits=all_logits)
-        finally:
-            self.executor.end_pass()
-            if self.recorder is not None:
-                self.recorder.end_pass(len(ids))
         seq.kv.advance(len(ids))
         seq.token_ids.extend(ids)
         self.heartbeat = time.monotonic()
@@ -226,13 +234,8 @@ class Engine:
                     f"sequence of {seq.kv.length + 1} tokens exceeds the context of {self.max_seq_len}"
                 )
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
-        self.executor.begin_pass(1)
-        try:
+        with self._pass(1, len(ids)):
             logits = self.model.decode_batch(tokens, [seq.kv for seq in seqs])
-        finally:
-            self.executor.end_pass()
-            if self.recorder is not None:
-                self.recorder.end_pass(len(ids))
         for seq, token in zip(seqs, ids, strict=True):
             seq.kv.advance(1)
             seq.token_ids.append(token)
@@ -326,13 +329,8 @@ class Engine:
             eager = f"the {self.backend} backend reads routing back to the host for its misses"
         elif self.recorder is not None:
             eager = "routing is being recorded"
-        self.executor.begin_pass(1)
-        try:
+        with self._pass(1, len(ids)):
             out = self.decoder.step(ids, [s.kv.length for s in seqs], [s.kv.slot for s in seqs], mode, eager)
-        finally:
-            self.executor.end_pass()
-            if self.recorder is not None:
-                self.recorder.end_pass(len(ids))
         for seq, token in zip(seqs, ids, strict=True):
             seq.kv.advance(1)
             seq.token_ids.append(token)
