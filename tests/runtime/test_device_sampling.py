@@ -196,3 +196,16 @@ def test_sampling_rows_keep_rows_not_restaged() -> None:
     greedy.set_row(0, SamplingParams(temperature=1.0, top_k=1), seed=0, step=0)
     greedy.set_row(1, SamplingParams(), seed=0, step=0)
     assert greedy.all_greedy(2)
+
+
+def test_skipping_the_filters_draws_the_same_tokens_when_no_row_has_one() -> None:
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 300, generator=g) * 3
+    temperature = torch.tensor([0.7, 1.0, 1.6, 0.0])
+    top_k, top_p = torch.zeros(4, dtype=torch.int64), torch.ones(4)
+    seed = torch.tensor([1, 2, 3, 4])
+    for step in range(20):
+        steps = torch.full((4,), step)
+        full = sample_rows(logits, temperature, top_k, top_p, seed, steps)
+        plain = sample_rows(logits, temperature, top_k, top_p, seed, steps, filters=False)
+        assert torch.equal(full[0], plain[0]) and torch.equal(full[1], plain[1])

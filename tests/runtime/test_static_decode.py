@@ -57,6 +57,8 @@ def test_sampled_rows_repeat_by_seed_whatever_the_batch(tiny_model: tuple[Path, 
     assert together(engine, [[9, 9], [5, 77, 301], [40]], seeded)[1] == alone
     greedy = together(engine, [[5, 77, 301]], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     assert alone != greedy  # the draw is really sampled at this temperature
+    plain = SamplingParams(temperature=1.3, seed=7, max_tokens=8, ignore_eos=True)  # no filter: no sort
+    assert together(engine, [[9, 9], [5, 77, 301]], plain)[1] == together(engine, [[5, 77, 301]], plain)[0]
 
 
 def test_the_context_limit_is_a_clear_error(tiny_model: tuple[Path, Any]) -> None:

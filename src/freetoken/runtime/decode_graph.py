@@ -4,8 +4,9 @@ Each step's rows (token, position, KV slot) are staged in pinned memory and copi
 static device buffer; then one graph replay runs the whole step — every layer, the final norm, the LM
 head and the draw — for the batch padded up to a captured size (1, 2, 4, 8, 16; padding rows have slot
 -1). A graph is captured the first time its (size, mode) is met; the modes are `greedy` (argmax),
-`sample` (device_sampling with the per-row parameters SamplingRows holds) and `logits` (no draw: the
-host samples, for requests with penalties, logit bias or logprobs). The one host sync per step is the
+`sample` (device_sampling with the per-row parameters SamplingRows holds), `draw` (the same without
+top-k/top-p: no sort) and `logits` (no draw: the host samples, for requests with penalties, logit bias
+or logprobs). The one host sync per step is the
 read-back of the drawn ids (with their finite flags), after an event.
 
 Where graphs cannot run (not CUDA, an expert backend that reads routing back, a routing recorder on, or a
@@ -31,7 +32,7 @@ log = logging.getLogger("freetoken.decode")
 
 GRAPH_SIZES = tuple(s for s in (1, 2, 4, 8, 16) if s <= MAX_DECODE_TOKENS)
 MAX_ROWS = GRAPH_SIZES[-1]  # rows per step; a larger batch runs as several steps
-MODES = ("greedy", "sample", "logits")
+MODES = ("greedy", "sample", "draw", "logits")
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,10 @@ class SlotDecoder:
         logits = decode_step(self.model, rows, self.pool, self.ops)  # [size, V]
         if mode == "logits":
             return logits, None
-        ids, finite = greedy_rows(logits) if mode == "greedy" else self.sampling.sample(logits)
+        if mode == "greedy":
+            ids, finite = greedy_rows(logits)
+        else:
+            ids, finite = self.sampling.sample(logits, filters=mode == "sample")
         return logits, torch.stack((ids.to(torch.int64), finite.to(torch.int64)), dim=1)  # [size, 2]
 
     def _replay(self, size: int, mode: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:

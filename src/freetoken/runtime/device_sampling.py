@@ -73,19 +73,31 @@ def sample_rows(
     top_p: torch.Tensor,
     seed: torch.Tensor,
     step: torch.Tensor,
+    filters: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row: logits [B, V]; temperature [B] f32, top_k [B] int (0: all), top_p [B] f32,
     seed [B] i64, step [B] i64 (all on the logits' device) -> (tokens [B] i64, finite [B] bool).
 
     A row is greedy (argmax of the raw logits) when temperature < SAMPLING_EPS or top_k == 1. A row
     whose logits are not all finite gets an arbitrary token and finite False (the caller raises).
+    `filters` False: the caller knows no row has top-k or top-p, so the sort over the vocabulary is
+    skipped (the same draws: with neither filter nothing is dropped).
     """
     vocab = logits.shape[-1]
     raw = logits.float()  # [B, V]
     greedy = (temperature < SAMPLING_EPS) | (top_k == 1)  # [B]
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).float()  # no 1/0 on greedy rows
     scores = raw / safe_t[:, None]  # [B, V]
+    if filters:
+        scores = scores.masked_fill(_filtered_out(scores, top_k, top_p), float("-inf"))
+    sampled = torch.argmax(scores + gumbel_noise(seed, step, vocab), dim=-1)  # [B]
+    tokens, finite = greedy_rows(raw)
+    return torch.where(greedy, tokens, sampled), finite
 
+
+def _filtered_out(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """What top-k, then top-p, drop from scores [B, V] -> [B, V] bool, in token order."""
+    vocab = scores.shape[-1]
     sorted_scores, order = torch.sort(scores, dim=-1, descending=True, stable=True)  # [B, V] each
     # top-k: keep scores >= the k-th largest (ties at the k-th value stay); k 0 or >= V keeps all.
     k = torch.where(top_k <= 0, torch.full_like(top_k, vocab), top_k).clamp(1, vocab).long()  # [B]
@@ -97,12 +109,12 @@ def sample_rows(
     before = probs.cumsum(dim=-1) - probs  # [B, V]
     nucleus = (top_p < 1.0)[:, None]  # [B, 1]: top_p 1 is off (rounding must not drop the tail)
     drop_sorted |= nucleus & (before >= top_p[:, None].float())
-    drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)  # [B, V], in token order
+    return torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)  # [B, V], in token order
 
-    noisy = scores.masked_fill(drop, float("-inf")) + gumbel_noise(seed, step, vocab)  # [B, V]
-    sampled = torch.argmax(noisy, dim=-1)  # [B]
-    tokens, finite = greedy_rows(raw)
-    return torch.where(greedy, tokens, sampled), finite
+
+def filtered(params: SamplingParams) -> bool:
+    """Whether a sampled request keeps only part of the vocabulary (top-k or top-p)."""
+    return params.top_k > 0 or params.top_p < 1.0
 
 
 def request_seed(params: SamplingParams) -> int:
@@ -142,6 +154,7 @@ class SamplingRows:
         self._cur = 0
         self._uploaded = False  # the current staging copy was handed to a copy since its last write
         self._greedy = [True] * max_rows
+        self._filtered = [False] * max_rows  # rows with top-k or top-p
 
     def set_row(self, i: int, params: SamplingParams, seed: int, step: int) -> None:
         """Stage row i: `params`, the request's seed (int64 range) and step (tokens drawn so far)."""
@@ -155,6 +168,7 @@ class SamplingRows:
         ints[i, 1] = seed
         ints[i, 2] = step
         self._greedy[i] = greedy
+        self._filtered[i] = filtered(params)
 
     def _flip(self) -> None:
         """Move to the other staging copy (waiting for its last copy to the device, normally long done)
@@ -182,9 +196,13 @@ class SamplingRows:
         """Whether staged rows [:n] are all greedy (host side: reads no device memory)."""
         return all(self._greedy[:n])
 
-    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [n, V] for rows [:n] -> (tokens [n] i64, finite [n] bool), on the device."""
+    def any_filtered(self, n: int) -> bool:
+        """Whether a staged row of [:n] has top-k or top-p (host side)."""
+        return any(self._filtered[:n])
+
+    def sample(self, logits: torch.Tensor, filters: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [n, V] for rows [:n] -> (tokens [n] i64, finite [n] bool), on the device. `filters`
+        False: no staged row has top-k or top-p (a captured graph keeps what it was captured with)."""
         n = logits.shape[0]
-        return sample_rows(
-            logits, self.temperature[:n], self.top_k[:n], self.top_p[:n], self.seed[:n], self.step[:n]
-        )
+        t, k, p, seed, step = self.temperature, self.top_k, self.top_p, self.seed, self.step
+        return sample_rows(logits, t[:n], k[:n], p[:n], seed[:n], step[:n], filters)

@@ -308,7 +308,7 @@ class Engine:
         for a in range(0, len(requests), MAX_ROWS):
             part = requests[a : a + MAX_ROWS]
             mode = sampling_mode(part)
-            if mode == "sample":
+            if mode in ("sample", "draw"):
                 stage_sampling(self.decoder.sampling, part)
             seqs = [request.seq for request in part]
             out = self._slot_step(seqs, [request.next_token for request in part], mode)  # type: ignore[arg-type,misc]

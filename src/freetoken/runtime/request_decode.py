@@ -1,7 +1,8 @@
 """How a decode step draws the next token of each running request, on the device when it can.
 
 The step's mode follows its requests: `greedy` when every one is greedy, `sample` when some draw (their
-temperature, top-k, top-p, seed and step staged as device rows), `logits` when any needs what only the
+temperature, top-k, top-p, seed and step staged as device rows; `draw` when none of them has top-k or
+top-p, which skips the sort over the vocabulary), `logits` when any needs what only the
 host sampler does (penalties, logit bias, logprobs): then every row is sampled on the host from the
 step's logits, as the first token after a prefill is.
 """
@@ -9,7 +10,7 @@ step's logits, as the first token after a prefill is.
 from __future__ import annotations
 
 from freetoken.runtime.decode_graph import StepOutput
-from freetoken.runtime.device_sampling import SamplingRows
+from freetoken.runtime.device_sampling import SamplingRows, filtered
 from freetoken.runtime.request import Request, Sampled, sample_each
 from freetoken.runtime.sampling import NON_FINITE, NonFiniteLogits
 
@@ -19,7 +20,9 @@ def sampling_mode(requests: list[Request]) -> str:
         return "logits"
     if all(r.params.greedy for r in requests):
         return "greedy"
-    return "sample"
+    if any(filtered(r.params) for r in requests if not r.params.greedy):
+        return "sample"
+    return "draw"  # sampled over the whole vocabulary: no sort
 
 
 def stage_sampling(rows: SamplingRows, requests: list[Request]) -> None:

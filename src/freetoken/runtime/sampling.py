@@ -123,7 +123,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor) -> int:
         """logits [V] (any device) -> token id. NonFiniteLogits when the model produced NaN or Inf."""
-        from freetoken.runtime.device_sampling import greedy_rows, sample_rows
+        from freetoken.runtime.device_sampling import filtered, greedy_rows, sample_rows
 
         logits = self.adjusted(logits)  # finite exactly when the raw logits are (the changes are finite)
         if self.params.greedy:
@@ -131,7 +131,8 @@ class Sampler:
         else:
             temperature, top_k, top_p, seed = self._device_rows(logits.device)
             step = torch.tensor([self.step], dtype=torch.int64, device=logits.device)
-            tokens, finite = sample_rows(logits[None], temperature, top_k, top_p, seed, step)
+            rows = temperature, top_k, top_p, seed, step
+            tokens, finite = sample_rows(logits[None], *rows, filtered(self.params))
         token, ok = torch.stack((tokens, finite.long()), dim=1)[0].tolist()  # one sync
         if not ok:
             raise NonFiniteLogits(NON_FINITE)
