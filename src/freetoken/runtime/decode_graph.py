@@ -89,6 +89,8 @@ class SlotDecoder:
         the expert backend and the recorder allow it), said once in the log; None: it may."""
         n = len(tokens)
         self.steps += 1
+        if mode not in MODES:
+            raise ValueError(f"decode mode {mode!r} is not one of {', '.join(MODES)}")
         if not 0 < n <= MAX_ROWS:
             raise ValueError(f"a decode step takes 1..{MAX_ROWS} rows, got {n}")
         if eager is not None and eager not in self._said:
