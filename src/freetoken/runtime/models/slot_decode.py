@@ -9,6 +9,7 @@ references, so CI checks the very function that is captured.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,9 +44,9 @@ class DecodeRows:
 class DecodeOps:
     """The kernels of one step: Triton on CUDA, the references elsewhere."""
 
-    add_rms_norm: object
-    qk_norm_rope_kv_write: object
-    attention: object
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    qk_norm_rope_kv_write: Callable[..., torch.Tensor]
+    attention: Callable[..., torch.Tensor]
 
     @staticmethod
     def for_device(device: torch.device) -> DecodeOps:
@@ -79,13 +80,13 @@ def decode_step(model: nn.Module, rows: DecodeRows, pool: KVSlotPool, ops: Decod
     residual: torch.Tensor | None = None
     for layer in backbone.layers:
         norm = layer.input_layernorm
-        h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)  # type: ignore[operator]
+        h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
         x = _attention(layer.self_attn, h, cos, sin, pool, rows, ops)
         norm = layer.post_attention_layernorm
-        h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)  # type: ignore[operator]
+        h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
         x = layer.mlp(h)
     norm = backbone.norm
-    h, _ = ops.add_rms_norm(x, residual, norm.weight, norm.eps)  # type: ignore[operator]
+    h, _ = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
     return model.lm_head(h)
 
 
@@ -102,7 +103,7 @@ def _attention(
     k_cache, v_cache = pool.k[i], pool.v[i]  # [S, KVH, CAP, D]
     qkv = F.linear(h, attn.qkv_weight, attn.qkv_bias)  # [B, (NH + 2 KVH) D]: one GEMV
     nq, nkv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
-    q = ops.qk_norm_rope_kv_write(  # type: ignore[operator]
+    q = ops.qk_norm_rope_kv_write(
         qkv[:, :nq],
         qkv[:, nq : nq + nkv],
         qkv[:, nq + nkv :],
@@ -116,5 +117,5 @@ def _attention(
         rows.slots,
         rows.positions,
     )  # [B, NH, D]
-    out = ops.attention(q, k_cache, v_cache, rows.slots, rows.lengths, attn.head_dim**-0.5)  # type: ignore[operator]
+    out = ops.attention(q, k_cache, v_cache, rows.slots, rows.lengths, attn.head_dim**-0.5)
     return attn.o_proj(out)
