@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from freetoken.runtime.decode_graph import padded_size
 from freetoken.runtime.engine import Engine, build_engine
 from freetoken.runtime.kv.prefix_cache import PrefixCache
 from freetoken.runtime.sampling import SamplingParams
@@ -78,6 +79,29 @@ def test_sampled_decode_replays_and_is_seeded(tiny_model: tuple[Path, Any]) -> N
     engine.reset()
     assert [e.token_id for e in engine.generate(PROMPTS[1], params)] == first
     assert engine.decoder is not None and engine.decoder.replays > 0
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_temperature_only_sampling_replays_the_draw_graph_and_matches_the_cpu(
+    tiny_model: tuple[Path, Any], batch: int
+) -> None:
+    """Temperature without top-k/top-p runs the sort-free 'draw' graph; seeded rows draw what the CPU
+    fp32 engine draws from the same logits (the noise is a hash of seed, step and token id)."""
+    params = SamplingParams(temperature=0.7, seed=99, max_tokens=8, ignore_eos=True)
+    got = []
+    for device, dtype in (("cuda", "float32"), ("cpu", "float32")):
+        engine = build_engine(tiny_model[0], device=device, dtype=dtype, moe_backend="fused")
+        engine.reserve_slots(batch)
+        scheduler = Scheduler(engine, PrefixCache(0), max_running=batch)
+        out: list[list[Any]] = [[] for _ in range(batch)]
+        for i in range(batch):
+            scheduler.add(PROMPTS[i], params, out[i].append)
+        while scheduler.has_work():
+            scheduler.step()
+        got.append([[e.token_id for e in events] for events in out])
+        if device == "cuda":
+            assert engine.decoder is not None and (padded_size(batch), "draw") in engine.decoder.captured
+    assert got[0] == got[1]
 
 
 def test_a_step_issues_no_host_sync_but_the_read_back(tiny_model: tuple[Path, Any]) -> None:

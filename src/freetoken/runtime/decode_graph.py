@@ -69,11 +69,32 @@ class SlotDecoder:
         self._said: set[str] = set()  # eager reasons already logged
         self.steps = 0  # decode steps run, and how many of them by graph replay (for tests and benchmarks)
         self.replays = 0
+        self._last: torch.cuda.CUDAGraph | None = None  # the graph replayed last (for replay_ms)
+
+    @property
+    def captured(self) -> frozenset[tuple[int, str]]:
+        """The (padded size, mode) pairs with a captured graph."""
+        return frozenset(self._graphs)
+
+    def replay_ms(self, n: int = 20) -> float | None:
+        """For profiling: the GPU time of the last replayed step alone, ms per replay over n back-to-back
+        replays (the step with no host time between). It re-runs the last step with the same rows, so
+        it writes the same K/V again at the same positions. None before any replay."""
+        if self._last is None:
+            return None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(n):
+            self._last.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / n
 
     def reset(self) -> None:
         """Forget the captured graphs (the addresses they hold are about to change)."""
         self._graphs.clear()
         self._mempool = None
+        self._last = None
 
     def disable_graphs(self, reason: str) -> None:
         if self.graphs_off is None:
@@ -149,6 +170,7 @@ class SlotDecoder:
         graph, logits, picked = entry
         graph.replay()
         self.replays += 1
+        self._last = graph
         return logits, picked
 
     def _capture(
