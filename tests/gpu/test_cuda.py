@@ -10,6 +10,7 @@ import torch
 
 from freetoken.runtime.engine import build_engine
 from oracle import rel_err
+from residency_checks import assert_residency_true
 
 pytestmark = [
     pytest.mark.gpu,
@@ -87,7 +88,7 @@ def test_cached_backends_on_cuda_equal_fused(
             )
         totals = gpu.moe_counters.totals()
         assert totals["fills"] + totals["cpu"] == totals["misses"]
-        assert (gpu.executor.bank.table.cpu().numpy() == gpu.executor.cache.slot_of).all()
+        assert_residency_true(gpu)
         assert gpu.pool.pinned
     finally:
         gpu.close()
@@ -130,7 +131,7 @@ def test_streamed_prefill_on_cuda_equals_fused(tmp_path: Path, options: dict) ->
         assert [e.token_id for e in gpu.generate(prompt, params)] == [
             e.token_id for e in ref.generate(prompt, params)
         ]
-        assert (gpu.executor.bank.table.cpu().numpy() == gpu.executor.cache.slot_of).all()
+        assert_residency_true(gpu)
     finally:
         gpu.close()
 

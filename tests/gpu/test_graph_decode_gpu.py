@@ -10,40 +10,17 @@ import pytest
 import torch
 
 from freetoken.runtime.decode_graph import padded_size
-from freetoken.runtime.engine import Engine, build_engine
+from freetoken.runtime.engine import build_engine
 from freetoken.runtime.kv.prefix_cache import PrefixCache
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 from oracle import rel_err
+from scheduler_runs import PROMPTS, greedy
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-PROMPTS = [
-    [5, 77, 301, 12],
-    [9, 250, 33, 401, 18, 2, 64],
-    [111],
-    [3] * 20,
-    [8, 9],
-    [60, 61, 62],
-    [7] * 11,
-    [400],
-]
-
-
-def greedy(engine: Engine, prompts: list[list[int]], tokens: int = 12) -> list[list[int]]:
-    """Greedy tokens of `prompts` decoded together through the scheduler."""
-    engine.reserve_slots(len(prompts))
-    scheduler = Scheduler(engine, PrefixCache(0), max_running=len(prompts))
-    out: list[list[Any]] = [[] for _ in prompts]
-    for i, prompt in enumerate(prompts):
-        scheduler.add(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True), out[i].append)
-    while scheduler.has_work():
-        scheduler.step()
-    for events in out:
-        assert not any(isinstance(e, Exception) for e in events), events
-    return [[e.token_id for e in events] for events in out]
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])

@@ -8,10 +8,11 @@ from itertools import combinations
 
 import numpy as np
 import pytest
+import torch
 
 from freetoken.replay.policies import POLICIES, ReplayResult, simulate
 from freetoken.replay.trace import DECODE, PREFILL, RoutingTrace
-from freetoken.runtime.moe.slot_cache import SlotCache
+from freetoken.runtime.moe.residency import ExpertResidency
 
 DEMAND = ("lru", "lru-per-layer", "lfu", "belady")  # admit every miss that fits (lookahead prefetches too)
 
@@ -214,18 +215,16 @@ def batched_trace(seed: int) -> RoutingTrace:
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("warm", [False, True])
-def test_lru_is_the_runtime_slot_cache(seed: int, warm: bool) -> None:
+def test_lru_is_the_runtime_residency(seed: int, warm: bool) -> None:
     trace = batched_trace(seed)
     for capacity in (1, 3, 8, 17, 30, 48):
-        cache = SlotCache(range(3), 16, capacity)
-        fetches = len(cache.warm_start()) if warm else 0
-        hits = miss = 0
-        for g in trace.groups():  # the engine's step, written out independently
-            slots, hit = cache.demand(g.layer, g.experts)
-            room = capacity - int(hit.sum())
-            wanted = g.experts[~hit][:room]
-            cache.admit_misses(g.layer, wanted, protected=slots[hit])
-            hits, miss, fetches = hits + int(hit.sum()), miss + int((~hit).sum()), fetches + len(wanted)
+        residency = ExpertResidency(range(3), 16, capacity, "cpu")
+        fetches = len(residency.warm_start()) if warm else 0
+        for g in trace.groups():  # the engine's policy step, on the group's experts
+            ids = torch.from_numpy(g.experts.astype(np.int64))[None]
+            residency.ensure(g.layer, ids, torch.full(ids.shape, 0.5))
+        hits, miss, fills = residency.counters[:, :3].sum(dim=0).tolist()
+        fetches += fills
         got = simulate("lru", trace, capacity, warm=warm)
         assert (got.decode_hits + got.prefill_hits, misses(got), got.fetches) == (hits, miss, fetches)
         assert (hits, miss, fetches) == reference_lru(trace, capacity, warm)

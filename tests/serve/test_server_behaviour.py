@@ -176,7 +176,7 @@ def test_metrics_and_stats(server: Server, openai_client: Any) -> None:
         "freetoken_tokens_generated": "counter",
         "freetoken_experts_hits": "counter",
         "freetoken_experts_misses": "counter",
-        "freetoken_experts_q_last_mean": "gauge",
+        "freetoken_experts_fills_per_layer_step": "gauge",
         "freetoken_experts_slots_occupied": "gauge",
         "freetoken_prefix_cache_hit_tokens": "counter",
     }

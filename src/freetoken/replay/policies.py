@@ -4,12 +4,14 @@ Accounting. The cache holds `capacity` slots shared by all MoE layers (global), 
 A trace is served group by group (`RoutingTrace.groups()`: pass by pass, layer by layer); every distinct
 expert of a group is one access: a hit if resident when the group is served, else a miss, counted under
 the group's phase (prefill / decode). A group's own experts never evict each other: demand policies admit
-at most (capacity − the group's hits) of its misses, the lowest ids first; the rest are computed elsewhere
-(on the host), exactly as the runtime does. `fetches` counts every expert copied into the cache: the
+at most (capacity − the group's hits) of its misses, the lowest ids first (the runtime prefers those
+serving the most tokens, then router weight, which a trace does not record); the rest are computed
+elsewhere (on the host), as the runtime does. `fetches` counts every expert copied into the cache: the
 initial placement (the warm start, or the static set), demand admissions and prefetches.
 
-Every policy starts cold (empty) unless `warm`, then from the runtime's warm start (`SlotCache.warm_start`:
-slot s holds layer s % L, expert s // L, oldest first). `static` and `prefill-pinned` always start there.
+Every policy starts cold (empty) unless `warm`, then from the runtime's warm start
+(`ExpertResidency.warm_start`: slot s holds layer s % L, expert s // L, oldest first). `static` and
+`prefill-pinned` always start there.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from freetoken.replay.belady import belady as belady_hits
 from freetoken.replay.trace import PREFILL, RoutingTrace
-from freetoken.runtime.moe.slot_cache import SlotCache
+from freetoken.runtime.moe.residency import ExpertResidency
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ def _shape(trace: RoutingTrace, capacity: int) -> tuple[int, int]:
 
 
 def warm_keys(num_layers: int, num_experts: int, capacity: int) -> np.ndarray:
-    """Flat keys (layer · E + expert) of the runtime's warm start, oldest first (as SlotCache.warm_start)."""
+    """Flat keys (layer · E + expert) of the runtime's warm start, oldest first (ExpertResidency's)."""
     slots = np.arange(min(capacity, num_layers * num_experts))
     return (slots % num_layers) * num_experts + slots // num_layers
 
@@ -88,19 +91,21 @@ def _pass_rows(trace: RoutingTrace) -> list[np.ndarray]:
 
 
 def lru(trace: RoutingTrace, capacity: int, warm: bool = False) -> ReplayResult:
-    """The runtime's own global LRU (SlotCache), driven exactly as the engine drives it."""
+    """The runtime's own global LRU (ExpertResidency on the cpu device: the policy's torch mirror),
+    driven as the engine drives it in offload mode. When a step has more misses than free slots, the
+    engine admits those serving the most tokens, then the largest router weight; a trace records no
+    weights, so here the lowest expert ids go first."""
     layers, experts = _shape(trace, capacity)
-    cache = SlotCache(tuple(range(layers)), experts, capacity)
-    tally = _Tally(len(cache.warm_start()) if warm else 0)
+    residency = ExpertResidency(range(layers), experts, capacity, "cpu")
+    tally = _Tally(len(residency.warm_start()) if warm else 0)
+    counts = residency.counters  # [L, 5]: hits, misses, fills, ...
     for g in trace.groups():
-        slots, hit = cache.demand(g.layer, g.experts)
-        hits = int(hit.sum())
-        misses = g.experts[~hit]
-        admit = misses[: capacity - hits]  # the group's experts never evict each other
-        if len(admit):
-            cache.admit_misses(g.layer, admit, protected=slots[hit])
-        tally.add(g.phase, hits, len(misses))
-        tally.fetches += len(admit)
+        before = counts[g.layer].clone()
+        ids = torch.from_numpy(g.experts.astype(np.int64))[None]  # [1, M]: only the set matters here
+        residency.ensure(g.layer, ids, torch.ones(ids.shape))
+        hits, misses, fills = (counts[g.layer, :3] - before[:3]).tolist()
+        tally.add(g.phase, hits, misses)
+        tally.fetches += fills
     return tally.result("lru", capacity)
 
 
@@ -188,7 +193,7 @@ def lfu(trace: RoutingTrace, capacity: int, warm: bool = False) -> ReplayResult:
             freq[key] += 1  # every read counts, resident or not
             mark[key] = i
             (hits if resident[key] else misses).append(key)
-        for key in hits:  # recency as in SlotCache: hits first, then admissions, one stamp each
+        for key in hits:  # recency as in the runtime's LRU: hits first, then admissions, one stamp each
             stamp[key], clock = clock, clock + 1
             heapq.heappush(heap, (freq[key], stamp[key], key))
         admit = misses[: capacity - len(hits)]
@@ -240,7 +245,7 @@ def lookahead(
     layers, experts = _shape(trace, capacity)
     width = trace.top_k if width is None else width
     n = layers * experts
-    stamp = np.full(n, -1, dtype=np.int64)  # recency, one global clock (as SlotCache)
+    stamp = np.full(n, -1, dtype=np.int64)  # recency, one global clock (as the runtime's LRU)
     resident = np.zeros(n, dtype=bool)
     demanded = np.full(n, -1, dtype=np.int64)  # pass that last demanded the key
     follow = np.zeros((max(layers - 1, 0), experts, experts), dtype=np.int64)
@@ -270,7 +275,7 @@ def lookahead(
         p, layer = i // layers, g.layer
         keys = layer * experts + g.experts.astype(np.int64)
         hit = resident[keys]
-        stamp[keys[hit]] = clock + np.arange(int(hit.sum()))  # hits first, in order, as SlotCache.demand
+        stamp[keys[hit]] = clock + np.arange(int(hit.sum()))  # hits first, in order, as the runtime's LRU
         clock += int(hit.sum())
         demanded[keys] = p
         group = np.zeros(n, dtype=bool)

@@ -186,6 +186,7 @@ class SlotDecoder:
         if self._mempool is None:
             self._mempool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._mempool):
+        # thread_local: a stats reader on another thread (its device reads) cannot break the capture
+        with torch.cuda.graph(graph, pool=self._mempool, capture_error_mode="thread_local"):
             logits, picked = self._body(size, mode)
         return graph, logits, picked

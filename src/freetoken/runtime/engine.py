@@ -22,7 +22,7 @@ from freetoken.errors import FreeTokenError
 from freetoken.replay.recorder import RoutingRecorder
 from freetoken.runtime.anchors import AnchorTable
 from freetoken.runtime.config import DEFAULT_CONTEXT, EngineConfig, MoeConfig, parse_cpu_layers
-from freetoken.runtime.decode_graph import MAX_ROWS, SlotDecoder, StepOutput
+from freetoken.runtime.decode_graph import MAX_ROWS, SlotDecoder, StepOutput, padded_size
 from freetoken.runtime.device_sampling import SamplingRows
 from freetoken.runtime.devices import resolve_device, resolve_dtype
 from freetoken.runtime.kv.cache import KVCache
@@ -190,7 +190,7 @@ class Engine:
     def _pass(self, new_tokens: int, rows: int) -> Iterator[None]:
         """Around one forward pass of `new_tokens` per sequence over `rows` token rows: the executor's
         begin/end (also when the pass raises) and the routing recorder's end of pass."""
-        self.executor.begin_pass(new_tokens)
+        self.executor.begin_pass(new_tokens, rows)
         try:
             yield
         finally:
@@ -324,10 +324,8 @@ class Engine:
                 raise FreeTokenError(
                     f"sequence of {seq.kv.length + 1} tokens exceeds the context of {self.max_seq_len}"
                 )
-        eager = None
-        if self.backend != "fused":
-            eager = f"the {self.backend} backend reads routing back to the host for its misses"
-        elif self.recorder is not None:
+        eager = self.executor.graph_blocker(padded_size(len(ids)))
+        if eager is None and self.recorder is not None:
             eager = "routing is being recorded"
         with self._pass(1, len(ids)):
             out = self.decoder.step(ids, [s.kv.length for s in seqs], [s.kv.slot for s in seqs], mode, eager)

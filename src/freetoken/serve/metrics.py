@@ -18,8 +18,9 @@ def snapshot(state: ServeState) -> dict[str, Any]:
     s, uptime = batcher.stats, max(time.monotonic() - batcher.started_at, 1e-9)
     moe = engine.moe_counters.totals()
     executor = engine.executor
-    cache = getattr(executor, "cache", None)
-    occupied = int((cache.owner[:, 0] >= 0).sum()) if cache is not None else 0
+    residency = getattr(executor, "residency", None)
+    occupied = residency.resident_count() if residency is not None else 0
+    layer_steps = engine.moe_counters.steps * max(len(engine.moe_counters.moe_layers), 1)
     prefix = batcher.prefix.stats
     return {
         "model": state.model_names[0],
@@ -51,9 +52,7 @@ def snapshot(state: ServeState) -> dict[str, Any]:
             "fills": moe["fills"],
             "cpu": moe["cpu"],
             "streamed": moe["streamed"],
-            "q_last_mean": float(engine.moe_counters.last_q.mean())
-            if len(engine.moe_counters.last_q)
-            else 0.0,
+            "fills_per_layer_step": round(moe["fills"] / layer_steps, 4) if layer_steps else 0.0,
             "slots": engine.num_slots,
             "slots_occupied": occupied,
         },

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from freetoken.runtime.engine import Engine, build_engine
-from freetoken.runtime.moe.slot_cache import EMPTY
+from freetoken.runtime.moe.residency import EMPTY
 from freetoken.runtime.sampling import SamplingParams
 from oracle import build_hf_model, rel_err
+from residency_checks import assert_residency_true
 
 PROMPT = [(37 * i + 11) % 700 for i in range(150)]
 LAYERS = dict(num_hidden_layers=5, mlp_only_layers=[1])  # MoE layers 0, 2, 3, 4; 8 experts each
@@ -50,19 +51,6 @@ def streaming(model: Path, chunk: int, backend: str = "offload", slots: int = 20
     )
 
 
-def assert_residency_true(engine: Engine) -> None:
-    ex = engine.executor
-    assert (ex.bank.table.cpu().numpy() == ex.cache.slot_of).all()
-    for row, layer in enumerate(ex.cache.moe_layers):
-        for expert, slot in enumerate(ex.cache.slot_of[row].tolist()):
-            if slot != EMPTY:
-                assert torch.equal(ex.bank.gate_up[slot], engine.pool.gate_up[layer][expert])
-                assert torch.equal(ex.bank.down[slot], engine.pool.down[layer][expert])
-                assert tuple(ex.cache.owner[slot]) == (row, expert)
-    for slot, (row, expert) in enumerate(ex.cache.owner.tolist()):  # no expert owns two slots
-        assert row == EMPTY or ex.cache.slot_of[row, expert] == slot
-
-
 @pytest.mark.parametrize("hit_d2d", [False, True], ids=["pcie", "hit-d2d"])
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
 @pytest.mark.parametrize("chunk", [7, 64, len(PROMPT)], ids=["7", "64", "whole"])
@@ -82,7 +70,7 @@ def test_streamed_prefill_equals_fused(
         assert_residency_true(engine)
         # the last two layers streamed stay resident: decode finds them
         ex = engine.executor
-        assert (ex.cache.slot_of[-2:] != EMPTY).all()
+        assert (ex.residency.table()[-2:] != EMPTY).all()
         engine.reset()
         tokens = [e.token_id for e in engine.generate(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True))]
         assert tokens == reference[1]
@@ -130,9 +118,9 @@ def test_auto_without_a_link_does_not_stream(model: Path) -> None:
 def test_buffers_come_from_the_least_recent_slots(model: Path) -> None:
     engine = streaming(model, len(PROMPT))
     try:
-        cache = engine.executor.cache
-        oldest = set(np.argsort(cache.last_used, kind="stable")[:16].tolist())
-        engine.executor.begin_pass(len(PROMPT))
+        residency = engine.executor.residency
+        oldest = set(np.argsort(residency.stamp.numpy(), kind="stable")[:16].tolist())
+        engine.executor.begin_pass(len(PROMPT), len(PROMPT))
         streamer = engine.executor.streamer
         assert streamer is not None
         assert set(np.concatenate(streamer.slots).tolist()) == oldest

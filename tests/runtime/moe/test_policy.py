@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-
-from freetoken.runtime.moe.policy import choose_fetches, fetch_count
+from freetoken.runtime.moe.policy import fetch_count, fetch_fraction
 
 
 def test_balanced_split() -> None:
@@ -29,13 +27,12 @@ def test_no_misses_or_no_pcie() -> None:
     assert fetch_count(5, None, 94e9) == 0  # no accelerator link measured: all CPU
 
 
-def test_choose_prefers_tokens_then_weight() -> None:
-    misses = np.array([10, 11, 12, 13])
-    tokens = np.array([1, 3, 1, 3])
-    weights = np.array([0.9, 0.2, 0.5, 0.4])
-    assert misses[choose_fetches(misses, tokens, weights, 1)].tolist() == [13]
-    assert misses[choose_fetches(misses, tokens, weights, 3)].tolist() == [10, 11, 13]
-    assert not choose_fetches(misses, tokens, weights, 0).any()
+def test_fetch_fraction_is_what_the_device_policy_reads() -> None:
+    assert fetch_fraction(55e9, 94e9) == 55 / 94
+    assert fetch_fraction(None, 94e9) == 0.0 and fetch_fraction(55e9, None) == 1.0
+    assert fetch_fraction(60e9, 50e9) == 1.0
+    assert fetch_count(2, 50e9, 200e9) == 1  # floor(0.5 + 0.5): halves round up, as on the device
+    assert fetch_count(6, 50e9, 400e9) == 1  # floor(0.75 + 0.5)
 
 
 def test_measured_correction_moves_q() -> None:

@@ -112,9 +112,13 @@ class SparseMoeBlock(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return ids, weights.to(logits.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, H] -> [T, H]. `rows` [T] bool: the rows that are real (a padded decode step's padding
+        rows demand no expert, so they cost no fill)."""
         assert self.executor is not None, "attach an expert executor before the forward pass"
         ids, weights = self.route(x)
+        if rows is not None:
+            ids = torch.where(rows[:, None], ids, torch.full_like(ids, -1))
         if self.recorder is not None:
             self.recorder.add(self.layer, ids)
         return self.executor.forward(self.layer, x, ids, weights)

@@ -27,6 +27,7 @@ from freetoken.runtime.models.kernels.norm_rope import (
     qk_norm_rope_kv_write,
     qk_norm_rope_kv_write_reference,
 )
+from freetoken.runtime.models.qwen3_moe import SparseMoeBlock
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,14 @@ def decode_step(model: nn.Module, rows: DecodeRows, pool: KVSlotPool, ops: Decod
     x = backbone.embed_tokens(rows.tokens)  # [B, H]
     cos, sin = model.rotary(rows.positions, x.dtype)  # [B, D]
     residual: torch.Tensor | None = None
+    real = rows.slots >= 0  # [B]: padding rows route to no expert
     for layer in backbone.layers:
         norm = layer.input_layernorm
         h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
         x = _attention(layer.self_attn, h, cos, sin, pool, rows, ops)
         norm = layer.post_attention_layernorm
         h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
-        x = layer.mlp(h)
+        x = layer.mlp(h, real) if isinstance(layer.mlp, SparseMoeBlock) else layer.mlp(h)
     norm = backbone.norm
     h, _ = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
     return model.lm_head(h)

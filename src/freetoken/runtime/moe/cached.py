@@ -1,15 +1,19 @@
 """Backends over the global slot cache: `offload`, `cpu` and `hybrid`.
 
-Per MoE layer per step, with the routing read back once:
+Per MoE layer per step, the residency policy (residency.py: on the device, no host sync) sorts the
+step's experts:
   hits    experts already in a slot: computed on the device from the slot bank;
   misses  m experts not resident, split by the mode:
             offload  fetch all of them (the layers in --moe-cpu-layers compute them on the CPU)
             cpu      compute all of them on the CPU (the slots keep their warm set)
             hybrid   fetch q = clamp(round(m·B_P/B_H), 1, min(m, max_fetch)), the CPU takes m − q
-The CPU branch is launched first; fills run on the transfer stream while the hits compute; the fetched
-experts compute after the fills land; partial sums are added (an exact merge: each pair counted once).
-A prefill pass where streaming whole layers wins (prefill_plan) runs every layer from a LayerStreamer's
-double buffers instead, with no routing read-back.
+A decode step that fetches all its misses runs on the device alone: the policy's fill plan is carried
+out by a gather kernel reading the pinned host pool (kernels/expert_fill.py), then the experts compute
+from their slots — so it is captured in the decode step's CUDA graph. A step with a CPU share reads the
+policy's answer back once: the CPU branch is launched first; fills run on the transfer stream (DMA)
+while the hits compute; the fetched experts compute after the fills land; partial sums are added (an
+exact merge: each pair counted once). A prefill pass where streaming whole layers wins (prefill_plan)
+runs every layer from a LayerStreamer's double buffers instead, with no routing read-back.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from freetoken.runtime.moe.cpu_branch import CpuBranch
 from freetoken.runtime.moe.executor import ExecutorContext, ExpertExecutor
 from freetoken.runtime.moe.experts import GATHER_MAX_PAIRS, routed_experts
 from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts
+from freetoken.runtime.moe.kernels.expert_fill import fill_slots, fill_slots_reference
+from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS
 from freetoken.runtime.moe.layer_stream import LayerStreamer
-from freetoken.runtime.moe.policy import choose_fetches, fetch_count
+from freetoken.runtime.moe.policy import fetch_fraction
 from freetoken.runtime.moe.prefill_plan import PrefillCosts
+from freetoken.runtime.moe.residency import ExpertResidency
 from freetoken.runtime.moe.slot_bank import SlotBank
-from freetoken.runtime.moe.slot_cache import EMPTY, SlotCache
 
 
 class CachedExecutor(ExpertExecutor):
@@ -36,7 +42,7 @@ class CachedExecutor(ExpertExecutor):
     def __init__(self, ctx: ExecutorContext, warm: bool = True) -> None:
         super().__init__(ctx)
         pool = ctx.pool
-        self.cache = SlotCache(pool.layers, pool.num_experts, ctx.num_slots)
+        self.residency = ExpertResidency(pool.layers, pool.num_experts, ctx.num_slots, ctx.device)
         self.bank = SlotBank(pool, ctx.num_slots + 1, ctx.device)  # the last slot is the probes' own
         self.cpu = CpuBranch(pool, ctx.device, ctx.moe.cpu_threads)
         gb = 1e9
@@ -44,26 +50,53 @@ class CachedExecutor(ExpertExecutor):
         self.host_bw = ctx.moe.host_gbps * gb if ctx.moe.host_gbps else None
         self.probes = 0
         self.streamer: LayerStreamer | None = None
+        self._fill = fill_slots if ctx.device.type == "cuda" else fill_slots_reference
+        self.counters.attach(self.residency.read_counters)
+        self._set_fetch()
         if warm:
             self._warm_up()
 
     def _warm_up(self) -> None:
         """Start with an equal share of every MoE layer resident (lowest expert ids), oldest first."""
-        for slot, layer, expert in self.cache.warm_start():
+        for slot, layer, expert in self.residency.warm_start():
             self.bank.fill(slot, layer, expert)
-        self.bank.publish(self.cache.slot_of)
         event = self.bank.fills_done()
         if event is not None:
             event.synchronize()
 
-    def fetch_budget(self, layer: int, misses: int) -> int:
-        """How many of this step's misses to fetch; the rest go to the CPU."""
-        if self.mode == "cpu" or layer in self.ctx.cpu_layers:
-            return 0
-        if self.mode == "offload":
-            return misses
+    def fetches_all(self, layer: int) -> bool:
+        """Whether every miss of `layer` is fetched (no CPU share: the step needs no read-back)."""
+        return self.mode == "offload" and layer not in self.ctx.cpu_layers
+
+    def _set_fetch(self) -> None:
+        """The policy's per-layer fetch fractions from the current B_P and B_H (a safe point)."""
         moe = self.ctx.moe
-        return fetch_count(misses, self.pcie_bw, self.host_bw, moe.hybrid_max_fetch, moe.fetch_correction)
+        hybrid = fetch_fraction(self.pcie_bw, self.host_bw, moe.fetch_correction)
+        fractions = []
+        for layer in self.pool.layers:
+            if self.fetches_all(layer):
+                fractions.append(1.0)
+            elif self.mode == "hybrid" and layer not in self.ctx.cpu_layers:
+                fractions.append(hybrid)
+            else:
+                fractions.append(0.0)
+        self.residency.set_fetch(fractions, moe.hybrid_max_fetch if self.mode == "hybrid" else None)
+
+    def _device_alone(self, layer: int, pairs: int) -> bool:
+        """Whether a layer step of `pairs` (token, choice) pairs runs with no read-back: every miss is
+        fetched (the slots can take all of a step's distinct experts) by the fill kernel (few tokens)."""
+        small = pairs <= MAX_DECODE_TOKENS * self.ctx.num_experts_per_tok
+        return self.fetches_all(layer) and small and pairs <= self.residency.num_slots
+
+    def graph_blocker(self, rows: int) -> str | None:
+        if self.mode != "offload":
+            return f"the {self.mode} backend computes misses on the CPU"
+        if self.ctx.cpu_layers:
+            return "--moe-cpu-layers compute misses on the CPU"
+        pairs = rows * self.ctx.num_experts_per_tok
+        if not all(self._device_alone(layer, pairs) for layer in self.pool.layers):
+            return f"a step of {rows} rows may have more misses than the {self.residency.num_slots} slots"
+        return None
 
     def prefill_costs(self) -> PrefillCosts:
         moe = self.ctx.moe
@@ -80,19 +113,21 @@ class CachedExecutor(ExpertExecutor):
         )
 
     def resident_per_layer(self) -> float:
-        return float((self.cache.slot_of != EMPTY).sum()) / len(self.pool.layers)
+        return self.residency.resident_count() / len(self.pool.layers)
 
-    def begin_pass(self, tokens: int) -> None:
-        """Stream whole layers through two buffers for this pass when --moe-prefill-stream and the
-        measured costs say so (and the slots hold two full layers)."""
+    def begin_pass(self, tokens: int, rows: int) -> None:
+        """Count the pass; stream whole layers through two buffers for it when --moe-prefill-stream and
+        the measured costs say so (and the slots hold two full layers)."""
+        self.counters.tokens += rows
+        self.counters.steps += 1
         moe = self.ctx.moe
-        if tokens < 2 or moe.prefill_stream == "off" or self.cache.num_slots < 2 * self.pool.num_experts:
+        if tokens < 2 or moe.prefill_stream == "off" or self.residency.num_slots < 2 * self.pool.num_experts:
             return
         if moe.prefill_stream == "auto" and not self.prefill_costs().stream_wins(
             tokens, self.resident_per_layer()
         ):
             return
-        self.streamer = LayerStreamer(self.cache, self.bank, moe.prefill_hit_d2d, moe.prefill_overlap)
+        self.streamer = LayerStreamer(self.residency, self.bank, moe.prefill_hit_d2d, moe.prefill_overlap)
         self.streamer.stage(self.pool.layers[0])  # behind the embedding and the first attention
 
     def end_pass(self) -> None:
@@ -101,7 +136,7 @@ class CachedExecutor(ExpertExecutor):
             return
         streamer.finish(self._compute_stream())
         for layer, (pcie, d2d) in streamer.copies.items():
-            self.counters.add(self.cache.row_of[layer], streamed=pcie, d2d=d2d)
+            self.counters.add(self.residency.row_of[layer], streamed=pcie, d2d=d2d)
 
     def _compute_stream(self) -> torch.cuda.Stream | None:
         return torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
@@ -113,9 +148,6 @@ class CachedExecutor(ExpertExecutor):
         stream = self._compute_stream()
         out = self._from_bank(x, self.streamer.acquire(layer, stream)[topk_ids], topk_weights)
         self.streamer.release(layer, stream)
-        if self.cache.row_of[layer] == 0:
-            self.counters.tokens += x.shape[0]
-            self.counters.steps += 1
         return out
 
     def forward(
@@ -123,82 +155,64 @@ class CachedExecutor(ExpertExecutor):
     ) -> torch.Tensor:
         if self.streamer is not None:
             return self._forward_streamed(layer, x, topk_ids, topk_weights)
-        cache, row = self.cache, self.cache.row_of[layer]
-        ids = topk_ids.cpu().numpy()  # [T, K]: the one routing read-back of this layer step
-        weights = topk_weights.float().cpu().numpy()
-        experts, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
-        inverse = inverse.reshape(ids.shape)
-        weight_sums = np.bincount(inverse.ravel(), weights=weights.ravel(), minlength=len(experts))
-        slots, hit = cache.demand(layer, experts)
-        miss_idx = np.flatnonzero(~hit)
-        q = min(self.fetch_budget(layer, len(miss_idx)), len(miss_idx))
-        # Never evict this step's own experts; with more misses than free slots, the rest go to the CPU.
-        q = min(q, cache.num_slots - int(hit.sum()))
-        fetch = np.zeros(len(experts), dtype=bool)
-        fetch[miss_idx[choose_fetches(experts[miss_idx], counts[miss_idx], weight_sums[miss_idx], q)]] = True
-        on_cpu = ~hit & ~fetch
+        slot_ids, plan, count = self.residency.ensure(layer, topk_ids, topk_weights)
+        if self._device_alone(layer, topk_ids.numel()):
+            pool, bank = self.pool, self.bank
+            self._fill(plan, count, pool.gate_up[layer], pool.down[layer], bank.gate_up, bank.down)
+            return self._from_bank(x, slot_ids, topk_weights)
+        return self._forward_read_back(layer, x, topk_ids, topk_weights, slot_ids, plan[: int(count.item())])
+
+    def _forward_read_back(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        slot_ids: torch.Tensor,
+        plan: torch.Tensor,
+    ) -> torch.Tensor:
+        """The step with the policy's answer on the host: CPU branch, DMA fills, hits, fetched, merge.
+        Reading `count` synced the compute stream, so no earlier step still reads a victim slot."""
+        ids = topk_ids.cpu().numpy()  # [T, K]
+        slots = slot_ids.cpu().numpy()  # [T, K]
+        fills = plan.cpu().numpy()  # [q, 2] (expert, slot)
+        on_cpu = (slots < 0) & (ids >= 0)
+        fetched = np.isin(slots, fills[:, 1]) & (slots >= 0)
+        hit = (slots >= 0) & ~fetched
 
         # 1. CPU branch first: it has the farthest to go.
         partial = rows = None
         if on_cpu.any():
-            pair_on_cpu = on_cpu[inverse]  # [T, K]
-            rows_np = np.flatnonzero(pair_on_cpu.any(axis=1))
+            rows_np = np.flatnonzero(on_cpu.any(axis=1))
             rows = torch.from_numpy(rows_np)
-            cpu_ids = torch.from_numpy(np.where(pair_on_cpu, ids, -1)[rows_np])
-            alone = not hit.any() and not fetch.any()  # no GPU work to overlap: skip the thread hand-off
-            partial = self.cpu.submit(
-                layer, x, rows, cpu_ids, torch.from_numpy(weights[rows_np]), inline=alone
-            )
+            cpu_ids = torch.from_numpy(np.where(on_cpu, ids, -1)[rows_np])
+            weights = topk_weights.float().cpu()[rows]
+            alone = not (slots >= 0).any()  # no GPU work to overlap: skip the thread hand-off
+            partial = self.cpu.submit(layer, x, rows, cpu_ids, weights, inline=alone)
 
-        # 2. Fills into the least recently demanded slots, on the transfer stream.
-        evictions = 0
-        if fetch.any():
-            victims, evictions = cache.admit_misses(layer, experts[fetch], protected=slots[hit])
-            for slot, expert in zip(victims.tolist(), experts[fetch].tolist(), strict=True):
-                self.bank.fill(slot, layer, expert)
-            self.bank.publish(cache.slot_of)
-        fills_done = self.bank.fills_done() if fetch.any() else None
+        # 2. Fills on the transfer stream, into the victims the policy chose.
+        for expert, slot in fills.tolist():
+            self.bank.fill(slot, layer, expert)
+        fills_done = self.bank.fills_done() if len(fills) else None
 
-        # 3. Hits compute now (the table rows they read were published before), fetched ones after fills.
-        pair_hit = torch.from_numpy(hit[inverse]).to(x.device)
-        pair_fetch = torch.from_numpy(fetch[inverse]).to(x.device)
+        # 3. Hits compute now, fetched ones after their fills.
         out = torch.zeros_like(x)
         if hit.any():
-            out = out + self._from_slots(x, topk_ids, topk_weights, pair_hit, layer)
+            out = out + self._from_bank(x, self._only(slot_ids, hit), topk_weights)
         if fills_done is not None:
             torch.cuda.current_stream(x.device).wait_event(fills_done)
-        if fetch.any():
-            out = out + self._from_slots(x, topk_ids, topk_weights, pair_fetch, layer)
+        if fetched.any():
+            out = out + self._from_bank(x, self._only(slot_ids, fetched), topk_weights)
         if partial is not None:
             assert rows is not None
             out = self.cpu.merge(out, rows, partial)
-
-        counters = self.counters
-        if row == 0:
-            counters.tokens += x.shape[0]
-            counters.steps += 1
-        counters.add(
-            row,
-            hits=int(hit.sum()),
-            misses=len(miss_idx),
-            fills=int(fetch.sum()),
-            evictions=evictions,
-            cpu=int(on_cpu.sum()),
-        )
-        counters.last_q[row] = int(fetch.sum())
         return out
 
-    def _from_slots(
-        self,
-        x: torch.Tensor,
-        topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor,
-        pairs: torch.Tensor,
-        layer: int,
-    ) -> torch.Tensor:
-        """Sum over the (token, choice) pairs in `pairs` [T, K] bool, computed from the slot bank."""
-        slot_ids = self.bank.table[self.cache.row_of[layer]][topk_ids].long()  # [T, K]
-        return self._from_bank(x, torch.where(pairs, slot_ids, torch.full_like(slot_ids, -1)), topk_weights)
+    @staticmethod
+    def _only(slot_ids: torch.Tensor, pairs: np.ndarray) -> torch.Tensor:
+        """slot_ids [T, K] with the pairs outside `pairs` [T, K] bool set to -1 (skipped)."""
+        keep = torch.from_numpy(pairs).to(slot_ids.device)
+        return torch.where(keep, slot_ids, torch.full_like(slot_ids, -1))
 
     def _from_bank(self, x: torch.Tensor, slot_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """The experts in slots `slot_ids` [T, K] (-1 = skip) for x [T, H], weighted."""
@@ -227,11 +241,12 @@ class CachedExecutor(ExpertExecutor):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(self.bank.stream)
             for expert in experts.tolist():
-                self.bank.fill(self.cache.num_slots, layer, expert)
+                self.bank.fill(self.residency.num_slots, layer, expert)
             end.record(self.bank.stream)
             end.synchronize()
             self.pcie_bw = _smooth(self.pcie_bw, k * pool.expert_nbytes / (start.elapsed_time(end) / 1e3))
         self.probes += 1
+        self._set_fetch()
 
     def close(self) -> None:
         self.cpu.close()

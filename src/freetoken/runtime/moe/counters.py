@@ -1,32 +1,52 @@
-"""Expert cache counters, per MoE layer and per token."""
+"""Expert cache counters, per MoE layer and per token.
+
+hits, misses, fills, evictions and cpu (distinct experts per layer step) are counted on the device by
+the residency policy and read from there when reported (`attach`); streamed / d2d — experts copied by
+prefill layer streaming over PCIe / on the device, whose passes read no routing, so they count no hits
+or misses — are counted on the host.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-# streamed / d2d: experts copied by prefill layer streaming over PCIe / on the device (its passes read no
-# routing back, so they count no hits or misses).
-FIELDS = ("hits", "misses", "fills", "evictions", "cpu", "streamed", "d2d")
+DEVICE_FIELDS = ("hits", "misses", "fills", "evictions", "cpu")
+FIELDS = (*DEVICE_FIELDS, "streamed", "d2d")
 
 
 @dataclass
 class MoeCounters:
     moe_layers: tuple[int, ...]
-    tokens: int = 0
-    steps: int = 0
-    by_layer: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [L] int64
-    last_q: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [L] q of the last step
+    tokens: int = 0  # token rows through the MoE layers
+    steps: int = 0  # forward passes
+    host: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [L] int64, counted here
+    _device: Callable[[], np.ndarray] | None = field(default=None, repr=False)  # -> [L, 5] accumulated
+    _baseline: np.ndarray | None = field(default=None, repr=False)  # the device counts at the last reset
 
     def __post_init__(self) -> None:
-        n = len(self.moe_layers)
-        self.by_layer = {name: np.zeros(n, dtype=np.int64) for name in FIELDS}
-        self.last_q = np.zeros(n, dtype=np.int64)
+        self.host = {name: np.zeros(len(self.moe_layers), dtype=np.int64) for name in FIELDS}
+
+    def attach(self, device_counts: Callable[[], np.ndarray]) -> None:
+        """Read DEVICE_FIELDS from `device_counts` (columns in that order) from now on."""
+        self._device = device_counts
+        self._baseline = device_counts().copy()
 
     def add(self, row: int, **counts: int) -> None:
         for name, value in counts.items():
-            self.by_layer[name][row] += value
+            self.host[name][row] += value
+
+    @property
+    def by_layer(self) -> dict[str, np.ndarray]:
+        """name -> [L] counts since the last reset (reads the device's: a sync)."""
+        out = {name: values.copy() for name, values in self.host.items()}
+        if self._device is not None and self._baseline is not None:
+            counts = self._device() - self._baseline
+            for column, name in enumerate(DEVICE_FIELDS):
+                out[name] += counts[:, column]
+        return out
 
     def totals(self) -> dict[str, int]:
         return {name: int(values.sum()) for name, values in self.by_layer.items()}
@@ -43,17 +63,21 @@ class MoeCounters:
 
     def reset(self) -> None:
         self.tokens = self.steps = 0
-        for values in self.by_layer.values():
+        for values in self.host.values():
             values[:] = 0
-        self.last_q[:] = 0
+        if self._device is not None:
+            self._baseline = self._device().copy()
 
     def as_dict(self) -> dict[str, object]:
+        by_layer = self.by_layer
+        totals = {name: int(values.sum()) for name, values in by_layer.items()}
+        tokens = max(self.tokens, 1)
+        demanded = totals["hits"] + totals["misses"]
         return {
             "tokens": self.tokens,
             "steps": self.steps,
-            "totals": self.totals(),
-            "per_token": {k: round(v, 4) for k, v in self.per_token().items()},
-            "miss_rate": round(self.miss_rate(), 4),
-            "by_layer": {name: values.tolist() for name, values in self.by_layer.items()},
-            "last_q": self.last_q.tolist(),
+            "totals": totals,
+            "per_token": {k: round(v / tokens, 4) for k, v in totals.items()},
+            "miss_rate": round(totals["misses"] / demanded if demanded else 0.0, 4),
+            "by_layer": {name: values.tolist() for name, values in by_layer.items()},
         }

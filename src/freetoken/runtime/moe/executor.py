@@ -54,11 +54,16 @@ class ExpertExecutor(ABC):
     ) -> torch.Tensor:
         """x [T, H] on the compute device, topk_ids/topk_weights [T, K] -> [T, H] on the compute device."""
 
-    def begin_pass(self, tokens: int) -> None:  # noqa: B027 - only cached executors stream prefill
-        """Before a forward pass of `tokens` new tokens."""
+    def begin_pass(self, tokens: int, rows: int) -> None:  # noqa: B027 - only cached executors act
+        """Before a forward pass of `tokens` new tokens per sequence, `rows` token rows in all."""
 
     def end_pass(self) -> None:  # noqa: B027
         """After the forward pass (also when it raised)."""
+
+    def graph_blocker(self, rows: int) -> str | None:
+        """Why a decode step of `rows` rows cannot be captured in a CUDA graph; None: it can (every
+        expert's work stays on the device, with no host read-back)."""
+        return None
 
     def probe(self) -> None:  # noqa: B027 - only executors that split misses use bandwidths
         """Re-measure B_P and B_H cheaply (one expert each) and fold them into the running estimates."""

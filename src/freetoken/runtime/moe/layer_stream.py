@@ -10,6 +10,7 @@ At the end the buffers go back to the cache as ordinary slots holding the last t
 expert already resident elsewhere is not entered twice), so what prefill left behind is a decode hit.
 With `hit_d2d`, experts resident elsewhere are copied device to device and only the rest cross PCIe;
 without `overlap`, each layer's copy is issued when it is needed (copy, then compute: for comparison).
+No residency step runs during a streamed pass, so the table read at the start stays true until `finish`.
 """
 
 from __future__ import annotations
@@ -17,20 +18,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from freetoken.runtime.moe.residency import EMPTY, ExpertResidency
 from freetoken.runtime.moe.slot_bank import SlotBank
-from freetoken.runtime.moe.slot_cache import EMPTY, SlotCache
 
 
 class LayerStreamer:
-    def __init__(self, cache: SlotCache, bank: SlotBank, hit_d2d: bool, overlap: bool) -> None:
-        self.cache, self.bank = cache, bank
+    def __init__(self, residency: ExpertResidency, bank: SlotBank, hit_d2d: bool, overlap: bool) -> None:
+        self.residency, self.bank = residency, bank
         self.hit_d2d, self.overlap = hit_d2d, overlap
-        self.layers = cache.moe_layers
-        e = cache.num_experts
-        taken = np.sort(cache.victims(2 * e, protected=np.empty(0, dtype=np.int64)))
-        for slot in taken.tolist():
-            cache.evict(slot)
-        bank.publish(cache.slot_of)  # no table row points into the buffers any more
+        self.layers = residency.moe_layers
+        e = residency.num_experts
+        taken = np.sort(residency.victims(2 * e))
+        residency.evict(taken)  # no table row points into the buffers any more
+        self.table = residency.table()  # [L, E] on the host, for the pass
         self.slots = [taken[:e], taken[e:]]  # buffer -> [E] slot of each expert
         self.slots_device = [torch.from_numpy(s.astype(np.int64)).to(bank.device) for s in self.slots]
         self.holds: list[int | None] = [None, None]  # buffer -> the layer copied into it
@@ -44,8 +44,8 @@ class LayerStreamer:
         b = self._next
         self._next = 1 - b
         self.bank.transfer_waits(self.released[b])
-        row, slots = self.cache.row_of[layer], self.slots[b]
-        resident = self.cache.slot_of[row] if self.hit_d2d else np.full(len(slots), EMPTY)
+        row, slots = self.residency.row_of[layer], self.slots[b]
+        resident = self.table[row] if self.hit_d2d else np.full(len(slots), EMPTY)
         remote = np.flatnonzero(resident == EMPTY)
         for start, count in _runs(remote, slots):
             self.bank.fill_run(int(slots[start]), layer, int(start), count)
@@ -91,11 +91,8 @@ class LayerStreamer:
             layer = self.holds[b]
             if layer is None:
                 continue
-            row = self.cache.row_of[layer]
-            for expert, slot in enumerate(self.slots[b].tolist()):
-                if self.cache.slot_of[row, expert] == EMPTY:
-                    self.cache.admit(layer, expert, slot)
-        self.bank.publish(self.cache.slot_of)
+            absent = np.flatnonzero(self.table[self.residency.row_of[layer]] == EMPTY)
+            self.residency.admit(layer, absent, self.slots[b][absent])
 
 
 def _runs(experts: np.ndarray, slots: np.ndarray) -> list[tuple[int, int]]:

@@ -7,7 +7,19 @@ fetch everything.
 
 from __future__ import annotations
 
-import numpy as np
+import math
+
+
+def fetch_fraction(pcie_bw: float | None, host_bw: float | None, correction: float = 1.0) -> float:
+    """f = min(1, c·B_P/B_H), the share of a step's misses to fetch; unknown B_P -> 0 (all CPU), unknown
+    B_H -> 1 (all fetched). c corrects the linear model by what `bench bw` measured with both branches
+    running (measured best q/m over B_P/B_H at profiling time; 1 without a profile), so the measured
+    split wins while the bandwidths, re-probed online, still move q with contention."""
+    if pcie_bw is None or pcie_bw <= 0:
+        return 0.0
+    if host_bw is None:
+        return 1.0
+    return min(1.0, correction * pcie_bw / host_bw)
 
 
 def fetch_count(
@@ -17,35 +29,15 @@ def fetch_count(
     max_fetch: int | None = None,
     correction: float = 1.0,
 ) -> int:
-    """q = clamp(round(m·c·B_P/B_H), 1, min(m, max_fetch)); no misses -> 0; unknown B_P -> 0 (all CPU).
+    """q = clamp(floor(m·f + 0.5), 1, min(m, max_fetch)) with f = fetch_fraction(...); no misses or f = 0
+    -> 0. The residency policy computes the same q on the device (kernels/lru_ensure.py) from f."""
+    return quota(misses, fetch_fraction(pcie_bw, host_bw, correction), max_fetch)
 
-    c corrects the linear model by what `bench bw` measured with both branches running (measured best
-    q/m over B_P/B_H at profiling time; 1 without a profile), so the measured split wins while the
-    bandwidths, re-probed online, still move q with contention. B_H <= B_P with c = 1: fetch all.
-    """
-    if misses <= 0:
+
+def quota(misses: int, fraction: float, max_fetch: int | None = None) -> int:
+    """q = clamp(floor(m·f + 0.5), 1, max(1, min(m, max_fetch))); 0 if m == 0 or not f > 0. In Python
+    floats (fp64), as the device kernel: m·f is exact, then one rounding of + 0.5."""
+    if misses <= 0 or not fraction > 0:
         return 0
     cap = misses if max_fetch is None else max(1, min(misses, max_fetch))
-    if pcie_bw is None or pcie_bw <= 0:
-        return 0
-    if host_bw is None:
-        return cap
-    fraction = min(1.0, correction * pcie_bw / host_bw)
-    return int(min(max(round(misses * fraction), 1), cap))
-
-
-def choose_fetches(
-    misses: np.ndarray, token_counts: np.ndarray, weight_sums: np.ndarray, q: int
-) -> np.ndarray:
-    """Which q misses to fetch: the ones serving the most tokens, then the largest total router weight.
-
-    More tokens means more GPU work saved per byte moved; between equals, the router's confidence is
-    the best guess at which expert the next tokens will demand again, and a fetch stays resident.
-    Returns a boolean mask over `misses`.
-    """
-    chosen = np.zeros(len(misses), dtype=bool)
-    if q <= 0:
-        return chosen
-    order = np.lexsort((misses, -weight_sums, -token_counts))  # last key is the primary one
-    chosen[order[:q]] = True
-    return chosen
+    return int(min(max(math.floor(misses * fraction + 0.5), 1), cap))

@@ -18,6 +18,8 @@ from types import ModuleType
 
 import torch
 
+from freetoken.runtime.triton_support import kernel_runs_on
+
 
 @dataclass(frozen=True)
 class AttentionBlocks:
@@ -46,12 +48,7 @@ def _body() -> tuple[ModuleType, bool]:
 def decode_kernels_available(device: torch.device | str) -> bool:
     """Whether the Triton decode kernels (this module's and norm_rope's) run on tensors of `device`:
     CUDA ones, or CPU ones under TRITON_INTERPRET=1 (set before Triton is first imported)."""
-    try:
-        _, interpreted = _body()
-    except ImportError:
-        return False
-    kind = torch.device(device).type
-    return kind == "cuda" or (kind == "cpu" and interpreted)
+    return kernel_runs_on(_body, device)
 
 
 def check_device(t: torch.Tensor) -> None:

@@ -1,0 +1,19 @@
+"""Where a Triton kernel can run: on CUDA tensors, or on CPU ones when Triton's interpreter runs the kernel
+bodies (TRITON_INTERPRET=1 set before Triton is first imported, as the test suite does without CUDA)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def kernel_runs_on(body: Callable[[], tuple[Any, bool]], device: torch.device | str) -> bool:
+    """`body()` -> (the kernel module, whether the interpreter runs it); False when Triton is missing."""
+    try:
+        _, interpreted = body()
+    except ImportError:
+        return False
+    kind = torch.device(device).type
+    return kind == "cuda" or (kind == "cpu" and interpreted)
