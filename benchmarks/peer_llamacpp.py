@@ -89,6 +89,43 @@ def batch_decode_tok_s(engine: Engine, batch: int, gen: int) -> float:
     return tokens / seconds
 
 
+def freetoken_options(args: argparse.Namespace, offloaded: int, layers: int) -> list[dict[str, Any]]:
+    """The engine options matching llama.cpp's `-ncmoe offloaded`: fused with every expert on the GPU;
+    each of --backends at the same share of expert bytes; cpu with no slot when no expert is on the GPU."""
+    if args.device == "cpu":
+        return [{"moe_backend": "cpu", "cpu_threads": args.threads}]
+    if offloaded == 0:
+        return [{"moe_backend": "fused"}]
+    if offloaded == layers:
+        return [{"moe_backend": "cpu", "cache_size": 0, "cpu_threads": args.threads}]
+    ratio = (layers - offloaded) / layers
+    out = []
+    for backend in args.backends.split(","):
+        options: dict[str, Any] = {"moe_backend": backend, "cache_ratio": ratio, "cpu_threads": args.threads}
+        if backend == "hybrid":
+            options.update(
+                {k: v for k, v in (("pcie_gbps", args.pcie_gbps), ("host_gbps", args.host_gbps)) if v}
+            )
+        out.append(options)
+    return out
+
+
+def measure(args: argparse.Namespace, options: dict[str, Any], batch: int) -> dict[str, Any]:
+    """FreeToken's prefill and decode on the GGUF with `options` (and `batch` requests together if > 1)."""
+    context = args.prompt + args.gen + 64
+    engine = build_engine(args.gguf, device=args.device, dtype="auto", max_seq_len=context, **options)
+    ours: dict[str, Any] = dict(freetoken_bench(engine, args.prompt, args.gen))
+    if batch > 1:
+        ours["batch"] = batch
+        ours["batch_decode_tok_s"] = batch_decode_tok_s(engine, batch, args.gen)
+    ours["miss_rate"] = engine.moe_counters.miss_rate()
+    engine.close()
+    del engine
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return ours
+
+
 def _last(events: Iterator[TokenEvent]) -> GenerationStats:
     *_, last = events
     assert last.stats is not None
@@ -109,7 +146,13 @@ def main() -> None:
     ap.add_argument("--gguf", type=Path, required=True, help="e.g. made by make_qwen3moe_gguf.py")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budgets", default="1,0.375", help="fractions of the expert bytes on the GPU")
-    ap.add_argument("--backend", default="offload", help="FreeToken's backend below a budget of 1")
+    ap.add_argument(
+        "--backends", default="offload,hybrid", help="FreeToken's backends for a budget in (0, 1), each a row"
+    )
+    ap.add_argument(
+        "--pcie-gbps", type=float, help="B_P for hybrid (default: this machine's bench bw profile)"
+    )
+    ap.add_argument("--host-gbps", type=float, help="B_H for hybrid (likewise)")
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=64)
@@ -125,30 +168,16 @@ def main() -> None:
         peer = llama_bench(
             args.llama_bench, args.gguf, args.device, offloaded, args.threads, args.prompt, args.gen
         )
-        if args.device == "cpu":
-            options: dict[str, Any] = {"moe_backend": "cpu", "cpu_threads": args.threads}
-        elif offloaded == 0:
-            options = {"moe_backend": "fused"}
-        else:
-            options = {"moe_backend": args.backend, "cache_ratio": ratio, "cpu_threads": args.threads}
-        context = args.prompt + args.gen + 64
-        engine = build_engine(args.gguf, device=args.device, dtype="auto", max_seq_len=context, **options)
-        ours = freetoken_bench(engine, args.prompt, args.gen)
-        if offloaded == 0 and args.batch > 1:
-            ours["batch"] = args.batch
-            ours["batch_decode_tok_s"] = batch_decode_tok_s(engine, args.batch, args.gen)
-        engine.close()
-        del engine
-        if args.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-        rows.append(
-            {
-                "budget": ratio,
-                "llama_cpp": {"ncmoe": offloaded, **peer},
-                "freetoken": {**options, **ours},
-                "ratio": {k: ours[k] / peer[k] for k in ("prefill_tok_s", "decode_tok_s") if peer.get(k)},
-            }
-        )
+        for options in freetoken_options(args, offloaded, layers):
+            ours = measure(args, options, batch=args.batch if offloaded == 0 else 1)
+            rows.append(
+                {
+                    "budget": ratio,
+                    "llama_cpp": {"ncmoe": offloaded, **peer},
+                    "freetoken": {**options, **ours},
+                    "ratio": {k: ours[k] / peer[k] for k in ("prefill_tok_s", "decode_tok_s") if peer.get(k)},
+                }
+            )
     doc = {"gguf": str(args.gguf), "layers": layers, "device": args.device, "threads": args.threads,
            "prompt": args.prompt, "gen": args.gen, "rows": rows}  # fmt: skip
     if args.json:
@@ -159,7 +188,8 @@ def main() -> None:
     for row in rows:
         for name in ("llama_cpp", "freetoken"):
             r = row[name]
-            print(f"{row['budget']:>7.3f} {name:>10} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.1f}")
+            label = r["moe_backend"] if name == "freetoken" else f"ncmoe {r['ncmoe']}"
+            print(f"{row['budget']:>7.3f} {label:>10} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.1f}")
         ratio = row["ratio"]
         print(f"{'':>7} {'ours/peer':>10} {ratio['prefill_tok_s']:>14.2f} {ratio['decode_tok_s']:>13.2f}")
         ours = row["freetoken"]

@@ -129,3 +129,33 @@ def test_an_offload_step_with_misses_issues_no_host_sync(tiny_model: tuple[Path,
     assert engine.moe_counters.totals()["misses"] > misses  # the steps did miss, inside the graph
     assert engine.decoder is not None and engine.decoder.replays >= 8
     engine.close()
+
+
+def test_halving_the_budget_mid_generation_recaptures_and_keeps_the_tokens(
+    tiny_model: tuple[Path, Any],
+) -> None:
+    want = greedy(
+        build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused"), PROMPTS[:2], 20
+    )
+    engine = build_engine(tiny_model[0], device="cuda", dtype="float32", moe_backend="offload", cache_size=16)
+    try:
+        engine.reserve_slots(2)
+        scheduler = Scheduler(engine, PrefixCache(0), max_running=2)
+        out: list[list[Any]] = [[], []]
+        for n in range(2):
+            scheduler.add(PROMPTS[n], SamplingParams(max_tokens=20, ignore_eos=True), out[n].append)
+        for turn in range(30):
+            if turn == 5:
+                held = engine.memory_report()["held_bytes"]
+                engine.set_vram_budget(f"{(held + 8 * engine.pool.expert_nbytes) / 2**20!r}MiB")
+                assert engine.num_slots == 8
+            if turn == 12:
+                engine.set_vram_budget(None)
+                assert engine.num_slots == 16
+            if scheduler.has_work():
+                scheduler.step()
+        assert [[e.token_id for e in events] for events in out] == want
+        assert engine.decoder is not None and engine.decoder.replays > 10
+        assert_residency_true(engine)
+    finally:
+        engine.close()

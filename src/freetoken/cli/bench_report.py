@@ -105,6 +105,8 @@ def print_report(doc: dict[str, Any]) -> None:
     for n, bw in doc.get("b_h_batch", {}).items():
         table.add_row(f"  B_H at {n} tokens", _gbps(bw), "per expert (prefill chunks)")
     table.add_row("B_P", _gbps(doc["b_p"]), "expert fills, pinned pool -> device slots")
+    if doc.get("b_p_gather"):
+        table.add_row("B_P (gather)", _gbps(doc["b_p_gather"]), "the same by the decode graph's UVA kernel")
     if doc.get("device_pairs_s"):
         table.add_row(
             "device experts",

@@ -89,6 +89,15 @@ KvReserveOpt = Annotated[
         "--max-running-requests × --context-length, before sizing the expert slots.",
     ),
 ]
+VramBudgetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--vram-budget",
+        help="Cap the engine's device memory (weights, KV cache and expert slots): GiB ('20', '20GiB', "
+        "'512MiB') or a share of the device ('0.5', '50%'). The expert slots get what the rest leaves and "
+        "are re-split when the KV cache grows.",
+    ),
+]
 CpuLayersOpt = Annotated[
     str | None,
     typer.Option(
@@ -185,6 +194,7 @@ def moe_config_from(flags: dict[str, Any]) -> MoeConfig:
         cache_size=flags["moe_cache_size"],
         cache_ratio=flags["moe_cache_ratio"],
         kv_reserve_tokens=flags["kv_reserve_tokens"],
+        vram_budget=flags["vram_budget"],
         cpu_layers=flags["moe_cpu_layers"],
         hybrid_max_fetch=flags["moe_hybrid_max_fetch"],
         cpu_threads=flags["moe_cpu_threads"],

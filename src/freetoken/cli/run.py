@@ -29,6 +29,7 @@ from freetoken.cli.options import (
     PrefillStreamOpt,
     RecordRoutingOpt,
     StateCheckpointsOpt,
+    VramBudgetOpt,
     in_kind,
     moe_config_from,
 )
@@ -89,6 +90,7 @@ def run(
     moe_cache_size: CacheSizeOpt = None,
     moe_cache_ratio: CacheRatioOpt = None,
     kv_reserve_tokens: KvReserveOpt = 8192,
+    vram_budget: VramBudgetOpt = None,
     context_length: ContextLengthOpt = None,
     moe_cpu_layers: CpuLayersOpt = None,
     moe_hybrid_max_fetch: MaxFetchOpt = None,

@@ -25,6 +25,7 @@ from freetoken.cli.options import (
     PrefillHitD2dOpt,
     PrefillStreamOpt,
     RecordRoutingOpt,
+    VramBudgetOpt,
     moe_config_from,
 )
 
@@ -106,6 +107,7 @@ def serve(
     moe_cache_size: CacheSizeOpt = None,
     moe_cache_ratio: CacheRatioOpt = None,
     kv_reserve_tokens: KvReserveOpt = 8192,
+    vram_budget: VramBudgetOpt = None,
     moe_cpu_layers: CpuLayersOpt = None,
     moe_hybrid_max_fetch: MaxFetchOpt = None,
     moe_cpu_threads: CpuThreadsOpt = None,

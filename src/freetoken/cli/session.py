@@ -218,6 +218,7 @@ def run_once(opts: RunOptions, prompt: str) -> None:
             "moe_backend": engine.backend,
             "expert_slots": engine.num_slots,
             "experts": engine.moe_counters.as_dict(),
+            "memory": engine.memory_report(),
             "text": text,
             "finish_reason": last.finish_reason,
             "stats": last.stats.as_dict(),

@@ -26,6 +26,7 @@ from freetoken.runtime.moe.kernels.cpu_experts import (
     kernel_available,
     read_bandwidth,
 )
+from freetoken.runtime.moe.kernels.expert_fill import fill_kernel_available, fill_slots
 from freetoken.runtime.moe.pool import HUGE_PAGES, HostExpertPool
 from freetoken.runtime.moe.slot_bank import SlotBank
 from freetoken.runtime.profile import BandwidthProfile, current_versions, this_machine
@@ -161,6 +162,21 @@ class Bench:
 
         return k * self.shape.nbytes / _timed(fills, self.reps, self.sync)
 
+    def gather_bw(self, bank: SlotBank) -> float:
+        """The same fills as fill_bw by the gather kernel a captured decode step uses: the device reads
+        the pinned pool through unified addressing, driven by a plan in device memory."""
+        k = self.shape.top_k
+        plan = torch.empty(k, 2, dtype=torch.int32, device=self.device)
+        count = torch.full((1,), k, dtype=torch.int32, device=self.device)
+        slots = torch.arange(k, dtype=torch.int32)
+
+        def fills() -> None:
+            experts = torch.from_numpy(self._experts(k).astype(np.int32))
+            plan.copy_(torch.stack((experts, slots), dim=1), non_blocking=True)
+            fill_slots(plan, count, self.pool.gate_up[0], self.pool.down[0], bank.gate_up, bank.down)
+
+        return k * self.shape.nbytes / _timed(fills, self.reps, self.sync)
+
     def linear(self, nbytes: int = 256 << 20) -> tuple[float, float]:
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         dev = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
@@ -238,12 +254,13 @@ def measure(
         hosts.append(bench.host_bw())
     host_read, b_h = max(reads), max(hosts)
     b_h_batch = {str(n): bench.host_bw(n) for n in HOST_BATCHES}
-    b_p = h2d = d2h = device_pairs = None
+    b_p = b_p_gather = h2d = d2h = device_pairs = None
     overlap: list[dict[str, float]] = []
     misses = max(1, round(shape.top_k * miss_rate))
     if bench.cuda:
         bank = SlotBank(bench.pool, shape.top_k, bench.device)
         b_p = bench.fill_bw(bank)
+        b_p_gather = bench.gather_bw(bank) if fill_kernel_available(bench.device) else None
         h2d, d2h = bench.linear()
         overlap = bench.overlap(bank, misses)
         device_pairs = bench.device_pairs(bank)
@@ -271,6 +288,7 @@ def measure(
         b_h_batch=b_h_batch,
         device_pairs_s=device_pairs,
         b_p=b_p,
+        b_p_gather=b_p_gather,
         h2d=h2d,
         d2h=d2h,
         cpu_fixed_s=fixed,

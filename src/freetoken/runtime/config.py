@@ -133,6 +133,7 @@ class MoeConfig:
     cache_size: int | None = None  # expert slots on the compute device
     cache_ratio: float | None = None  # ... or a fraction of the pool
     kv_reserve_tokens: int = 8192  # VRAM held back for prefix-cache K/V beyond the static KV pool
+    vram_budget: str | None = None  # the engine's device memory cap: GiB ("20", "20GiB") or a share ("0.5")
     cpu_layers: str | None = None  # "3,7,11" ids, "4" the first four MoE layers, "0.25" a fraction
     hybrid_max_fetch: int | None = None
     cpu_threads: int | None = None
@@ -162,6 +163,7 @@ class MoeConfig:
         )
         check_choice("--moe-prefill-stream", self.prefill_stream, PREFILL_STREAM_CHOICES)
         cpu_layers_form(self.cpu_layers)
+        vram_budget_form(self.vram_budget)
         if self.cache_size is not None and self.cache_ratio is not None:
             raise flag_error("--moe-cache-size", "give it or --moe-cache-ratio, not both")
 
@@ -193,6 +195,33 @@ class EngineConfig:
             ("max_seq_len", self.max_seq_len, POSITIVE_INT),
             ("--max-running-requests", self.max_running, POSITIVE_INT),
         )
+
+
+GIB = 1 << 30
+_SIZE_UNITS = {"": GIB, "g": GIB, "gb": GIB, "gib": GIB, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20}
+
+
+def vram_budget_form(spec: str | None) -> tuple[str, float] | None:
+    """`--vram-budget`: ("share", f) for a share of the device's memory ("0.5", "50%"; a plain number up
+    to 1), ("bytes", n) for a size ("20" and "20GiB" are GiB, "512MiB"); None when not given."""
+    if spec is None:
+        return None
+    text = spec.strip().lower().replace(" ", "")
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz%")
+    unit = text[len(number) :]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit == "%" and 0 < value <= 100:
+        return ("share", value / 100)
+    if unit == "" and 0 < value <= 1:
+        return ("share", value)
+    if unit in _SIZE_UNITS and value > 0:
+        return ("bytes", value * _SIZE_UNITS[unit])
+    raise flag_error(
+        "--vram-budget", f"expected GiB ('20', '20GiB', '512MiB') or a share ('0.5', '50%'), got {spec!r}"
+    )
 
 
 def cpu_layers_form(spec: str | None) -> tuple[str, Any] | None:

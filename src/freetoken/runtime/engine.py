@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from freetoken.runtime.kv.prefix_cache import PrefixCache
 from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.kv.state_checkpoints import Checkpoint, StateCheckpoints
 from freetoken.runtime.loader import WeightSource, load_model
-from freetoken.runtime.memory import plan_slots
+from freetoken.runtime.memory import held_bytes, plan_slots, slot_ceiling
 from freetoken.runtime.models.slot_decode import prepare_for_slot_decode, supports_slot_decode
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
@@ -64,6 +65,8 @@ class Engine:
         self.max_seq_len = min(config.max_seq_len or DEFAULT_CONTEXT, self.config.max_position_embeddings)
         # before the expert slots are sized: the K/V of every running sequence is held from the start
         self.kv_pool = self._make_kv_pool(config.max_running)
+        self._kv_generation = self.kv_pool.generation
+        self.resplits = 0  # times the device memory was re-split between the KV pool and the slots
         self.decoder: SlotDecoder | None = None  # decode over the static KV pool (CUDA graphs there)
         if supports_slot_decode(model):
             prepare_for_slot_decode(model)
@@ -119,7 +122,10 @@ class Engine:
                 torch.cuda.empty_cache()
         if moe.cpu_threads:
             torch.set_num_threads(moe.cpu_threads)  # the host's compute budget, process-wide
-        self.num_slots = plan_slots(moe, backend, self.config, self.pool, self.device)
+        self._slot_ceiling = slot_ceiling(moe, backend, self.config, self.pool, self.device)
+        self.num_slots = plan_slots(
+            moe, backend, self.config, self.pool, self._slot_ceiling, self._held_bytes(moe), self.device
+        )
         ctx = ExecutorContext(
             pool=self.pool,
             device=self.device,
@@ -155,6 +161,56 @@ class Engine:
     def reserve_slots(self, slots: int) -> None:
         """Make the static KV cache hold `slots` sequences at once (a scheduler asks before it runs)."""
         self.kv_pool.grow(slots)
+        if self.kv_pool.generation != self._kv_generation:
+            self._kv_generation = self.kv_pool.generation
+            self._resplit()
+
+    # -- device memory: the KV pool and the expert slots under --vram-budget -------------------------------
+
+    def set_vram_budget(self, budget: str | None) -> None:
+        """At a safe point (between scheduler turns): cap the engine's device memory at `budget` (GiB or a
+        share of the device, as --vram-budget; None: no cap) and re-split it: the expert slots shrink to
+        what the weights and the KV pool leave (the least recently used experts leave) or grow back."""
+        self.moe = replace(self.moe, vram_budget=budget)
+        self._resplit()
+
+    def _held_bytes(self, moe: MoeConfig) -> int:
+        return held_bytes(self.model, self.kv_pool.nbytes, moe, self.config, self.device)
+
+    def _resplit(self) -> None:
+        if self._slot_ceiling == 0:
+            return
+        slots = plan_slots(
+            self.moe,
+            self.backend,
+            self.config,
+            self.pool,
+            self._slot_ceiling,
+            self._held_bytes(self.moe),
+            self.device,
+        )
+        if slots == self.num_slots:
+            return
+        log.info("expert slots re-split: %d -> %d", self.num_slots, slots)
+        if self.decoder is not None:
+            self.decoder.reset()  # the graphs hold the old banks and tables
+        self.executor.resize_slots(slots)
+        self.num_slots = slots
+        self.resplits += 1
+
+    def memory_report(self) -> dict[str, Any]:
+        """The device memory split: expert slots, the KV pool, the budget and how often it was re-split."""
+        expert = self.pool.expert_nbytes if self.pool is not None else 0
+        return {
+            "vram_budget": self.moe.vram_budget,
+            "held_bytes": self._held_bytes(self.moe),  # weights, KV pool (and margin on CUDA): not slots
+            "expert_slots": self.num_slots,
+            "expert_slot_bytes": self.num_slots * expert,
+            "kv_sequences": self.kv_pool.slots,
+            "kv_capacity_tokens": self.kv_pool.slots * self.kv_pool.capacity,
+            "kv_bytes": self.kv_pool.nbytes,
+            "resplits": self.resplits,
+        }
 
     def _make_kv_pool(self, slots: int) -> KVSlotPool:
         cfg = self.config
@@ -178,6 +234,9 @@ class Engine:
             layers=self.kv_pool.layers,  # hybrid models: K/V for their attention layers only
             pool=self.kv_pool,
         )
+        if self.kv_pool.generation != self._kv_generation:  # the pool grew for it: the slots make room
+            self._kv_generation = self.kv_pool.generation
+            self._resplit()
         if self._anchors is None:
             return Sequence(kv)
         config = self.engine_config

@@ -84,6 +84,7 @@ class BandwidthProfile:
     kernel: str  # "compiled" or "torch"
     b_h_batch: dict[str, float] = field(default_factory=dict)  # tokens per expert -> B_H there
     device_pairs_s: float | None = None  # device expert compute, (token, expert) pairs/s at 512 tokens
+    b_p_gather: float | None = None  # bytes/s, the same fills by the graph's gather kernel over UVA
     overlap: list[dict[str, float]] = field(default_factory=list)  # [{q, seconds}]: one layer step of m
     # misses (expert_shape.overlap_misses), q fetched and m − q through the CPU branch, at once
     measured_fetch_fraction: float | None = None  # best q/m from the overlapped runs
@@ -143,6 +144,7 @@ PROFILE_KEYS: dict[str, tuple[Kind, Any]] = {
     "host_read": (POSITIVE, REQUIRED),
     "b_h": (POSITIVE, REQUIRED),
     "b_p": (POSITIVE, None),
+    "b_p_gather": (POSITIVE, None),
     "h2d": (POSITIVE, None),
     "d2h": (POSITIVE, None),
     "cpu_fixed_s": (NON_NEGATIVE, REQUIRED),

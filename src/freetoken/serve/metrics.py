@@ -56,6 +56,7 @@ def snapshot(state: ServeState) -> dict[str, Any]:
             "slots": engine.num_slots,
             "slots_occupied": occupied,
         },
+        "memory": {k: v for k, v in engine.memory_report().items() if k != "vram_budget"},
         "prefix_cache": {
             "lookups": prefix.lookups,
             "hit_tokens": prefix.hit_tokens,
@@ -73,13 +74,14 @@ COUNTERS = {
     "decode": {"steps"},
     "experts": {"hits", "misses", "fills", "cpu", "streamed"},
     "prefix_cache": {"lookups", "hit_tokens", "evicted_tokens"},
+    "memory": {"resplits"},
 }
 
 
 def prometheus(doc: dict[str, Any]) -> str:
     """Flatten the snapshot into `freetoken_<group>_<name>` gauges and `..._total` counters."""
     lines = []
-    for group in ("requests", "tokens", "decode", "experts", "prefix_cache"):
+    for group in ("requests", "tokens", "decode", "experts", "memory", "prefix_cache"):
         for name, value in doc[group].items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 metric = f"freetoken_{group}_{name}"

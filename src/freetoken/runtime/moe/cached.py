@@ -58,11 +58,23 @@ class CachedExecutor(ExpertExecutor):
 
     def _warm_up(self) -> None:
         """Start with an equal share of every MoE layer resident (lowest expert ids), oldest first."""
-        for slot, layer, expert in self.residency.warm_start():
+        self._fill_placed(self.residency.warm_start())
+
+    def _fill_placed(self, placed: list[tuple[int, int, int]]) -> None:
+        """Copy (slot, layer, expert) placements from the pool and wait for them."""
+        for slot, layer, expert in placed:
             self.bank.fill(slot, layer, expert)
         event = self.bank.fills_done()
         if event is not None:
             event.synchronize()
+
+    def resize_slots(self, num_slots: int) -> None:
+        """At a safe point: `num_slots` slots; the most recently used experts stay, filled again from the
+        pool into new banks (the old banks are freed first)."""
+        placed = self.residency.resize(num_slots)
+        self.bank.reallocate(num_slots + 1)  # the last slot is the probes' own
+        self.ctx.num_slots = num_slots
+        self._fill_placed(placed)
 
     def fetches_all(self, layer: int) -> bool:
         """Whether every miss of `layer` is fetched (no CPU share: the step needs no read-back)."""

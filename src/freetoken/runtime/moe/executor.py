@@ -65,6 +65,10 @@ class ExpertExecutor(ABC):
         expert's work stays on the device, with no host read-back)."""
         return None
 
+    def resize_slots(self, num_slots: int) -> None:
+        """At a safe point: hold `num_slots` expert slots on the device (executors with slots)."""
+        raise FreeTokenError(f"the {self.name} backend has no expert slots to resize")
+
     def probe(self) -> None:  # noqa: B027 - only executors that split misses use bandwidths
         """Re-measure B_P and B_H cheaply (one expert each) and fold them into the running estimates."""
 

@@ -111,6 +111,30 @@ class ExpertResidency:
         self.stamp[slots_t] = self.clock + torch.arange(n, device=dev)
         self.clock += n
 
+    def resize(self, num_slots: int) -> list[tuple[int, int, int]]:
+        """`num_slots` slots from now on: the most recently used residents stay (the LRU's choice; the
+        others are evictions), renumbered 0, 1, ... in their old order with their stamps. Returns the
+        (slot, layer, expert) the bank must hold. The tables are new tensors: graphs are captured anew."""
+        owner, stamp = self.owner.cpu().numpy(), self.stamp.cpu().numpy()
+        used = np.flatnonzero(owner >= 0)
+        newest = used[np.argsort(stamp[used], kind="stable")[::-1][:num_slots]]
+        keep = np.sort(newest)
+        dropped = np.setdiff1d(used, keep)
+        evictions = np.bincount(owner[dropped] // self.num_experts, minlength=len(self.moe_layers))
+        self.counters[:, COUNTER_NAMES.index("evictions")] += torch.from_numpy(evictions).to(self.device)
+        kept = owner[keep].astype(np.int64)
+        new_owner = np.full(num_slots, EMPTY, dtype=np.int32)
+        new_stamp = np.full(num_slots, EMPTY, dtype=np.int64)
+        new_owner[: len(keep)], new_stamp[: len(keep)] = kept, stamp[keep]
+        table = np.full(self.slot_of.shape, EMPTY, dtype=np.int32)
+        table.reshape(-1)[kept] = np.arange(len(keep))
+        self.slot_of.copy_(torch.from_numpy(table))
+        self.owner = torch.from_numpy(new_owner).to(self.device)
+        self.stamp = torch.from_numpy(new_stamp).to(self.device)
+        self.num_slots = num_slots
+        e = self.num_experts
+        return [(slot, self.moe_layers[key // e], key % e) for slot, key in enumerate(kept.tolist())]
+
     def row(self, layer: int) -> np.ndarray:
         """[E] the slot of each expert of `layer` (EMPTY where not resident), on the host."""
         return self.slot_of[self.row_of[layer]].cpu().numpy()

@@ -17,10 +17,22 @@ class SlotBank:
     def __init__(self, pool: HostExpertPool, num_slots: int, device: torch.device) -> None:
         self.pool = pool
         self.device = device
-        h, i = pool.hidden_size, pool.intermediate_size
-        self.gate_up = torch.empty(num_slots, 2 * i, h, dtype=pool.dtype, device=device)  # [N, 2I, H]
-        self.down = torch.empty(num_slots, h, i, dtype=pool.dtype, device=device)  # [N, H, I]
+        self.gate_up, self.down = self._allocate(num_slots)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def _allocate(self, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pool, h, i = self.pool, self.pool.hidden_size, self.pool.intermediate_size
+        gate_up = torch.empty(num_slots, 2 * i, h, dtype=pool.dtype, device=self.device)  # [N, 2I, H]
+        down = torch.empty(num_slots, h, i, dtype=pool.dtype, device=self.device)  # [N, H, I]
+        return gate_up, down
+
+    def reallocate(self, num_slots: int) -> None:
+        """New banks of `num_slots` slots, empty: the old ones are freed first, so device memory never
+        holds both (what should stay is filled again from the pool)."""
+        del self.gate_up, self.down
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.gate_up, self.down = self._allocate(num_slots)
 
     def fill(self, slot: int, layer: int, expert: int) -> None:
         """Copy (layer, expert) from the pool into `slot` (on the transfer stream when there is one)."""

@@ -140,7 +140,7 @@ def lru_ensure(
     plan [P, 2] int32 (P >= T·K) and count [1] int32 out; the state in place."""
     _check(ids, weights, row, slot_of, owner, stamp, clock, fetch, counters, slot_ids, plan, count)
     num_experts = slot_of.shape[1]
-    if not use_lru_kernel(ids, num_experts):
+    if owner.shape[0] == 0 or not use_lru_kernel(ids, num_experts):  # no slot: nothing to plan
         lru_ensure_reference(
             ids, weights, row, slot_of, owner, stamp, clock, fetch, max_fetch, counters, slot_ids, plan, count
         )
