@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--backend", default="fused")
+    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--batch", default="1", help="batch sizes, comma-separated: each profiled in turn")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--rows", type=int, default=15, help="rows of the kernel table")
@@ -47,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     spec = SPECS[args.spec] if not args.layers else replace(SPECS[args.spec], num_layers=args.layers)
     if args.model:
-        engine = build_engine(args.model, args.device, "auto", args.backend, max_seq_len=1024)
+        engine = build_engine(args.model, args.device, args.dtype, args.backend, max_seq_len=1024)
     else:
         with tempfile.TemporaryDirectory(prefix="ft-prof-") as tmp:
             engine = build_engine(

@@ -113,7 +113,8 @@ CpuThreadsOpt = Annotated[
     int | None,
     typer.Option(
         "--moe-cpu-threads",
-        help="Threads for CPU expert compute (default: all cores, less 2 beside a GPU for the launcher).",
+        help="Most threads for CPU compute (default: the cores this process may use, less 2 beside a GPU "
+        "for the launcher); fewer while other processes keep some of the cores busy.",
     ),
 ]
 PcieOpt = Annotated[

@@ -141,6 +141,7 @@ class MoeConfig:
     host_gbps: float | None = None  # B_H; likewise
     fetch_correction: float = 1.0  # measured best q/m over B_P/B_H (from the profile)
     reprofile: bool = True  # probe B_P and B_H at safe points while running
+    share_cores: bool = True  # CPU threads follow the cores other processes leave (at safe points)
     reprofile_interval_s: float = 30.0
     prefill_stream: str = "auto"  # stream whole expert layers in prefill: auto (when it wins) | on | off
     prefill_hit_d2d: bool = False  # streamed experts already resident are copied on the device

@@ -23,6 +23,7 @@ from freetoken.errors import FreeTokenError
 from freetoken.replay.recorder import RoutingRecorder
 from freetoken.runtime.anchors import AnchorTable
 from freetoken.runtime.config import DEFAULT_CONTEXT, EngineConfig, MoeConfig, parse_cpu_layers
+from freetoken.runtime.cpu_share import CpuThreads, clamp_threads
 from freetoken.runtime.decode_graph import MAX_ROWS, SlotDecoder, StepOutput, padded_size
 from freetoken.runtime.device_sampling import SamplingRows
 from freetoken.runtime.devices import resolve_device, resolve_dtype
@@ -120,8 +121,8 @@ class Engine:
             self.executor = None
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        if moe.cpu_threads:
-            torch.set_num_threads(moe.cpu_threads)  # the host's compute budget, process-wide
+        # the host's compute budget, process-wide: at most the allowed cores, fewer while others use some
+        self.cpu_threads = CpuThreads(clamp_threads(moe.cpu_threads))
         self._slot_ceiling = slot_ceiling(moe, backend, self.config, self.pool, self.device)
         self.num_slots = plan_slots(
             moe, backend, self.config, self.pool, self._slot_ceiling, self._held_bytes(moe), self.device
@@ -345,7 +346,12 @@ class Engine:
         return self.generate(self.tokenizer.encode(prompt), params)
 
     def maybe_probe(self) -> None:
-        """A safe point (between turns): refresh B_P and B_H now and then, so q* follows contention."""
+        """A safe point (between turns): the CPU threads follow the cores other processes leave; B_P and
+        B_H are refreshed now and then, so q* follows contention."""
+        threads = self.cpu_threads.poll() if self.moe.share_cores else None
+        if threads is not None:
+            log.info("CPU threads follow the free cores: %d", threads)
+            self.executor.set_cpu_threads(threads)
         if not self.moe.reprofile:
             return
         now = time.monotonic()

@@ -44,7 +44,9 @@ class CachedExecutor(ExpertExecutor):
         pool = ctx.pool
         self.residency = ExpertResidency(pool.layers, pool.num_experts, ctx.num_slots, ctx.device)
         self.bank = SlotBank(pool, ctx.num_slots + 1, ctx.device)  # the last slot is the probes' own
-        self.cpu = CpuBranch(pool, ctx.device, ctx.moe.cpu_threads)
+        asked = ctx.moe.cpu_threads and min(ctx.moe.cpu_threads, torch.get_num_threads())  # clamped there
+        self.cpu = CpuBranch(pool, ctx.device, asked)
+        self._branch_threads = self.cpu.threads  # the most it takes
         gb = 1e9
         self.pcie_bw = ctx.moe.pcie_gbps * gb if ctx.moe.pcie_gbps else None
         self.host_bw = ctx.moe.host_gbps * gb if ctx.moe.host_gbps else None
@@ -75,6 +77,9 @@ class CachedExecutor(ExpertExecutor):
         self.bank.reallocate(num_slots + 1)  # the last slot is the probes' own
         self.ctx.num_slots = num_slots
         self._fill_placed(placed)
+
+    def set_cpu_threads(self, threads: int) -> None:
+        self.cpu.threads = max(1, min(self._branch_threads, threads))
 
     def fetches_all(self, layer: int) -> bool:
         """Whether every miss of `layer` is fetched (no CPU share: the step needs no read-back)."""
@@ -167,12 +172,26 @@ class CachedExecutor(ExpertExecutor):
     ) -> torch.Tensor:
         if self.streamer is not None:
             return self._forward_streamed(layer, x, topk_ids, topk_weights)
+        if self.residency.num_slots == 0:
+            return self._forward_from_pool(layer, x, topk_ids, topk_weights)
         slot_ids, plan, count = self.residency.ensure(layer, topk_ids, topk_weights)
         if self._device_alone(layer, topk_ids.numel()):
             pool, bank = self.pool, self.bank
             self._fill(plan, count, pool.gate_up[layer], pool.down[layer], bank.gate_up, bank.down)
             return self._from_bank(x, slot_ids, topk_weights)
         return self._forward_read_back(layer, x, topk_ids, topk_weights, slot_ids, plan[: int(count.item())])
+
+    def _forward_from_pool(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """No slot at all (`cpu` with none): every pair on the CPU from the pool, no policy step."""
+        ids = topk_ids.cpu()
+        flat = ids.numpy()
+        distinct = len(np.unique(flat[flat >= 0]))
+        self.counters.add(self.residency.row_of[layer], misses=distinct, cpu=distinct)
+        rows = torch.arange(x.shape[0])
+        partial = self.cpu.submit(layer, x, rows, ids, topk_weights.float().cpu(), inline=True)
+        return partial.result().to(x.device, x.dtype, copy=True)  # the result is the branch's staging
 
     def _forward_read_back(
         self,

@@ -69,6 +69,9 @@ class ExpertExecutor(ABC):
         """At a safe point: hold `num_slots` expert slots on the device (executors with slots)."""
         raise FreeTokenError(f"the {self.name} backend has no expert slots to resize")
 
+    def set_cpu_threads(self, threads: int) -> None:  # noqa: B027 - only executors with a CPU branch
+        """At a safe point: the CPU may use `threads` threads now."""
+
     def probe(self) -> None:  # noqa: B027 - only executors that split misses use bandwidths
         """Re-measure B_P and B_H cheaply (one expert each) and fold them into the running estimates."""
 
