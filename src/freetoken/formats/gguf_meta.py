@@ -31,6 +31,15 @@ PRE_TOKENIZER_SPLITS = {
 }
 
 
+def stored_dtype(ckpt: GgufCheckpoint) -> str:
+    """The weights' dtype as config.json would name it: float32 for F32 matrices, else bfloat16 (what
+    BF16, F16 and the quantized types load as)."""
+    matrices = [t for t in ckpt.tensors.values() if len(t.shape) == 2]
+    if matrices and all(t.tensor_type.name == "F32" for t in matrices):
+        return "float32"
+    return "bfloat16"
+
+
 def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
     arch = ckpt.get("general.architecture")
     if arch not in ARCHITECTURES:
@@ -58,6 +67,7 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
             "factor": float(ckpt.get(f"{arch}.rope.scaling.factor")),
             "original_max_position_embeddings": int(ckpt.get(f"{arch}.rope.scaling.original_context_length")),
         }
+    raw["torch_dtype"] = stored_dtype(ckpt)
     raw["norm_topk_prob"] = True  # llama.cpp's qwen3moe graph always renormalises the top-k weights
     raw["tie_word_embeddings"] = "lm_head.weight" not in ckpt.tensors
     moe_layers = {int(n.split(".")[2]) for n in ckpt.names() if n.endswith("mlp.experts.down_proj")}

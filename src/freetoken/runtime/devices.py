@@ -25,11 +25,15 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` -> bfloat16 on CUDA, float32 on the CPU."""
+def resolve_dtype(name: str, device: torch.device, stored: str = "float32") -> torch.dtype:
+    """`auto` -> bfloat16 on CUDA; on the CPU the checkpoint's own dtype when it is bfloat16 (kept as
+    stored: half the bytes to read per token, the kernels accumulate in fp32), else float32 (a float16
+    checkpoint is widened: bf16 would drop mantissa bits it has)."""
     key = normalize_dtype(name)
     if key == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or stored == "bfloat16":
+            return torch.bfloat16
+        return torch.float32
     return _TORCH_DTYPES[key]
 
 

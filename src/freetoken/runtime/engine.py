@@ -26,7 +26,7 @@ from freetoken.runtime.config import DEFAULT_CONTEXT, EngineConfig, MoeConfig, p
 from freetoken.runtime.cpu_share import CpuThreads, clamp_threads
 from freetoken.runtime.decode_graph import MAX_ROWS, SlotDecoder, StepOutput, padded_size
 from freetoken.runtime.device_sampling import SamplingRows
-from freetoken.runtime.devices import resolve_device, resolve_dtype
+from freetoken.runtime.devices import resolve_device
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.kv.prefix_cache import PrefixCache
 from freetoken.runtime.kv.slot_pool import KVSlotPool
@@ -55,8 +55,8 @@ class Engine:
         safetensors (a benchmark can pass random weights made in memory)."""
         self.engine_config = config
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        loaded = load_model(config, self.device, self.dtype, progress, weights)
+        loaded = load_model(config, self.device, progress, weights)
+        self.dtype = loaded.dtype
         self.config, self.tokenizer, self.pool = loaded.config, loaded.tokenizer, loaded.pool
         model = loaded.model
         self.moe_counters = MoeCounters(self.config.moe_layers)

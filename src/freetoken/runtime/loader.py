@@ -14,6 +14,7 @@ from freetoken.errors import FreeTokenError
 from freetoken.formats.ftw import is_ftw
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
 from freetoken.runtime.config import EngineConfig, ModelConfig, load_model_config
+from freetoken.runtime.devices import resolve_dtype
 from freetoken.runtime.ftw_load import ftw_weights
 from freetoken.runtime.gguf_load import is_gguf, open_gguf
 from freetoken.runtime.models import get_architecture
@@ -31,12 +32,12 @@ class LoadedModel:
     tokenizer: Tokenizer
     model: nn.Module
     pool: HostExpertPool
+    dtype: torch.dtype  # the compute dtype: the one asked, or what `auto` chose for this checkpoint
 
 
 def load_model(
     config: EngineConfig,
     device: torch.device,
-    dtype: torch.dtype,
     progress: ProgressFn | None = None,
     weights: WeightSource | None = None,
 ) -> LoadedModel:
@@ -49,6 +50,7 @@ def load_model(
     else:
         raise FreeTokenError(f"{path}: model folder not found")
     resolve_backend(config.moe, device, bool(model_config.moe_layers))  # a bad name fails before loading
+    dtype = resolve_dtype(config.dtype, device, model_config.torch_dtype)
     arch = get_architecture(model_config.architecture)
     with torch.device("meta"):
         model = arch.build_model(model_config).to(dtype)
@@ -63,4 +65,4 @@ def load_model(
             pool = load_weights(model, model_config, ckpt, arch.expert_naming, dtype, progress)
     if device.type == "cuda":
         pool.pin()  # only now, once every bank is filled
-    return LoadedModel(model_config, tokenizer, model, pool)
+    return LoadedModel(model_config, tokenizer, model, pool, dtype)
