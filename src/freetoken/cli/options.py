@@ -59,7 +59,8 @@ DtypeOpt = Annotated[
     typer.Option(
         "--dtype",
         callback=checked(normalize_dtype),
-        help="Compute dtype: auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16.",
+        help="Compute dtype: auto (bfloat16 on CUDA; on the CPU a bfloat16 checkpoint stays bfloat16, "
+        "others are widened to float32), float32, bfloat16.",
     ),
 ]
 MoeBackendOpt = Annotated[

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from freetoken.runtime.kv.slot_pool import KVSlotPool
+from freetoken.runtime.models.kernels.cpu_linear import cpu_linear
 from freetoken.runtime.models.kernels.decode_attention import (
     slot_decode_attention,
     slot_decode_attention_reference,
@@ -48,13 +49,17 @@ class DecodeOps:
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     qk_norm_rope_kv_write: Callable[..., torch.Tensor]
     attention: Callable[..., torch.Tensor]
+    linear: Callable[..., torch.Tensor]  # x [B, H], weight [N, H], bias -> [B, N]
 
     @staticmethod
     def for_device(device: torch.device) -> DecodeOps:
         if device.type == "cuda":
-            return DecodeOps(add_rms_norm, qk_norm_rope_kv_write, slot_decode_attention)
+            return DecodeOps(add_rms_norm, qk_norm_rope_kv_write, slot_decode_attention, F.linear)
         return DecodeOps(
-            add_rms_norm_reference, qk_norm_rope_kv_write_reference, slot_decode_attention_reference
+            add_rms_norm_reference,
+            qk_norm_rope_kv_write_reference,
+            slot_decode_attention_reference,
+            cpu_linear,  # the native bf16 GEMV where it takes the inputs, else F.linear
         )
 
 
@@ -89,7 +94,7 @@ def decode_step(model: nn.Module, rows: DecodeRows, pool: KVSlotPool, ops: Decod
         x = layer.mlp(h, real) if isinstance(layer.mlp, SparseMoeBlock) else layer.mlp(h)
     norm = backbone.norm
     h, _ = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
-    return model.lm_head(h)
+    return ops.linear(h, model.lm_head.weight)
 
 
 def _attention(
@@ -103,7 +108,7 @@ def _attention(
 ) -> torch.Tensor:
     i = pool.index[attn.layer]
     k_cache, v_cache = pool.k[i], pool.v[i]  # [S, KVH, CAP, D]
-    qkv = F.linear(h, attn.qkv_weight, attn.qkv_bias)  # [B, (NH + 2 KVH) D]: one GEMV
+    qkv = ops.linear(h, attn.qkv_weight, attn.qkv_bias)  # [B, (NH + 2 KVH) D]: one GEMV
     nq, nkv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
     q = ops.qk_norm_rope_kv_write(
         qkv[:, :nq],
@@ -120,4 +125,4 @@ def _attention(
         rows.positions,
     )  # [B, NH, D]
     out = ops.attention(q, k_cache, v_cache, rows.slots, rows.lengths, attn.head_dim**-0.5)
-    return attn.o_proj(out)
+    return ops.linear(out, attn.o_proj.weight, attn.o_proj.bias)

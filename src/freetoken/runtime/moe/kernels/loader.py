@@ -19,7 +19,9 @@ from pathlib import Path
 from freetoken.env import cpu_kernel_choice, kernels_dir
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "experts_bf16.c", HERE / "kernel_worker.c")  # the kernel, the thread that runs it
+# the expert kernel, the thread that runs it, the dense layers' GEMV
+SOURCES = (HERE / "experts_bf16.c", HERE / "kernel_worker.c", HERE / "dense_bf16.c")
+HEADERS = (HERE / "bf16_dot.h",)
 # FMAs contracted from the kernel's multiply-adds; on x86, full-width vectors where the CPU has them
 # (compilers otherwise stop at 256 bits on AVX-512 machines).
 X86_FLAGS = ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ()
@@ -64,7 +66,13 @@ def load_library() -> ctypes.CDLL | None:
     if compiler is None:
         warnings.warn("no C compiler found: CPU experts use the slower torch path", stacklevel=2)
         return None
-    parts = (*(src.read_text() for src in SOURCES), compiler, *FLAGS, platform.machine(), cpu_model())
+    parts = (
+        *(src.read_text() for src in (*SOURCES, *HEADERS)),
+        compiler,
+        *FLAGS,
+        platform.machine(),
+        cpu_model(),
+    )
     key = hashlib.sha256(b"\0".join(x.encode() for x in parts)).hexdigest()[:16]
     target = kernels_dir() / f"experts_bf16-{key}.so"
     try:
@@ -91,5 +99,8 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.ft_worker_submit.restype = i32
     lib.ft_worker_wait.argtypes, lib.ft_worker_wait.restype = [vp], i32
     lib.ft_worker_free.argtypes, lib.ft_worker_free.restype = [vp], None
+    # weight, x, out, rows, hidden, tokens, x scratch, threads
+    lib.ft_linear_bf16.argtypes = [vp, vp, vp, i32, i32, i32, vp, i32]
+    lib.ft_linear_bf16.restype = i32
     lib.ft_read_f32.argtypes = [f32p, ctypes.c_long, i32]
     lib.ft_read_f32.restype = ctypes.c_double
