@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from freetoken.runtime.kv.slot_pool import KVSlotPool
+from freetoken.runtime.models.kernels.cpu_attention import cpu_attention_block
 from freetoken.runtime.models.kernels.cpu_linear import cpu_linear
 from freetoken.runtime.models.kernels.decode_attention import (
     slot_decode_attention,
@@ -50,6 +51,8 @@ class DecodeOps:
     qk_norm_rope_kv_write: Callable[..., torch.Tensor]
     attention: Callable[..., torch.Tensor]
     linear: Callable[..., torch.Tensor]  # x [B, H], weight [N, H], bias -> [B, N]
+    # the whole attention block at once (norms, rotary, K/V write, attention), or None where it declines
+    attention_block: Callable[..., torch.Tensor | None] | None = None
 
     @staticmethod
     def for_device(device: torch.device) -> DecodeOps:
@@ -60,6 +63,7 @@ class DecodeOps:
             qk_norm_rope_kv_write_reference,
             slot_decode_attention_reference,
             cpu_linear,  # the native bf16 GEMV where it takes the inputs, else F.linear
+            cpu_attention_block,  # one native call where it takes the inputs
         )
 
 
@@ -109,6 +113,10 @@ def _attention(
     i = pool.index[attn.layer]
     k_cache, v_cache = pool.k[i], pool.v[i]  # [S, KVH, CAP, D]
     qkv = ops.linear(h, attn.qkv_weight, attn.qkv_bias)  # [B, (NH + 2 KVH) D]: one GEMV
+    if ops.attention_block is not None:
+        out = ops.attention_block(qkv, attn, cos, sin, k_cache, v_cache, rows.slots, rows.positions)
+        if out is not None:
+            return ops.linear(out, attn.o_proj.weight, attn.o_proj.bias)
     nq, nkv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
     q = ops.qk_norm_rope_kv_write(
         qkv[:, :nq],

@@ -19,8 +19,10 @@ from pathlib import Path
 from freetoken.env import cpu_kernel_choice, kernels_dir
 
 HERE = Path(__file__).parent
-# the expert kernel, the thread that runs it, the dense layers' GEMV
-SOURCES = (HERE / "experts_bf16.c", HERE / "kernel_worker.c", HERE / "dense_bf16.c")
+# the expert kernel, the thread that runs it, the dense layers' GEMV, the decode attention block
+SOURCES = tuple(
+    HERE / name for name in ("experts_bf16.c", "kernel_worker.c", "dense_bf16.c", "attention_decode.c")
+)
 HEADERS = (HERE / "bf16_dot.h",)
 # FMAs contracted from the kernel's multiply-adds; on x86, full-width vectors where the CPU has them
 # (compilers otherwise stop at 256 bits on AVX-512 machines).
@@ -102,5 +104,32 @@ def declare(lib: ctypes.CDLL) -> None:
     # weight, x, out, rows, hidden, tokens, x scratch, threads
     lib.ft_linear_bf16.argtypes = [vp, vp, vp, i32, i32, i32, vp, i32]
     lib.ft_linear_bf16.restype = i32
+    # qkv, rows, heads, kv heads, head dim, q/k norm weights, eps, cos, sin, k/v caches, element size,
+    # capacity, slots, positions, scale, scores scratch, q scratch, out, threads
+    f32 = ctypes.c_float
+    lib.ft_attention_decode.argtypes = [
+        vp,
+        i32,
+        i32,
+        i32,
+        i32,
+        vp,
+        vp,
+        f32,
+        vp,
+        vp,
+        vp,
+        vp,
+        i32,
+        i32,
+        vp,
+        vp,
+        f32,
+        vp,
+        vp,
+        vp,
+        i32,
+    ]
+    lib.ft_attention_decode.restype = i32
     lib.ft_read_f32.argtypes = [f32p, ctypes.c_long, i32]
     lib.ft_read_f32.restype = ctypes.c_double

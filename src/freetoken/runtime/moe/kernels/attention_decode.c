@@ -1,0 +1,100 @@
+// A decode step's attention block on the CPU, after the fused q/k/v GEMV, for each row (token):
+//   q and k of every head get an RMS norm over the head dim (fp32, then times qw / kw) and the
+//   rotary embedding in rotate-half form (x·cos + rotate_half(x)·sin); k and v are written into the
+//   row's cache slot at its position; then every query head attends over the slot's first
+//   position + 1 keys: scores · scale, softmax, the weighted sum of the values.
+// qkv [B, (NH + 2 KVH)·D] fp32; cos, sin [B, D] fp32; caches [S, KVH, CAP, D], bf16 (elem 2) or fp32
+// (elem 4); slots, positions [B] (slot -1: a padding row, skipped); scores: scratch of B·NH·CAP
+// floats; out [B, NH·D] fp32. Heads of a KV group share its keys (NH a multiple of KVH).
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float load_elem(const void *base, long i, int elem) {
+    if (elem == 4) return ((const float *)base)[i];
+    uint32_t u = (uint32_t)((const uint16_t *)base)[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline void store_elem(void *base, long i, float f, int elem) {
+    if (elem == 4) {
+        ((float *)base)[i] = f;
+        return;
+    }
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest even (finite values)
+    ((uint16_t *)base)[i] = (uint16_t)(u >> 16);
+}
+
+// x [D] in place: RMS norm with weight w, then the rotary embedding at this row's cos/sin.
+static void norm_rope(float *x, const float *w, float eps, const float *cos, const float *sin, int d) {
+    float ss = 0.0f;
+    for (int i = 0; i < d; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int i = 0; i < d; i++) x[i] = w[i] * (x[i] * inv);
+    const int half = d / 2;
+    for (int i = 0; i < half; i++) {
+        const float a = x[i], b = x[i + half];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+int ft_attention_decode(const float *qkv, int rows, int nh, int kvh, int d, const float *qw, const float *kw,
+                        float eps, const float *cos, const float *sin, void *k_cache, void *v_cache, int elem,
+                        int cap, const int64_t *slots, const int64_t *positions, float scale, float *scores,
+                        float *q_scratch, float *out, int threads) {
+    const long width = (long)(nh + 2 * kvh) * d;
+    for (int r = 0; r < rows; r++) {  // norms, rotary and the cache writes: small, serial
+        const long slot = slots[r], pos = positions[r];
+        if (slot < 0) continue;
+        if (pos >= cap) return -1;
+        const float *row = qkv + r * width;
+        float *q = q_scratch + (long)r * nh * d;
+        memcpy(q, row, sizeof(float) * nh * d);
+        for (int h = 0; h < nh; h++) norm_rope(q + (long)h * d, qw, eps, cos + (long)r * d, sin + (long)r * d, d);
+        float k[1024];
+        if (d > 1024) return -2;
+        for (int g = 0; g < kvh; g++) {
+            memcpy(k, row + (long)nh * d + (long)g * d, sizeof(float) * d);
+            norm_rope(k, kw, eps, cos + (long)r * d, sin + (long)r * d, d);
+            const long at = ((slot * kvh + g) * cap + pos) * d;
+            const float *v = row + (long)(nh + kvh) * d + (long)g * d;
+            for (int i = 0; i < d; i++) store_elem(k_cache, at + i, k[i], elem), store_elem(v_cache, at + i, v[i], elem);
+        }
+    }
+    const int group = nh / kvh;
+#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+    for (int r = 0; r < rows; r++) {
+        for (int h = 0; h < nh; h++) {
+            const long slot = slots[r];
+            float *o = out + ((long)r * nh + h) * d;
+            if (slot < 0) {
+                memset(o, 0, sizeof(float) * d);
+                continue;
+            }
+            const long length = positions[r] + 1, base = (slot * kvh + h / group) * cap * d;
+            const float *q = q_scratch + ((long)r * nh + h) * d;
+            float *s = scores + ((long)r * nh + h) * cap;
+            float top = -INFINITY;
+            for (long j = 0; j < length; j++) {
+                float acc = 0.0f;
+                for (int i = 0; i < d; i++) acc += q[i] * load_elem(k_cache, base + j * d + i, elem);
+                s[j] = acc * scale;
+                top = s[j] > top ? s[j] : top;
+            }
+            float total = 0.0f;
+            for (long j = 0; j < length; j++) total += (s[j] = expf(s[j] - top));
+            memset(o, 0, sizeof(float) * d);
+            for (long j = 0; j < length; j++) {
+                const float p = s[j] / total;
+                for (int i = 0; i < d; i++) o[i] += p * load_elem(v_cache, base + j * d + i, elem);
+            }
+        }
+    }
+    return 0;
+}
