@@ -108,28 +108,8 @@ def declare(lib: ctypes.CDLL) -> None:
     # capacity, slots, positions, scale, scores scratch, q scratch, out, threads
     f32 = ctypes.c_float
     lib.ft_attention_decode.argtypes = [
-        vp,
-        i32,
-        i32,
-        i32,
-        i32,
-        vp,
-        vp,
-        f32,
-        vp,
-        vp,
-        vp,
-        vp,
-        i32,
-        i32,
-        vp,
-        vp,
-        f32,
-        vp,
-        vp,
-        vp,
-        i32,
-    ]
+        vp, i32, i32, i32, i32, vp, vp, f32, vp, vp, vp, vp, i32, i32, vp, vp, f32, vp, vp, vp, i32
+    ]  # fmt: skip
     lib.ft_attention_decode.restype = i32
     lib.ft_read_f32.argtypes = [f32p, ctypes.c_long, i32]
     lib.ft_read_f32.restype = ctypes.c_double
