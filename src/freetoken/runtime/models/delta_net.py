@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from freetoken.runtime.models.delta_kernels import fla_delta_rule, use_fla
+from freetoken.runtime.models.kernels.cpu_linear import Linear
 
 
 @dataclass
@@ -145,18 +146,18 @@ class GatedDeltaNet(nn.Module):
         self.kernel = conv_kernel
         self.fused = fused_projections
         if fused_projections:
-            self.in_proj_qkvz = nn.Linear(hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
-            self.in_proj_ba = nn.Linear(hidden_size, 2 * num_v_heads, bias=False)
+            self.in_proj_qkvz = Linear(hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+            self.in_proj_ba = Linear(hidden_size, 2 * num_v_heads, bias=False)
         else:
-            self.in_proj_qkv = nn.Linear(hidden_size, self.conv_dim, bias=False)
-            self.in_proj_z = nn.Linear(hidden_size, self.value_dim, bias=False)
-            self.in_proj_b = nn.Linear(hidden_size, num_v_heads, bias=False)
-            self.in_proj_a = nn.Linear(hidden_size, num_v_heads, bias=False)
+            self.in_proj_qkv = Linear(hidden_size, self.conv_dim, bias=False)
+            self.in_proj_z = Linear(hidden_size, self.value_dim, bias=False)
+            self.in_proj_b = Linear(hidden_size, num_v_heads, bias=False)
+            self.in_proj_a = Linear(hidden_size, num_v_heads, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(num_v_heads))
         self.norm = GatedRMSNorm(head_v_dim, eps)
-        self.out_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+        self.out_proj = Linear(self.value_dim, hidden_size, bias=False)
 
     def state_shapes(self, dtype: torch.dtype) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
         """(shape, dtype) of conv [C, W-1] (activations' dtype) and recurrent [Hv, Dk, Dv] (fp32)."""

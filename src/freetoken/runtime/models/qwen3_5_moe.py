@@ -24,6 +24,7 @@ from freetoken.runtime.json_keys import POSITIVE_INT, TEXTS, JsonObject
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.models.base import Architecture
 from freetoken.runtime.models.delta_net import GatedDeltaNet, LinearState
+from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.layers import SwiGLUMLP, causal_attention, decode_attention
 from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, SparseMoeBlock, decoder_fields
 from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
@@ -104,10 +105,10 @@ class GatedAttention(nn.Module):
         self.layer = layer
         self.nh, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         h, bias = cfg.hidden_size, cfg.attention_bias
-        self.q_proj = nn.Linear(h, self.nh * self.d * 2, bias=bias)  # per head: query, then gate
-        self.k_proj = nn.Linear(h, self.kvh * self.d, bias=bias)
-        self.v_proj = nn.Linear(h, self.kvh * self.d, bias=bias)
-        self.o_proj = nn.Linear(self.nh * self.d, h, bias=bias)
+        self.q_proj = Linear(h, self.nh * self.d * 2, bias=bias)  # per head: query, then gate
+        self.k_proj = Linear(h, self.kvh * self.d, bias=bias)
+        self.v_proj = Linear(h, self.kvh * self.d, bias=bias)
+        self.o_proj = Linear(self.nh * self.d, h, bias=bias)
         self.q_norm = ZeroCenteredRMSNorm(self.d, cfg.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(self.d, cfg.rms_norm_eps)
 
@@ -145,7 +146,7 @@ class SharedExpertMoeBlock(SparseMoeBlock):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__(cfg, layer)
         self.shared_expert = SwiGLUMLP(cfg.hidden_size, int(cfg.raw["shared_expert_intermediate_size"]))
-        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+        self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
@@ -228,7 +229,7 @@ class Qwen3_5MoeForCausalLM(Qwen3MoeForCausalLM):
         nn.Module.__init__(self)
         self.config = cfg
         self.model = Backbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, int(cfg.head_dim * cfg.rope.partial_rotary_factor))
         # the layers whose K/V the cache keeps (the DeltaNet layers keep a recurrent state instead)
         self.attention_layers = tuple(

@@ -26,6 +26,7 @@ from freetoken.runtime.json_keys import (
 )
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.models.base import Architecture
+from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.layers import RMSNorm, SwiGLUMLP, causal_attention, decode_attention
 from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
 from freetoken.runtime.moe.executor import ExpertExecutor
@@ -38,10 +39,10 @@ class Attention(nn.Module):
         self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         h, d, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=bias)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=bias)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=bias)
-        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=bias)
+        self.q_proj = Linear(h, cfg.num_heads * d, bias=bias)
+        self.k_proj = Linear(h, cfg.num_kv_heads * d, bias=bias)
+        self.v_proj = Linear(h, cfg.num_kv_heads * d, bias=bias)
+        self.o_proj = Linear(cfg.num_heads * d, h, bias=bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)  # per head, before rope
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
@@ -97,7 +98,7 @@ class SparseMoeBlock(nn.Module):
         self.layer = layer
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
-        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.executor: ExpertExecutor | None = None
         self.recorder: Any = None  # a RoutingRecorder while --record-routing is on
 
@@ -164,7 +165,7 @@ class Qwen3MoeForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = Backbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
 
     def tie_weights(self) -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from freetoken.runtime.models.kernels.cpu_linear import cpu_linear, native_linear_takes
+from freetoken.runtime.models.kernels.cpu_linear import Linear, cpu_linear, linear, native_linear_takes
 from freetoken.runtime.moe.kernels.loader import load_library
 
 pytestmark = pytest.mark.skipif(load_library() is None, reason="needs the compiled CPU kernels")
@@ -48,3 +48,17 @@ def test_what_the_kernel_does_not_take_is_f_linear() -> None:
     assert not native_linear_takes(many, w)
     assert torch.equal(cpu_linear(many, w), F.linear(many, w))
     assert not native_linear_takes(x.to(torch.bfloat16), w.t().contiguous().t())  # not contiguous
+
+
+def test_many_rows_are_the_widened_product_and_linear_is_an_nn_linear() -> None:
+    g = torch.Generator().manual_seed(5)
+    w = (torch.randn(48, 40, generator=g) * 0.1).to(torch.bfloat16)
+    x = torch.randn(2, 33, 40, generator=g).to(torch.bfloat16)  # 66 rows: more than the GEMV takes
+    got = linear(x, w)
+    assert got.shape == (2, 33, 48) and got.dtype == torch.bfloat16
+    assert torch.equal(got, F.linear(x.float(), w.float()).to(torch.bfloat16))
+    one = linear(x[:1, :3], w)  # 3 rows: the native GEMV, same shape rules
+    assert one.shape == (1, 3, 48)
+    layer = Linear(40, 48, bias=False).to(torch.bfloat16)
+    assert isinstance(layer, torch.nn.Linear) and list(layer.state_dict()) == ["weight"]
+    assert torch.equal(layer(x), linear(x, layer.weight))

@@ -1,11 +1,14 @@
-"""Decode-sized Linear layers on the CPU through the native bf16 GEMV (moe/kernels/dense_bf16.c): each
-bf16 weight row read once for all of a step's rows, fp32 accumulation, 1..16 rows. `F.linear` is its
-reference and its fallback (other dtypes, more rows, no compiled library)."""
+"""Linear layers on the CPU with bf16 weights, `F.linear` their reference: up to 16 rows through the
+native bf16 GEMV (moe/kernels/dense_bf16.c: each weight row read once for all the rows, fp32
+accumulation); more rows as an fp32 product of the widened operands, rounded back (torch's bf16 matrix
+product is several times slower than its fp32 one on CPUs without bf16 units). `Linear` is nn.Linear
+with this forward, what the models build."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from freetoken.runtime.moe.kernels.loader import load_library
 
@@ -22,6 +25,24 @@ def native_linear_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.is_contiguous()
         and load_library() is not None
     )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for x [..., H]; on the CPU with a bf16 weight, the faster of the paths above."""
+    if x.device.type != "cpu" or weight.dtype != torch.bfloat16 or x.dtype != torch.bfloat16:
+        return F.linear(x, weight, bias)
+    rows = x.reshape(-1, x.shape[-1])
+    if native_linear_takes(rows, weight):
+        return cpu_linear(rows, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+    wide_bias = None if bias is None else bias.float()
+    return F.linear(x.float(), weight.float(), wide_bias).to(x.dtype)
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose forward is `linear` (the same parameters and state-dict names)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
