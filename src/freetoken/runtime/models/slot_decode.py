@@ -19,13 +19,13 @@ from torch import nn
 from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.models.kernels.cpu_attention import cpu_attention_block
 from freetoken.runtime.models.kernels.cpu_linear import cpu_linear
+from freetoken.runtime.models.kernels.cpu_norm import cpu_add_rms_norm
 from freetoken.runtime.models.kernels.decode_attention import (
     slot_decode_attention,
     slot_decode_attention_reference,
 )
 from freetoken.runtime.models.kernels.norm_rope import (
     add_rms_norm,
-    add_rms_norm_reference,
     qk_norm_rope_kv_write,
     qk_norm_rope_kv_write_reference,
 )
@@ -59,7 +59,7 @@ class DecodeOps:
         if device.type == "cuda":
             return DecodeOps(add_rms_norm, qk_norm_rope_kv_write, slot_decode_attention, F.linear)
         return DecodeOps(
-            add_rms_norm_reference,
+            cpu_add_rms_norm,  # one native call where it takes the inputs, else the reference
             qk_norm_rope_kv_write_reference,
             slot_decode_attention_reference,
             cpu_linear,  # the native bf16 GEMV where it takes the inputs, else F.linear

@@ -11,24 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float load_elem(const void *base, long i, int elem) {
-    if (elem == 4) return ((const float *)base)[i];
-    uint32_t u = (uint32_t)((const uint16_t *)base)[i] << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline void store_elem(void *base, long i, float f, int elem) {
-    if (elem == 4) {
-        ((float *)base)[i] = f;
-        return;
-    }
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest even (finite values)
-    ((uint16_t *)base)[i] = (uint16_t)(u >> 16);
-}
+#include "bf16_dot.h"
 
 // x [D] in place: RMS norm with weight w, then the rotary embedding at this row's cos/sin.
 static void norm_rope(float *x, const float *w, float eps, const float *cos, const float *sin, int d) {

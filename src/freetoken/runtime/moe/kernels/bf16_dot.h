@@ -18,6 +18,31 @@ static inline float bits_f32(uint32_t u) {
     return f;
 }
 
+// One element of a bf16 (elem 2) or fp32 (elem 4) array, as fp32; and a value rounded to that dtype
+// (bf16: to nearest even, for finite values) and stored.
+static inline float load_elem(const void *base, long i, int elem) {
+    if (elem == 4) return ((const float *)base)[i];
+    return bits_f32((uint32_t)((const uint16_t *)base)[i] << 16);
+}
+
+static inline float round_elem(float f, int elem) {
+    if (elem == 4) return f;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return bits_f32((u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u);
+}
+
+static inline void store_elem(void *base, long i, float f, int elem) {
+    if (elem == 4) {
+        ((float *)base)[i] = f;
+        return;
+    }
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    ((uint16_t *)base)[i] = (uint16_t)u;
+}
+
 // Where element i of a length-n vector sits in its split form.
 static inline long split_at(long i, long n) {
     const long m = n / 2;

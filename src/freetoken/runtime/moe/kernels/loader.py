@@ -19,9 +19,10 @@ from pathlib import Path
 from freetoken.env import cpu_kernel_choice, kernels_dir
 
 HERE = Path(__file__).parent
-# the expert kernel, the thread that runs it, the dense layers' GEMV, the decode attention block
+# the expert kernel, the thread that runs it, the dense layers' GEMV, the decode attention block and norm
 SOURCES = tuple(
-    HERE / name for name in ("experts_bf16.c", "kernel_worker.c", "dense_bf16.c", "attention_decode.c")
+    HERE / name
+    for name in ("experts_bf16.c", "kernel_worker.c", "dense_bf16.c", "attention_decode.c", "norm_cpu.c")
 )
 HEADERS = (HERE / "bf16_dot.h",)
 # FMAs contracted from the kernel's multiply-adds; on x86, full-width vectors where the CPU has them
@@ -111,5 +112,8 @@ def declare(lib: ctypes.CDLL) -> None:
         vp, i32, i32, i32, i32, vp, vp, f32, vp, vp, vp, vp, i32, i32, vp, vp, f32, vp, vp, vp, i32
     ]  # fmt: skip
     lib.ft_attention_decode.restype = i32
+    # x, residual (or NULL), weight, eps, rows, hidden, element size, normed out, sum out, scratch
+    lib.ft_add_rms_norm.argtypes = [vp, vp, vp, f32, i32, i32, i32, vp, vp, vp]
+    lib.ft_add_rms_norm.restype = None
     lib.ft_read_f32.argtypes = [f32p, ctypes.c_long, i32]
     lib.ft_read_f32.restype = ctypes.c_double
