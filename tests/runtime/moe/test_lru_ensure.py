@@ -139,7 +139,7 @@ def test_empty_slots_go_first_then_the_oldest_and_eviction_clears_the_owner() ->
         (5, 1.0, BIG, 5),
         (5, 4.0, BIG, 5),
         (5, 1.0, 2, 2),
-        (5, 0.5, 0, 1),  # the cap is at least 1, as policy.fetch_count
+        (5, 0.5, 0, 1),  # the cap is at least 1, as policy.quota
         (1, 0.3, BIG, 1),  # at least one
         (4, 0.3, BIG, 1),  # 1.7
         (3, 0.5, BIG, 2),

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from freetoken.runtime.moe.policy import fetch_count, fetch_fraction
+from freetoken.runtime.moe.policy import fetch_fraction, quota
+
+
+def fetch_count(
+    misses: int,
+    pcie_bw: float | None,
+    host_bw: float | None,
+    max_fetch: int | None = None,
+    correction: float = 1.0,
+) -> int:
+    """q for m misses from the two bandwidths, as the runtime composes it."""
+    return quota(misses, fetch_fraction(pcie_bw, host_bw, correction), max_fetch)
 
 
 def test_balanced_split() -> None:

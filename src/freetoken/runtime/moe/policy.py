@@ -22,21 +22,10 @@ def fetch_fraction(pcie_bw: float | None, host_bw: float | None, correction: flo
     return min(1.0, correction * pcie_bw / host_bw)
 
 
-def fetch_count(
-    misses: int,
-    pcie_bw: float | None,
-    host_bw: float | None,
-    max_fetch: int | None = None,
-    correction: float = 1.0,
-) -> int:
-    """q = clamp(floor(m·f + 0.5), 1, min(m, max_fetch)) with f = fetch_fraction(...); no misses or f = 0
-    -> 0. The residency policy computes the same q on the device (kernels/lru_ensure.py) from f."""
-    return quota(misses, fetch_fraction(pcie_bw, host_bw, correction), max_fetch)
-
-
 def quota(misses: int, fraction: float, max_fetch: int | None = None) -> int:
-    """q = clamp(floor(m·f + 0.5), 1, max(1, min(m, max_fetch))); 0 if m == 0 or not f > 0. In Python
-    floats (fp64), as the device kernel: m·f is exact, then one rounding of + 0.5."""
+    """q = clamp(floor(m·f + 0.5), 1, max(1, min(m, max_fetch))) of a step's m misses, f from
+    fetch_fraction; 0 if m == 0 or not f > 0. In Python floats (fp64), as the residency kernel
+    (kernels/lru_ensure.py) computes it on the device: m·f is exact, then one rounding of + 0.5."""
     if misses <= 0 or not fraction > 0:
         return 0
     cap = misses if max_fetch is None else max(1, min(misses, max_fetch))

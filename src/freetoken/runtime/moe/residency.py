@@ -135,20 +135,12 @@ class ExpertResidency:
         e = self.num_experts
         return [(slot, self.moe_layers[key // e], key % e) for slot, key in enumerate(kept.tolist())]
 
-    def row(self, layer: int) -> np.ndarray:
-        """[E] the slot of each expert of `layer` (EMPTY where not resident), on the host."""
-        return self.slot_of[self.row_of[layer]].cpu().numpy()
-
     def table(self) -> np.ndarray:
         """[L, E] slot_of on the host."""
         return self.slot_of.cpu().numpy()
 
     def resident_count(self) -> int:
         return int((self.owner != EMPTY).sum())
-
-    def resident(self) -> set[tuple[int, int]]:
-        keys = self.owner.cpu().numpy()
-        return {(self.moe_layers[k // self.num_experts], int(k % self.num_experts)) for k in keys if k >= 0}
 
     def read_counters(self) -> np.ndarray:
         """[L, 5] the accumulated counters (COUNTER_NAMES), on the host."""
