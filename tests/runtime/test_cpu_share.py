@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from freetoken.runtime.cpu_share import CoreShare, CpuThreads, allowed_cores, clamp_threads, read_busy_ticks
+from freetoken.runtime.cpu_share import (
+    CoreShare,
+    CpuThreads,
+    allowed_cores,
+    clamp_threads,
+    default_threads,
+    read_busy_ticks,
+)
 from freetoken.runtime.engine import build_engine
 
 STAT = """cpu  300 0 100 1000 50 0 0 0 0 0
@@ -30,7 +37,7 @@ def test_a_thread_count_above_the_allowed_cores_is_clamped_with_a_warning() -> N
     cores = len(allowed_cores())
     with pytest.warns(UserWarning, match=f"above the {cores} cores"):
         assert clamp_threads(cores + 3) == cores
-    assert clamp_threads(None) == cores
+    assert clamp_threads(None) == min(cores, default_threads())  # one per physical core, at most
     assert clamp_threads(1) == 1
 
 

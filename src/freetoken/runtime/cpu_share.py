@@ -10,6 +10,7 @@ processes used; the threads are the allowed cores less those, at least one, at m
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import warnings
@@ -29,12 +30,20 @@ def allowed_cores() -> tuple[int, ...]:
     return tuple(range(os.cpu_count() or 1))
 
 
+@functools.cache
+def default_threads() -> int:
+    """torch's own default thread count (the physical cores), taken before anything changed it."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def clamp_threads(asked: int | None) -> int:
-    """Threads for CPU compute: `asked` (None: every allowed core), at most the allowed cores (a warning
-    when it asks for more)."""
+    """Threads for CPU compute: `asked` (None: torch's default, one per physical core), at most the
+    allowed cores (a warning when it asks for more)."""
     cores = len(allowed_cores())
     if asked is None:
-        return cores
+        return max(1, min(cores, default_threads()))
     if asked > cores:
         warnings.warn(
             f"--moe-cpu-threads {asked} is above the {cores} cores this process may use; using {cores}",
@@ -102,6 +111,7 @@ class CpuThreads:
     def __init__(self, limit: int, share: CoreShare | None = None) -> None:
         import torch
 
+        default_threads()  # torch's own default, remembered before the first change
         self.limit = limit
         self.share = share if share is not None else CoreShare(allowed_cores())
         self.current = limit
