@@ -6,6 +6,7 @@ from typing import Any
 
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.kv.prefix_cache import PrefixCache
+from freetoken.runtime.request import Request
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 
@@ -34,3 +35,30 @@ def greedy(engine: Engine, prompts: list[list[int]], tokens: int = 12) -> list[l
     for events in out:
         assert not any(isinstance(e, Exception) for e in events), events
     return [[e.token_id for e in events] for events in out]
+
+
+def running_requests(engine: Engine, prompts: list[list[int]]) -> list[Request]:
+    """`prompts` admitted together, prefilled and past their first decode steps (the graph captured)."""
+    engine.reserve_slots(len(prompts))
+    scheduler = Scheduler(engine, PrefixCache(0), max_running=len(prompts))
+    for prompt in prompts:
+        scheduler.add(prompt, SamplingParams(max_tokens=40, ignore_eos=True), lambda e: None)
+    for _ in range(3):  # prefill, then the graph captured
+        scheduler.step()
+    return [request for request, _ in scheduler.running]
+
+
+def decode_steps_without_sync(engine: Engine, requests: list[Request], steps: int) -> None:
+    """`steps` decode steps of `requests` under CUDA's sync debug mode "error": any host sync inside a
+    step (beyond the read-back) raises."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(steps):
+            results = engine.decode_tokens(requests)
+            for request, (token, _) in zip(requests, results, strict=True):  # type: ignore[misc]
+                request.next_token = token
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -15,7 +15,7 @@ from freetoken.runtime.kv.prefix_cache import PrefixCache
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 from oracle import rel_err
-from scheduler_runs import PROMPTS, greedy
+from scheduler_runs import PROMPTS, decode_steps_without_sync, greedy, running_requests
 
 pytestmark = [
     pytest.mark.gpu,
@@ -83,22 +83,7 @@ def test_temperature_only_sampling_replays_the_draw_graph_and_matches_the_cpu(
 
 def test_a_step_issues_no_host_sync_but_the_read_back(tiny_model: tuple[Path, Any]) -> None:
     engine = build_engine(tiny_model[0], device="cuda", dtype="bfloat16", moe_backend="fused")
-    engine.reserve_slots(3)
-    scheduler = Scheduler(engine, PrefixCache(0), max_running=3)
-    for prompt in PROMPTS[:3]:
-        scheduler.add(prompt, SamplingParams(max_tokens=40, ignore_eos=True), lambda e: None)
-    for _ in range(3):  # prefill, then the graph captured
-        scheduler.step()
-    requests = [request for request, _ in scheduler.running]
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(5):
-            results = engine.decode_tokens(requests)
-            for request, (token, _) in zip(requests, results, strict=True):  # type: ignore[misc]
-                request.next_token = token
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    decode_steps_without_sync(engine, running_requests(engine, PROMPTS[:3]), 5)
 
 
 def test_kv_storage_stays_put_over_1000_steps(tiny_model: tuple[Path, Any]) -> None:

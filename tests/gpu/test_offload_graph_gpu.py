@@ -21,7 +21,7 @@ from freetoken.runtime.moe.residency import ExpertResidency
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 from residency_checks import assert_residency_true
-from scheduler_runs import PROMPTS, greedy
+from scheduler_runs import PROMPTS, decode_steps_without_sync, greedy, running_requests
 
 pytestmark = [
     pytest.mark.gpu,
@@ -110,25 +110,14 @@ def test_offload_graph_decode_with_misses_equals_the_cpu_reference(
 
 def test_an_offload_step_with_misses_issues_no_host_sync(tiny_model: tuple[Path, Any]) -> None:
     engine = build_engine(tiny_model[0], device="cuda", dtype="bfloat16", moe_backend="offload", cache_size=2)
-    engine.reserve_slots(1)
-    scheduler = Scheduler(engine, PrefixCache(0), max_running=1)
-    scheduler.add(PROMPTS[1], SamplingParams(max_tokens=40, ignore_eos=True), lambda e: None)
-    for _ in range(3):  # prefill, then the graph captured
-        scheduler.step()
-    requests = [request for request, _ in scheduler.running]
-    misses = engine.moe_counters.totals()["misses"]
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
     try:
-        for _ in range(8):
-            results = engine.decode_tokens(requests)
-            for request, (token, _) in zip(requests, results, strict=True):  # type: ignore[misc]
-                request.next_token = token
+        requests = running_requests(engine, PROMPTS[1:2])
+        misses = engine.moe_counters.totals()["misses"]
+        decode_steps_without_sync(engine, requests, 8)
+        assert engine.moe_counters.totals()["misses"] > misses  # the steps did miss, inside the graph
+        assert engine.decoder is not None and engine.decoder.replays >= 8
     finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert engine.moe_counters.totals()["misses"] > misses  # the steps did miss, inside the graph
-    assert engine.decoder is not None and engine.decoder.replays >= 8
-    engine.close()
+        engine.close()
 
 
 def test_halving_the_budget_mid_generation_recaptures_and_keeps_the_tokens(
