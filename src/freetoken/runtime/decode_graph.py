@@ -9,10 +9,12 @@ top-k/top-p: no sort) and `logits` (no draw: the host samples, for requests with
 or logprobs). The one host sync per step is the
 read-back of the drawn ids (with their finite flags), after an event.
 
-Where graphs cannot run (not CUDA, an expert backend that reads routing back, a routing recorder on, or a
-capture that failed — said once in the log) the same step is called eagerly. The graphs hold the
-addresses of the KV pool and of the expert banks: `reset()` drops them (the engine calls it when the
-executor changes), and they are dropped by themselves when the pool's storage moves.
+On the CPU, where a native step takes the model (models/kernels/cpu_decode_step.py), each step is
+one native call instead. Where graphs cannot run (not CUDA, an expert backend that reads routing back,
+a routing recorder on, or a capture that failed — said once in the log) the same step is called
+eagerly. The graphs hold the addresses of the KV pool and of the expert banks: `reset()` drops them
+(the engine calls it when the executor changes), and they are dropped by themselves when the pool's
+storage moves.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch import nn
 
 from freetoken.runtime.device_sampling import SamplingRows, greedy_rows
 from freetoken.runtime.kv.slot_pool import KVSlotPool
+from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
 from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows, decode_step
 from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS
 
@@ -52,6 +55,7 @@ class SlotDecoder:
     ) -> None:
         self.model, self.pool, self.device, self.sampling = model, pool, device, sampling
         self.ops = DecodeOps.for_device(device)
+        self.native: CpuDecodeStep | None = None  # the whole step in one native call (CPU), set by the engine
         pin = device.type == "cuda"
         # row-major, so the first `size` rows are one contiguous block: a single async copy each way
         self._staged = torch.zeros(MAX_ROWS, 3, dtype=torch.int64, pin_memory=pin)  # token, position, slot
@@ -150,7 +154,9 @@ class SlotDecoder:
         rows = DecodeRows(
             tokens=r[:, 0], positions=positions, slots=r[:, 2].to(torch.int32), lengths=positions + 1
         )
-        logits = decode_step(self.model, rows, self.pool, self.ops)  # [size, V]
+        logits = self.native(rows) if self.native is not None else None
+        if logits is None:
+            logits = decode_step(self.model, rows, self.pool, self.ops)  # [size, V]
         if mode == "logits":
             return logits, None
         if mode == "greedy":

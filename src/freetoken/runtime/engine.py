@@ -33,6 +33,7 @@ from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.kv.state_checkpoints import Checkpoint, StateCheckpoints
 from freetoken.runtime.loader import WeightSource, load_model
 from freetoken.runtime.memory import held_bytes, plan_slots, slot_ceiling
+from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
 from freetoken.runtime.models.slot_decode import prepare_for_slot_decode, supports_slot_decode
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
@@ -142,6 +143,7 @@ class Engine:
         self.model.attach_executor(self.executor)
         if self.decoder is not None:
             self.decoder.reset()  # captured graphs hold the old executor's expert banks
+            self.decoder.native = CpuDecodeStep.build(self.model, self.kv_pool, self.executor)
         self.moe_counters.reset()
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ import time
 import numpy as np
 import torch
 
+from freetoken.runtime.moe.counters import distinct_per_layer
 from freetoken.runtime.moe.cpu_branch import CpuBranch
 from freetoken.runtime.moe.executor import ExecutorContext, ExpertExecutor
 from freetoken.runtime.moe.experts import GATHER_MAX_PAIRS, routed_experts
@@ -186,12 +187,24 @@ class CachedExecutor(ExpertExecutor):
     ) -> torch.Tensor:
         """No slot at all (`cpu` with none): every pair on the CPU from the pool, no policy step."""
         ids = topk_ids.cpu()
-        flat = ids.numpy()
-        distinct = len(np.unique(flat[flat >= 0]))
+        distinct = int(distinct_per_layer(ids.numpy()[None])[0])
         self.counters.add(self.residency.row_of[layer], misses=distinct, cpu=distinct)
         rows = torch.arange(x.shape[0])
         partial = self.cpu.submit(layer, x, rows, ids, topk_weights.float().cpu(), inline=True)
         return partial.result().to(x.device, x.dtype, copy=True)  # the result is the branch's staging
+
+    def host_banks(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]] | None:
+        if self.device.type != "cpu" or self.residency.num_slots or self.streamer is not None:
+            return None
+        return {layer: (self.pool.gate_up[layer], self.pool.down[layer]) for layer in self.pool.layers}
+
+    def cpu_threads(self) -> int:
+        return self.cpu.threads
+
+    def count_host_steps(self, ids: np.ndarray) -> None:
+        """As `_forward_from_pool` counts: every distinct expert a miss computed on the CPU."""
+        distinct = distinct_per_layer(ids)
+        self.counters.add_layers(misses=distinct, cpu=distinct)
 
     def _forward_read_back(
         self,

@@ -38,6 +38,11 @@ class MoeCounters:
         for name, value in counts.items():
             self.host[name][row] += value
 
+    def add_layers(self, **counts: np.ndarray) -> None:
+        """Add [L] counts, one per MoE layer in order."""
+        for name, values in counts.items():
+            self.host[name] += values
+
     @property
     def by_layer(self) -> dict[str, np.ndarray]:
         """name -> [L] counts since the last reset (reads the device's: a sync)."""
@@ -81,3 +86,11 @@ class MoeCounters:
             "miss_rate": round(totals["misses"] / demanded if demanded else 0.0, 4),
             "by_layer": {name: values.tolist() for name, values in by_layer.items()},
         }
+
+
+def distinct_per_layer(ids: np.ndarray) -> np.ndarray:
+    """ids [L, T, K] (-1: none) -> [L] the distinct expert ids >= 0 of each layer step."""
+    flat = np.sort(ids.reshape(ids.shape[0], -1), axis=1)
+    new = np.ones_like(flat, dtype=bool)
+    new[:, 1:] = flat[:, 1:] != flat[:, :-1]
+    return (new & (flat >= 0)).sum(axis=1)

@@ -6,6 +6,7 @@ import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from freetoken.errors import FreeTokenError
@@ -71,6 +72,18 @@ class ExpertExecutor(ABC):
 
     def set_cpu_threads(self, threads: int) -> None:  # noqa: B027 - only executors with a CPU branch
         """At a safe point: the CPU may use `threads` threads now."""
+
+    def host_banks(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]] | None:
+        """layer -> (gate_up, down) banks when every expert of every layer is computed on the host from
+        them (a whole CPU decode step may then run natively); None otherwise."""
+        return None
+
+    def cpu_threads(self) -> int:
+        """Threads the CPU expert compute may use now."""
+        return torch.get_num_threads()
+
+    def count_host_steps(self, ids: np.ndarray) -> None:  # noqa: B027 - only executors with host_banks
+        """Count a step that ran outside `forward`: ids [L, B, K] of the MoE layers in order, -1 = none."""
 
     def probe(self) -> None:  # noqa: B027 - only executors that split misses use bandwidths
         """Re-measure B_P and B_H cheaply (one expert each) and fold them into the running estimates."""

@@ -19,10 +19,18 @@ from pathlib import Path
 from freetoken.env import cpu_kernel_choice, kernels_dir
 
 HERE = Path(__file__).parent
-# the expert kernel, the thread that runs it, the dense layers' GEMV, the decode attention block and norm
+# the expert kernel, the thread that runs it, the dense layers' GEMV, the decode attention block and norm,
+# the whole CPU decode step over them
 SOURCES = tuple(
     HERE / name
-    for name in ("experts_bf16.c", "kernel_worker.c", "dense_bf16.c", "attention_decode.c", "norm_cpu.c")
+    for name in (
+        "experts_bf16.c",
+        "kernel_worker.c",
+        "dense_bf16.c",
+        "attention_decode.c",
+        "norm_cpu.c",
+        "decode_step_cpu.c",
+    )
 )
 HEADERS = (HERE / "bf16_dot.h",)
 # FMAs contracted from the kernel's multiply-adds; on x86, full-width vectors where the CPU has them
@@ -115,5 +123,10 @@ def declare(lib: ctypes.CDLL) -> None:
     # x, residual (or NULL), weight, eps, rows, hidden, element size, normed out, sum out, scratch
     lib.ft_add_rms_norm.argtypes = [vp, vp, vp, f32, i32, i32, i32, vp, vp, vp]
     lib.ft_add_rms_norm.restype = None
+    # the model's pointer table, rows, embedded x, cos, sin, slots, positions, ids out, logits out, scratch,
+    # threads, expert threads
+    lib.ft_decode_step.argtypes = [vp, i32, vp, vp, vp, vp, vp, vp, vp, vp, i32, i32]
+    lib.ft_decode_step.restype = i32
+    lib.ft_decode_step_scratch.argtypes, lib.ft_decode_step_scratch.restype = [vp, i32], ctypes.c_long
     lib.ft_read_f32.argtypes = [f32p, ctypes.c_long, i32]
     lib.ft_read_f32.restype = ctypes.c_double

@@ -1,0 +1,176 @@
+"""A whole decode step on the CPU in one native call (moe/kernels/decode_step_cpu.c): every layer, the
+final norm and the LM head, where the Python step (models/slot_decode.py `decode_step` with the CPU ops)
+makes some fifteen calls and torch ops a layer. That step is its reference: the native one rounds where
+it rounds and runs the same kernels, so the two agree to bf16 rounding (summation order inside the
+softmaxes aside).
+
+It takes a Qwen3-MoE model whose layers all route to experts, with bf16 weights, when the expert
+executor computes every expert on the host from the pool (`host_banks`); it declines a step (the caller
+runs the Python one) while a routing recorder listens, since the routing never leaves the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from freetoken.runtime.kv.slot_pool import KVSlotPool
+from freetoken.runtime.models.slot_decode import DecodeRows
+from freetoken.runtime.moe.executor import ExpertExecutor
+from freetoken.runtime.moe.kernels.loader import load_library
+
+MAX_ROWS = 16
+MAX_EXPERTS = 4096
+MAX_HEAD_DIM = 1024
+CACHE_DTYPES = (torch.bfloat16, torch.float32)
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        (name, _P)
+        for name in (
+            "input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "o_bias", "post_norm", "gate",
+            "gate_up", "down", "mlp_gate", "mlp_up", "mlp_down", "k_cache", "v_cache",
+        )
+    ]  # fmt: skip
+
+
+class _Decoder(ctypes.Structure):
+    _fields_ = [
+        *[
+            (name, _I)
+            for name in (
+                "layers", "hidden", "heads", "kv_heads", "head_dim", "experts", "top_k", "inter", "vocab",
+                "capacity", "cache_elem", "norm_topk_prob", "dense_inter",
+            )
+        ],
+        ("rms_eps", ctypes.c_float),
+        ("qk_eps", ctypes.c_float),
+        ("layer", ctypes.POINTER(_Layer)),
+        ("final_norm", _P),
+        ("lm_head", _P),
+    ]  # fmt: skip
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _bf16(*tensors: torch.Tensor | None) -> bool:
+    return all(t is None or (t.dtype == torch.bfloat16 and t.is_contiguous()) for t in tensors)
+
+
+class CpuDecodeStep:
+    """Built once per (model, executor); call it with a step's rows -> logits [B, V] bf16, or None."""
+
+    def __init__(
+        self, model: nn.Module, pool: KVSlotPool, executor: ExpertExecutor, lib: ctypes.CDLL
+    ) -> None:
+        self.model, self.pool, self.executor, self.lib = model, pool, executor, lib
+        self.moe_blocks = model.moe_blocks()
+        self._norms32: list[torch.Tensor] = []  # q/k norm weights in fp32, alive as long as the table
+        self._generation = -1
+        self._scratch = torch.empty(0, dtype=torch.float32)
+        self._scratch_rows = 0
+
+    @staticmethod
+    def build(model: nn.Module, pool: KVSlotPool, executor: ExpertExecutor) -> CpuDecodeStep | None:
+        """The native step for this model and executor, or None where it does not apply."""
+        from freetoken.runtime.models.layers import SwiGLUMLP
+        from freetoken.runtime.models.qwen3_moe import SparseMoeBlock
+
+        lib = load_library()
+        if lib is None or pool.device.type != "cpu" or not getattr(type(model), "slot_decode", False):
+            return None
+        cfg = model.config
+        banks = executor.host_banks()
+        if banks is None or pool.dtype not in CACHE_DTYPES or not pool.k[0].is_contiguous():
+            return None
+        if cfg.num_experts > MAX_EXPERTS or cfg.head_dim > MAX_HEAD_DIM:
+            return None
+        for i, layer in enumerate(model.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            if isinstance(mlp, SparseMoeBlock) and i in banks and mlp.gate.bias is None:
+                mlp_weights = (mlp.gate.weight, *banks[i])
+            elif isinstance(mlp, SwiGLUMLP) and all(p.bias is None for p in _projections(mlp)):
+                mlp_weights = tuple(p.weight for p in _projections(mlp))
+            else:
+                return None
+            weights = (
+                layer.input_layernorm.weight, layer.post_attention_layernorm.weight, attn.qkv_weight,
+                attn.qkv_bias, attn.o_proj.weight, attn.o_proj.bias, *mlp_weights,
+            )  # fmt: skip
+            if not _bf16(*weights):
+                return None
+        if not _bf16(model.model.norm.weight, model.lm_head.weight):
+            return None
+        return CpuDecodeStep(model, pool, executor, lib)
+
+    def _table(self) -> _Decoder:
+        """The pointer table; made again whenever the KV pool's storage moves."""
+        model, pool, cfg = self.model, self.pool, self.model.config
+        banks = self.executor.host_banks()
+        assert banks is not None
+        layers = (_Layer * cfg.num_layers)()
+        self._norms32 = []
+        for i, layer in enumerate(model.model.layers):
+            attn = layer.self_attn
+            q32, k32 = attn.q_norm.weight.float().contiguous(), attn.k_norm.weight.float().contiguous()
+            self._norms32 += [q32, k32]
+            kv = pool.index[attn.layer]
+            moe = i in banks
+            gate_up, down = banks[i] if moe else (None, None)
+            dense = (None,) * 3 if moe else tuple(p.weight for p in _projections(layer.mlp))
+            layers[i] = _Layer(
+                _ptr(layer.input_layernorm.weight), _ptr(attn.qkv_weight), _ptr(attn.qkv_bias), _ptr(q32),
+                _ptr(k32), _ptr(attn.o_proj.weight), _ptr(attn.o_proj.bias),
+                _ptr(layer.post_attention_layernorm.weight), _ptr(layer.mlp.gate.weight) if moe else None,
+                _ptr(gate_up), _ptr(down), *map(_ptr, dense), _ptr(pool.k[kv]), _ptr(pool.v[kv]),
+            )  # fmt: skip
+        self._layers = layers
+        return _Decoder(
+            cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_experts,
+            cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.vocab_size, pool.capacity,
+            pool.k[0].element_size(), int(cfg.norm_topk_prob), cfg.intermediate_size, cfg.rms_norm_eps,
+            model.model.layers[0].self_attn.q_norm.eps, layers, _ptr(model.model.norm.weight),
+            _ptr(model.lm_head.weight),
+        )  # fmt: skip
+
+    def __call__(self, rows: DecodeRows) -> torch.Tensor | None:
+        """logits [B, V] in bf16 for the step's rows (K/V written, experts counted), or None: the step
+        is the Python one's to run (a routing recorder listens, or the executor now uses slots)."""
+        b = rows.tokens.shape[0]
+        if b > MAX_ROWS or any(block.recorder is not None for block in self.moe_blocks):
+            return None
+        if self.executor.host_banks() is None:
+            return None
+        if self._generation != self.pool.generation:
+            self._decoder, self._generation = self._table(), self.pool.generation
+        if self._scratch_rows < b:
+            floats = self.lib.ft_decode_step_scratch(ctypes.addressof(self._decoder), b)
+            self._scratch, self._scratch_rows = torch.empty(floats, dtype=torch.float32), b
+        cfg = self.model.config
+        x = self.model.model.embed_tokens(rows.tokens).contiguous()  # [B, H] bf16
+        cos, sin = (t.float().contiguous() for t in self.model.rotary(rows.positions, x.dtype))  # [B, D]
+        slots, positions = rows.slots.to(torch.int64), rows.positions.to(torch.int64)
+        ids = torch.empty(len(self.moe_blocks), b, cfg.num_experts_per_tok, dtype=torch.int64)
+        logits = torch.empty(b, cfg.vocab_size, dtype=torch.bfloat16)
+        code = self.lib.ft_decode_step(
+            ctypes.addressof(self._decoder), b, x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            slots.data_ptr(), positions.data_ptr(), ids.data_ptr(), logits.data_ptr(),
+            self._scratch.data_ptr(), torch.get_num_threads(), self.executor.cpu_threads(),
+        )  # fmt: skip
+        if code == -2:
+            raise ValueError("native decode step: a position past the KV cache")
+        if code != 0:
+            raise MemoryError(f"native decode step failed (code {code})")
+        self.executor.count_host_steps(ids.numpy())
+        return logits
+
+
+def _projections(mlp: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+    return mlp.gate_proj, mlp.up_proj, mlp.down_proj

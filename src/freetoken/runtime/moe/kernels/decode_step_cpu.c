@@ -1,0 +1,215 @@
+// A whole Qwen3-MoE decode step on the CPU in one call: every layer, the final norm and the LM head,
+// with no interpreter between the kernels. It strings together the kernels the Python step calls one
+// by one (norm_cpu.c, dense_bf16.c, attention_decode.c, experts_bf16.c) and rounds to bf16 where that
+// step rounds (each Linear's output, the attention output, the routing weights, the experts' sum), so
+// it computes what models/slot_decode.py's `decode_step` computes with the CPU ops, layer for layer.
+//
+// Per layer, for B rows (row b: slot slots[b], position positions[b]; slot -1 is a padding row):
+//   h, res = add_rms_norm(x, res)              x, res, h: [B, H] bf16
+//   qkv = round(h · Wqkv^T + bqkv)             [B, (NH + 2 KVH) D]
+//   a = round(attention_block(qkv))            q/k norm, rotary, K/V write, attention: [B, NH D]
+//   x = round(a · Wo^T + bo)
+//   h, res = add_rms_norm(x, res)
+//   g = round(h · Wgate^T)                     [B, E]; softmax in fp32, top-k, renormalised (or not),
+//   ids, w = top_k(softmax(g)), w rounded      ids [B, K] into ids_out[layer] (-1 on padding rows)
+//   x = round(experts(h, ids, w))
+// or, in a dense layer (no router): x = round(round(round(silu(round(h · Wg^T))) · round(h · Wu^T)) · Wd^T)
+// then logits = round(add_rms_norm(x, res) · Wlm^T), [B, V] bf16.
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "bf16_dot.h"
+
+int ft_linear_bf16(const uint16_t *w, const float *x, float *out, int n_rows, int hidden, int tokens, float *xs,
+                   int threads);
+int ft_attention_decode(const float *qkv, int rows, int nh, int kvh, int d, const float *qw, const float *kw,
+                        float eps, const float *cos, const float *sin, void *k_cache, void *v_cache, int elem,
+                        int cap, const int64_t *slots, const int64_t *positions, float scale, float *scores,
+                        float *q_scratch, float *out, int threads);
+void ft_add_rms_norm(const void *x, const void *residual, const void *weight, float eps, int rows, int hidden,
+                     int elem, void *out_h, void *out_sum, float *scratch);
+int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts, int hidden, int inter,
+                const float *x, const int64_t *ids, const float *weights, int tokens, int top_k, float *scratch,
+                float *out, int threads, long unit_bytes, double *trace);
+
+#define MAX_ROWS 16
+#define MAX_EXPERTS 4096
+
+typedef struct {
+    const uint16_t *input_norm;  // [H]
+    const uint16_t *qkv;         // [(NH + 2 KVH) D, H]
+    const uint16_t *qkv_bias;    // [(NH + 2 KVH) D] or NULL
+    const float *q_norm;         // [D] fp32
+    const float *k_norm;         // [D] fp32
+    const uint16_t *o;           // [H, NH D]
+    const uint16_t *o_bias;      // [H] or NULL
+    const uint16_t *post_norm;   // [H]
+    const uint16_t *gate;        // [E, H]; NULL in a dense layer
+    const uint16_t *gate_up;     // [E, 2I, H]
+    const uint16_t *down;        // [E, H, I]
+    const uint16_t *mlp_gate;    // a dense layer's [DI, H]
+    const uint16_t *mlp_up;      // [DI, H]
+    const uint16_t *mlp_down;    // [H, DI]
+    void *k_cache, *v_cache;     // [S, KVH, CAP, D] in cache_elem bytes per element
+} ft_decoder_layer;
+
+typedef struct {
+    int layers, hidden, heads, kv_heads, head_dim, experts, top_k, inter, vocab, capacity, cache_elem;
+    int norm_topk_prob, dense_inter;  // dense_inter: DI of the dense layers (0: none)
+    float rms_eps, qk_eps;
+    const ft_decoder_layer *layer;  // [layers]
+    const uint16_t *final_norm;     // [H]
+    const uint16_t *lm_head;        // [V, H]
+} ft_decoder;
+
+// The longest input row of any Linear: the hidden size, the attention output, a dense layer's inner size.
+static int widest_input(const ft_decoder *m) {
+    const int qd = m->heads * m->head_dim, a = m->hidden > qd ? m->hidden : qd;
+    return a > m->dense_inter ? a : m->dense_inter;
+}
+
+// fp32 scratch the step needs for `rows` rows (the caller allocates it once and passes it back).
+long ft_decode_step_scratch(const ft_decoder *m, int rows) {
+    const long h = m->hidden, qd = (long)m->heads * m->head_dim;
+    const long width = qd + 2L * m->kv_heads * m->head_dim, k = m->top_k;
+    const long widest = widest_input(m);
+    long n = 0;
+    n += 3 * rows * h / 2 + 3;                          // x, res, h in bf16 (halves of floats)
+    n += rows * widest;                                  // the Linear input widened
+    n += rows * widest;                                  // its split form
+    n += rows * width;                                   // qkv
+    n += 2 * rows * qd;                                  // attention output, q scratch
+    n += (long)rows * m->heads * m->capacity;            // scores
+    n += h;                                              // the norm's scratch
+    n += (long)rows * m->experts;                        // router logits
+    n += rows * k;                                       // routing weights
+    n += rows * (k * (m->inter + h) + h);                // the experts' scratch
+    n += rows * h;                                       // the experts' sum
+    n += (long)rows * m->vocab;                          // LM head output
+    n += 2L * rows * m->dense_inter;                     // a dense layer's gate and up
+    return n;
+}
+
+static void widen(const uint16_t *src, float *dst, long n) {
+    for (long i = 0; i < n; i++) dst[i] = load_elem(src, i, 2);
+}
+
+static void narrow(const float *src, uint16_t *dst, long n) {
+    for (long i = 0; i < n; i++) store_elem(dst, i, src[i], 2);
+}
+
+// out [rows, n] fp32 = x [rows, k] bf16 · W^T (+ bias), rounded to bf16 in place.
+static void linear(const uint16_t *w, const uint16_t *bias, const uint16_t *x, int rows, int n, int k, float *xf,
+                   float *xs, float *out, int threads) {
+    widen(x, xf, (long)rows * k);
+    ft_linear_bf16(w, xf, out, n, k, rows, xs, threads);
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < n; i++) {
+            float v = out[(long)r * n + i];
+            if (bias) v += load_elem(bias, i, 2);
+            out[(long)r * n + i] = round_elem(v, 2);
+        }
+}
+
+// Softmax over e logits in fp32, the k largest (ties: the lower id), renormalised when asked; weights
+// rounded to bf16 as the routing weights are.
+static void route(const float *logits, int e, int k, int renorm, int64_t *ids, float *weights) {
+    float top = -INFINITY;
+    for (int i = 0; i < e; i++) top = logits[i] > top ? logits[i] : top;
+    float p[MAX_EXPERTS];
+    float total = 0.0f;
+    for (int i = 0; i < e; i++) total += (p[i] = expf(logits[i] - top));
+    for (int i = 0; i < e; i++) p[i] /= total;
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int i = 0; i < e; i++)
+            if (p[i] >= 0.0f && (best < 0 || p[i] > p[best])) best = i;
+        if (best < 0) {  // NaN logits: no expert (the logits come out NaN and the step is refused)
+            ids[j] = -1, weights[j] = 0.0f;
+            continue;
+        }
+        ids[j] = best, weights[j] = p[best], sum += p[best];
+        p[best] = -1.0f;
+    }
+    for (int j = 0; j < k; j++) weights[j] = round_elem(renorm ? weights[j] / sum : weights[j], 2);
+}
+
+// A dense SwiGLU layer: x [rows, H] bf16 = the MLP of h, rounding as the torch layer does.
+static void dense_mlp(const ft_decoder_layer *L, int di, const uint16_t *hn, int rows, int h, float *xf,
+                      float *xs, float *g, float *u, float *y, uint16_t *x, int threads) {
+    linear(L->mlp_gate, NULL, hn, rows, di, h, xf, xs, g, threads);
+    linear(L->mlp_up, NULL, hn, rows, di, h, xf, xs, u, threads);
+    for (long i = 0; i < (long)rows * di; i++)
+        g[i] = round_elem(round_elem(g[i] / (1.0f + expf(-g[i])), 2) * u[i], 2);  // silu(g) · u
+    ft_linear_bf16(L->mlp_down, g, y, h, di, rows, xs, threads);
+    narrow(y, x, (long)rows * h);
+}
+
+// x_in [rows, H] bf16: the embedded tokens; cos, sin [rows, D] fp32; ids_out [MoE layers, rows, K];
+// logits [rows, V] bf16. Returns 0, -1 for a bad row count or expert count, -2 for a position past
+// the cache, -3 when the expert kernel could not allocate.
+int ft_decode_step(const ft_decoder *m, int rows, const uint16_t *x_in, const float *cos, const float *sin,
+                   const int64_t *slots, const int64_t *positions, int64_t *ids_out, uint16_t *logits,
+                   float *scratch, int threads, int expert_threads) {
+    if (rows < 1 || rows > MAX_ROWS || m->experts > MAX_EXPERTS) return -1;
+    const int h = m->hidden, d = m->head_dim, qd = m->heads * d, e = m->experts, k = m->top_k;
+    const int width = qd + 2 * m->kv_heads * d, widest = widest_input(m);
+    uint16_t *x = (uint16_t *)scratch, *res = x + (long)rows * h, *hn = res + (long)rows * h;
+    float *f = scratch + (3L * rows * h / 2 + 3);
+    float *xf = f;
+    float *xs = xf + (long)rows * widest;
+    float *qkv = xs + (long)rows * widest;
+    float *attn = qkv + (long)rows * width;
+    float *q_scratch = attn + (long)rows * qd;
+    float *scores = q_scratch + (long)rows * qd;
+    float *norm = scores + (long)rows * m->heads * m->capacity;
+    float *gl = norm + h;
+    float *rw = gl + (long)rows * e;
+    float *ex = rw + (long)rows * k;
+    float *ey = ex + (long)rows * (k * (m->inter + h) + h);
+    float *lm = ey + (long)rows * h;
+    float *dense_g = lm + (long)rows * m->vocab, *dense_u = dense_g + (long)rows * m->dense_inter;
+    memcpy(x, x_in, sizeof(uint16_t) * rows * h);
+    const float scale = 1.0f / sqrtf((float)d);
+    int64_t *ids = ids_out;
+    for (int l = 0; l < m->layers; l++) {
+        const ft_decoder_layer *L = &m->layer[l];
+        ft_add_rms_norm(x, l ? res : NULL, L->input_norm, m->rms_eps, rows, h, 2, hn, res, norm);
+        linear(L->qkv, L->qkv_bias, hn, rows, width, h, xf, xs, qkv, threads);
+        const int code = ft_attention_decode(qkv, rows, m->heads, m->kv_heads, d, L->q_norm, L->k_norm, m->qk_eps,
+                                             cos, sin, L->k_cache, L->v_cache, m->cache_elem, m->capacity, slots,
+                                             positions, scale, scores, q_scratch, attn, threads);
+        if (code != 0) return -2;
+        for (long i = 0; i < (long)rows * qd; i++) attn[i] = round_elem(attn[i], 2);  // o_proj's input
+        ft_linear_bf16(L->o, attn, ey, h, qd, rows, xs, threads);
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < h; i++) {
+                float v = ey[(long)r * h + i];
+                if (L->o_bias) v += load_elem(L->o_bias, i, 2);
+                store_elem(x, (long)r * h + i, v, 2);
+            }
+        ft_add_rms_norm(x, res, L->post_norm, m->rms_eps, rows, h, 2, hn, res, norm);
+        if (!L->gate) {
+            dense_mlp(L, m->dense_inter, hn, rows, h, xf, xs, dense_g, dense_u, ey, x, threads);
+            continue;
+        }
+        linear(L->gate, NULL, hn, rows, e, h, xf, xs, gl, threads);
+        for (int r = 0; r < rows; r++) {
+            route(gl + (long)r * e, e, k, m->norm_topk_prob, ids + (long)r * k, rw + (long)r * k);
+            if (slots[r] < 0)
+                for (int j = 0; j < k; j++) ids[(long)r * k + j] = -1;
+        }
+        widen(hn, xf, (long)rows * h);
+        if (ft_moe_bf16(L->gate_up, L->down, e, h, m->inter, xf, ids, rw, rows, k, ex, ey, expert_threads, 0,
+                        NULL) < 0)
+            return -3;
+        narrow(ey, x, (long)rows * h);
+        ids += (long)rows * k;
+    }
+    ft_add_rms_norm(x, res, m->final_norm, m->rms_eps, rows, h, 2, hn, res, norm);
+    linear(m->lm_head, NULL, hn, rows, m->vocab, h, xf, xs, lm, threads);
+    narrow(lm, logits, (long)rows * m->vocab);
+    return 0;
+}

@@ -1,0 +1,101 @@
+"""The whole-step native CPU decode against its reference, the Python step with the CPU ops."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from freetoken.runtime.engine import Engine, build_engine
+from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
+from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows, decode_step
+from freetoken.runtime.moe.kernels.loader import load_library
+from freetoken.runtime.sampling import SamplingParams
+from oracle import rel_err
+
+pytestmark = pytest.mark.skipif(load_library() is None, reason="needs the compiled CPU kernels")
+
+PROMPTS = [[5, 77, 301, 12], [9, 250, 33, 401, 18, 2, 64], [111]]
+NEXT = [40, 41, 42]
+
+
+def bf16_engine(folder: Path, **options: Any) -> Engine:
+    return build_engine(folder, device="cpu", dtype="bfloat16", moe_backend="cpu", **options)
+
+
+def prefilled(folder: Path) -> tuple[Engine, list[int]]:
+    """An engine with the prompts prefilled, and each one's KV slot."""
+    engine = bf16_engine(folder)
+    slots = []
+    for prompt in PROMPTS:
+        seq = engine.new_sequence()
+        engine.prefill(seq, prompt)
+        slots.append(seq.kv.slot)
+    return engine, slots
+
+
+def step_rows(slots: list[int]) -> DecodeRows:
+    """The three sequences' next tokens in another order than their slots, a padding row among them."""
+    order = [2, 0, 1]
+    lengths = [len(PROMPTS[i]) for i in order]
+    return DecodeRows(
+        tokens=torch.tensor([NEXT[order[0]], 0, NEXT[order[1]], NEXT[order[2]]]),
+        positions=torch.tensor([lengths[0], 0, lengths[1], lengths[2]]).int(),
+        slots=torch.tensor([slots[order[0]], -1, slots[order[1]], slots[order[2]]]).int(),
+        lengths=torch.tensor([lengths[0] + 1, 1, lengths[1] + 1, lengths[2] + 1]).int(),
+    )
+
+
+@pytest.fixture(params=[[1], []], ids=["with-a-dense-layer", "all-moe"])
+def model_dir(request: pytest.FixtureRequest, make_model: Callable[..., tuple[Path, Any]]) -> Path:
+    return make_model(mlp_only_layers=request.param)[0]
+
+
+def test_the_engine_takes_the_native_step_for_a_bf16_model_on_the_cpu_backend(model_dir: Path) -> None:
+    assert bf16_engine(model_dir).decoder.native is not None
+    assert build_engine(model_dir, device="cpu", dtype="float32", moe_backend="cpu").decoder.native is None
+    # experts in slots (a cache on the CPU standing in for the device): the Python step computes them
+    cached = build_engine(model_dir, device="cpu", dtype="bfloat16", moe_backend="offload", cache_size=4)
+    assert cached.decoder.native is None
+
+
+def test_native_step_matches_the_python_step(model_dir: Path) -> None:
+    (native, slots), (python, _) = prefilled(model_dir), prefilled(model_dir)
+    rows = step_rows(slots)
+    native.moe_counters.reset()
+    python.moe_counters.reset()
+    with torch.inference_mode():
+        got = native.decoder.native(rows)
+        want = decode_step(python.model, rows, python.kv_pool, DecodeOps.for_device(torch.device("cpu")))
+    assert got is not None and got.dtype == want.dtype == torch.bfloat16
+    for row in (0, 2, 3):  # the padding row's logits are garbage in both
+        assert rel_err(got[row], want[row]) < 2e-2, row
+        assert got[row].argmax() == want[row].argmax()
+    for k_native, k_python, v_native, v_python in zip(
+        native.kv_pool.k, python.kv_pool.k, native.kv_pool.v, python.kv_pool.v, strict=True
+    ):  # each row wrote its own next position, the same K/V (bf16 rounding of fp32 sums apart)
+        assert rel_err(k_native, k_python) < 1e-2 and rel_err(v_native, v_python) < 1e-2
+    assert native.moe_counters.totals() == python.moe_counters.totals()
+    assert native.moe_counters.totals()["cpu"] > 0
+
+
+def test_native_decode_gives_the_python_steps_greedy_tokens(model_dir: Path) -> None:
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    native = bf16_engine(model_dir)
+    python = bf16_engine(model_dir)
+    python.decoder.native = None
+    prompt = PROMPTS[1]
+    want = [e.token_id for e in python.generate(prompt, params) if e.token_id is not None]
+    got = [e.token_id for e in native.generate(prompt, params) if e.token_id is not None]
+    assert got == want and len(got) == 24
+
+
+def test_a_routing_recorder_sends_the_step_back_to_python(model_dir: Path) -> None:
+    engine, slots = prefilled(model_dir)
+    step = engine.decoder.native
+    assert isinstance(step, CpuDecodeStep)
+    engine.record_routing(object())  # any recorder: the native step never sees the routing
+    assert step(step_rows(slots)) is None
