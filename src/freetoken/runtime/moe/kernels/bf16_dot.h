@@ -43,6 +43,14 @@ static inline void store_elem(void *base, long i, float f, int elem) {
     ((uint16_t *)base)[i] = (uint16_t)u;
 }
 
+// The sum of n partial sums (n a power of two), folded in halves: each fold is one vector add, where a
+// running scalar sum would be a chain of n dependent adds (it cost as much as the dot it ends).
+static inline float fold_sum(float *a, int n) {
+    for (int w = n / 2; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) a[j] += a[j + w];
+    return a[0];
+}
+
 // Where element i of a length-n vector sits in its split form.
 static inline long split_at(long i, long n) {
     const long m = n / 2;
@@ -53,25 +61,51 @@ static void split_row(const float *restrict x, float *restrict xs, long n) {
     for (long i = 0; i < n; i++) xs[split_at(i, n)] = x[i];
 }
 
-// w: n bf16 elements; xs: the other vector in split form.
+// Eight lanes as one value (GCC/Clang vector extensions: AVX registers on x86, pairs of NEON ones on
+// ARM), so the accumulators stay in registers; casts between these types keep the bits.
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+static inline v8f load8f(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline v8u load8u(const uint16_t *p) {  // eight words: sixteen bf16 elements
+    v8u v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float sum8(v8f v) {
+    float a[8];
+    memcpy(a, &v, sizeof a);
+    return fold_sum(a, 8);
+}
+
+// w: n bf16 elements; xs: the other vector in split form. LANES words a step in LANES / 8 accumulators
+// per half.
 static inline float dot_bf16(const uint16_t *restrict w, const float *restrict xs, int n) {
     const int m = n / 2;
     const float *restrict xe = xs, *restrict xo = xs + m;
-    float ae[LANES] = {0}, ao[LANES] = {0};
+    const v8u high = {0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u,
+                      0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u};
+    v8f ae[LANES / 8] = {0}, ao[LANES / 8] = {0};
     int k = 0;
     for (; k + LANES <= m; k += LANES) {
 #if PREFETCH > 0
         __builtin_prefetch(w + 2 * k + PREFETCH, 0, 0);
 #endif
-        for (int j = 0; j < LANES; j++) {
-            uint32_t v;
-            memcpy(&v, w + 2 * (k + j), sizeof v);
-            ae[j] += bits_f32(v << 16) * xe[k + j];
-            ao[j] += bits_f32(v & 0xFFFF0000u) * xo[k + j];
+        for (int j = 0; j < LANES / 8; j++) {
+            const v8u u = load8u(w + 2 * (k + 8 * j));
+            ae[j] += (v8f)(u << 16) * load8f(xe + k + 8 * j);
+            ao[j] += (v8f)(u & high) * load8f(xo + k + 8 * j);
         }
     }
-    float s = 0.0f;
-    for (int j = 0; j < LANES; j++) s += ae[j] + ao[j];
+    v8f total = ae[0] + ao[0];
+    for (int j = 1; j < LANES / 8; j++) total += ae[j] + ao[j];
+    float s = sum8(total);
     for (; k < m; k++) {
         uint32_t v;
         memcpy(&v, w + 2 * k, sizeof v);
@@ -85,34 +119,31 @@ static inline float dot_bf16(const uint16_t *restrict w, const float *restrict x
 // what makes a batch (several pairs of one expert) cheaper than four single dots.
 static inline void dot4_bf16(const uint16_t *restrict w, const float *const v[4], int n, float out[4]) {
     const int m = n / 2;
+    const v8u high = {0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u,
+                      0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u};
     const float *restrict v0 = v[0], *restrict v1 = v[1], *restrict v2 = v[2], *restrict v3 = v[3];
-    float e0[16] = {0}, o0[16] = {0}, e1[16] = {0}, o1[16] = {0};
-    float e2[16] = {0}, o2[16] = {0}, e3[16] = {0}, o3[16] = {0};
+    v8f e0 = {0}, e1 = {0}, e2 = {0}, e3 = {0}, o0 = {0}, o1 = {0}, o2 = {0}, o3 = {0};
     int k = 0;
-    for (; k + 16 <= m; k += 16)
-        for (int j = 0; j < 16; j++) {
-            uint32_t u;
-            memcpy(&u, w + 2 * (k + j), sizeof u);
-            const float lo = bits_f32(u << 16), hi = bits_f32(u & 0xFFFF0000u);
-            e0[j] += lo * v0[k + j], o0[j] += hi * v0[m + k + j];
-            e1[j] += lo * v1[k + j], o1[j] += hi * v1[m + k + j];
-            e2[j] += lo * v2[k + j], o2[j] += hi * v2[m + k + j];
-            e3[j] += lo * v3[k + j], o3[j] += hi * v3[m + k + j];
-        }
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-    for (int j = 0; j < 16; j++) s0 += e0[j] + o0[j], s1 += e1[j] + o1[j], s2 += e2[j] + o2[j], s3 += e3[j] + o3[j];
+    for (; k + 8 <= m; k += 8) {
+        const v8u u = load8u(w + 2 * k);
+        const v8f lo = (v8f)(u << 16), hi = (v8f)(u & high);
+        e0 += lo * load8f(v0 + k), o0 += hi * load8f(v0 + m + k);
+        e1 += lo * load8f(v1 + k), o1 += hi * load8f(v1 + m + k);
+        e2 += lo * load8f(v2 + k), o2 += hi * load8f(v2 + m + k);
+        e3 += lo * load8f(v3 + k), o3 += hi * load8f(v3 + m + k);
+    }
+    float s[4] = {sum8(e0 + o0), sum8(e1 + o1), sum8(e2 + o2), sum8(e3 + o3)};
     for (; k < m; k++) {
         uint32_t u;
         memcpy(&u, w + 2 * k, sizeof u);
         const float lo = bits_f32(u << 16), hi = bits_f32(u & 0xFFFF0000u);
-        s0 += lo * v0[k] + hi * v0[m + k], s1 += lo * v1[k] + hi * v1[m + k];
-        s2 += lo * v2[k] + hi * v2[m + k], s3 += lo * v3[k] + hi * v3[m + k];
+        for (int j = 0; j < 4; j++) s[j] += lo * v[j][k] + hi * v[j][m + k];
     }
     if (n & 1) {
         const float last = bits_f32((uint32_t)w[n - 1] << 16);
-        s0 += last * v0[2 * m], s1 += last * v1[2 * m], s2 += last * v2[2 * m], s3 += last * v3[2 * m];
+        for (int j = 0; j < 4; j++) s[j] += last * v[j][2 * m];
     }
-    out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+    for (int j = 0; j < 4; j++) out[j] = s[j];
 }
 
 // out[j] = w . v[j] for the `count` split vectors v: in fours while they last, then one at a time.
