@@ -28,7 +28,7 @@ from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, llc_bytes, re
 from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCES, declare, find_compiler, load_library
 
 # (accumulator lanes, KiB of weights per unit of work, prefetch distance in bf16 elements); first: shipped
-VARIANTS = [(32, 256, 0), (32, 64, 0), (32, 1024, 0), (32, 256, 2048), (64, 256, 0)]
+VARIANTS = [(32, 256, 1024), (32, 256, 0), (32, 64, 1024), (32, 1024, 1024), (32, 256, 2048), (64, 256, 1024)]
 K = 8  # experts per call: a Qwen3 layer step with every routed expert on the CPU
 
 

@@ -8,10 +8,12 @@ import torch
 from freetoken.runtime.device_sampling import (
     SamplingRows,
     greedy_rows,
+    greedy_rows_reference,
     mix64,
     request_seed,
     sample_rows,
 )
+from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.sampling import Sampler, SamplingParams
 
 M64 = (1 << 64) - 1
@@ -23,6 +25,22 @@ def splitmix64_finaliser(z: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
     return z ^ (z >> 31)
+
+
+@pytest.mark.skipif(load_library() is None, reason="needs the compiled CPU kernels")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_native_greedy_rows_match_torch_ties_nan_and_inf_included(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 1000, generator=g).to(dtype)
+    logits[1, 10] = logits[1, 700] = 50.0  # a tie: the first index wins
+    logits[2, 5], logits[2, 9] = float("nan"), float("nan")  # argmax ranks NaN first; not finite
+    logits[3, 400] = float("inf")
+    logits[4, 3] = float("-inf")
+    logits[5] = 0.5  # all equal
+    ids, finite = greedy_rows(logits)
+    want_ids, want_finite = greedy_rows_reference(logits)
+    assert ids.tolist() == want_ids.tolist() == [int(want_ids[0]), 10, 5, 400, int(want_ids[4]), 0]
+    assert finite.tolist() == want_finite.tolist() == [True, True, False, False, False, True]
 
 
 def rows(

@@ -62,7 +62,24 @@ def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Te
 
 
 def greedy_rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, V] -> (argmax tokens [B] i64, finite [B] bool): the fast path when every row is greedy."""
+    """logits [B, V] -> (argmax tokens [B] i64, finite [B] bool): the fast path when every row is greedy.
+    On the CPU one native pass over each row (torch's argmax over bf16 takes ~250 µs for 32k logits)."""
+    if logits.device.type == "cpu" and logits.dim() == 2 and logits.dtype in (torch.bfloat16, torch.float32):
+        from freetoken.runtime.moe.kernels.loader import load_library
+
+        lib = load_library()
+        if lib is not None:
+            logits = logits.contiguous()
+            out = torch.empty(logits.shape[0], 2, dtype=torch.int64)
+            lib.ft_greedy_rows(
+                logits.data_ptr(), logits.element_size(), logits.shape[0], logits.shape[1], out.data_ptr()
+            )
+            return out[:, 0], out[:, 1].bool()
+    return greedy_rows_reference(logits)
+
+
+def greedy_rows_reference(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`greedy_rows` in torch ops (what runs on CUDA, and the CPU kernel's oracle)."""
     return torch.argmax(logits, dim=-1), torch.isfinite(logits).all(dim=-1)
 
 

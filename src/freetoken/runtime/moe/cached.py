@@ -201,9 +201,8 @@ class CachedExecutor(ExpertExecutor):
     def cpu_threads(self) -> int:
         return self.cpu.threads
 
-    def count_host_steps(self, ids: np.ndarray) -> None:
+    def count_host_steps(self, distinct: np.ndarray) -> None:
         """As `_forward_from_pool` counts: every distinct expert a miss computed on the CPU."""
-        distinct = distinct_per_layer(ids)
         self.counters.add_layers(misses=distinct, cpu=distinct)
 
     def _forward_read_back(

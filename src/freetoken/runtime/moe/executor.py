@@ -82,8 +82,8 @@ class ExpertExecutor(ABC):
         """Threads the CPU expert compute may use now."""
         return torch.get_num_threads()
 
-    def count_host_steps(self, ids: np.ndarray) -> None:  # noqa: B027 - only executors with host_banks
-        """Count a step that ran outside `forward`: ids [L, B, K] of the MoE layers in order, -1 = none."""
+    def count_host_steps(self, distinct: np.ndarray) -> None:  # noqa: B027 - only executors with host_banks
+        """Count a step that ran outside `forward`: distinct [L] experts each MoE layer (in order) used."""
 
     def probe(self) -> None:  # noqa: B027 - only executors that split misses use bandwidths
         """Re-measure B_P and B_H cheaply (one expert each) and fold them into the running estimates."""

@@ -99,3 +99,14 @@ def test_a_routing_recorder_sends_the_step_back_to_python(model_dir: Path) -> No
     assert isinstance(step, CpuDecodeStep)
     engine.record_routing(object())  # any recorder: the native step never sees the routing
     assert step(step_rows(slots)) is None
+
+
+def test_a_token_outside_the_vocabulary_is_refused_before_anything_is_written(model_dir: Path) -> None:
+    engine, slots = prefilled(model_dir)
+    rows = step_rows(slots)
+    bad = DecodeRows(rows.tokens.clone(), rows.positions, rows.slots, rows.lengths)
+    bad.tokens[2] = engine.config.vocab_size
+    before = [k.clone() for k in engine.kv_pool.k]
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.decoder.native(bad)
+    assert all(torch.equal(k, b) for k, b in zip(engine.kv_pool.k, before, strict=True))

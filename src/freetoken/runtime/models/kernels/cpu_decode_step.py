@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -25,6 +26,7 @@ MAX_ROWS = 16
 MAX_EXPERTS = 4096
 MAX_HEAD_DIM = 1024
 CACHE_DTYPES = (torch.bfloat16, torch.float32)
+ERRORS = {-2: "a position past the KV cache", -4: "a token id outside the vocabulary"}
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 
@@ -53,6 +55,9 @@ class _Decoder(ctypes.Structure):
         ("layer", ctypes.POINTER(_Layer)),
         ("final_norm", _P),
         ("lm_head", _P),
+        ("embed", _P),
+        ("inv_freq", _P),
+        ("rope_scaling", ctypes.c_float),
     ]  # fmt: skip
 
 
@@ -117,6 +122,7 @@ class CpuDecodeStep:
         assert banks is not None
         layers = (_Layer * cfg.num_layers)()
         self._norms32 = []
+        self._inv_freq = model.rotary.inv_freq.float().contiguous()  # [D / 2], alive as long as the table
         for i, layer in enumerate(model.model.layers):
             attn = layer.self_attn
             q32, k32 = attn.q_norm.weight.float().contiguous(), attn.k_norm.weight.float().contiguous()
@@ -137,7 +143,8 @@ class CpuDecodeStep:
             cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.vocab_size, pool.capacity,
             pool.k[0].element_size(), int(cfg.norm_topk_prob), cfg.intermediate_size, cfg.rms_norm_eps,
             model.model.layers[0].self_attn.q_norm.eps, layers, _ptr(model.model.norm.weight),
-            _ptr(model.lm_head.weight),
+            _ptr(model.lm_head.weight), _ptr(model.model.embed_tokens.weight), _ptr(self._inv_freq),
+            float(model.rotary.scaling),
         )  # fmt: skip
 
     def __call__(self, rows: DecodeRows) -> torch.Tensor | None:
@@ -153,22 +160,19 @@ class CpuDecodeStep:
         if self._scratch_rows < b:
             floats = self.lib.ft_decode_step_scratch(ctypes.addressof(self._decoder), b)
             self._scratch, self._scratch_rows = torch.empty(floats, dtype=torch.float32), b
-        cfg = self.model.config
-        x = self.model.model.embed_tokens(rows.tokens).contiguous()  # [B, H] bf16
-        cos, sin = (t.float().contiguous() for t in self.model.rotary(rows.positions, x.dtype))  # [B, D]
-        slots, positions = rows.slots.to(torch.int64), rows.positions.to(torch.int64)
-        ids = torch.empty(len(self.moe_blocks), b, cfg.num_experts_per_tok, dtype=torch.int64)
-        logits = torch.empty(b, cfg.vocab_size, dtype=torch.bfloat16)
+        tokens, slots, positions = (t.to(torch.int64) for t in (rows.tokens, rows.slots, rows.positions))
+        distinct = np.empty(len(self.moe_blocks), dtype=np.int64)  # experts per MoE layer step
+        logits = torch.empty(b, self.model.config.vocab_size, dtype=torch.bfloat16)
         code = self.lib.ft_decode_step(
-            ctypes.addressof(self._decoder), b, x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-            slots.data_ptr(), positions.data_ptr(), ids.data_ptr(), logits.data_ptr(),
-            self._scratch.data_ptr(), torch.get_num_threads(), self.executor.cpu_threads(),
+            ctypes.addressof(self._decoder), b, tokens.data_ptr(), slots.data_ptr(), positions.data_ptr(),
+            distinct.ctypes.data, logits.data_ptr(), self._scratch.data_ptr(), torch.get_num_threads(),
+            self.executor.cpu_threads(),
         )  # fmt: skip
-        if code == -2:
-            raise ValueError("native decode step: a position past the KV cache")
+        if code in ERRORS:
+            raise ValueError(f"native decode step: {ERRORS[code]}")
         if code != 0:
             raise MemoryError(f"native decode step failed (code {code})")
-        self.executor.count_host_steps(ids.numpy())
+        self.executor.count_host_steps(distinct)
         return logits
 
 

@@ -4,14 +4,17 @@
 // step rounds (each Linear's output, the attention output, the routing weights, the experts' sum), so
 // it computes what models/slot_decode.py's `decode_step` computes with the CPU ops, layer for layer.
 //
-// Per layer, for B rows (row b: slot slots[b], position positions[b]; slot -1 is a padding row):
+// For B rows (row b: token tokens[b] at position positions[b] of KV slot slots[b]; slot -1: padding):
+//   x = embed[tokens]; cos, sin = round(cos / sin(positions · inv_freq) · scaling)   (rotate-half halves)
+// then per layer:
 //   h, res = add_rms_norm(x, res)              x, res, h: [B, H] bf16
 //   qkv = round(h · Wqkv^T + bqkv)             [B, (NH + 2 KVH) D]
 //   a = round(attention_block(qkv))            q/k norm, rotary, K/V write, attention: [B, NH D]
 //   x = round(a · Wo^T + bo)
 //   h, res = add_rms_norm(x, res)
 //   g = round(h · Wgate^T)                     [B, E]; softmax in fp32, top-k, renormalised (or not),
-//   ids, w = top_k(softmax(g)), w rounded      ids [B, K] into ids_out[layer] (-1 on padding rows)
+//   ids, w = top_k(softmax(g)), w rounded      ids [B, K] (-1 on padding rows); their distinct count
+//                                              into distinct_out[the MoE layer's index]
 //   x = round(experts(h, ids, w))
 // or, in a dense layer (no router): x = round(round(round(silu(round(h · Wg^T))) · round(h · Wu^T)) · Wd^T)
 // then logits = round(add_rms_norm(x, res) · Wlm^T), [B, V] bf16.
@@ -61,6 +64,9 @@ typedef struct {
     const ft_decoder_layer *layer;  // [layers]
     const uint16_t *final_norm;     // [H]
     const uint16_t *lm_head;        // [V, H]
+    const uint16_t *embed;          // [V, H]
+    const float *inv_freq;          // [D / 2]
+    float rope_scaling;
 } ft_decoder;
 
 // The longest input row of any Linear: the hidden size, the attention output, a dense layer's inner size.
@@ -88,6 +94,8 @@ long ft_decode_step_scratch(const ft_decoder *m, int rows) {
     n += rows * h;                                       // the experts' sum
     n += (long)rows * m->vocab;                          // LM head output
     n += 2L * rows * m->dense_inter;                     // a dense layer's gate and up
+    n += 2L * rows * m->head_dim;                        // cos, sin
+    n += 2L * rows * k + 1;                              // the routing ids (int64, 8-byte aligned)
     return n;
 }
 
@@ -147,13 +155,41 @@ static void dense_mlp(const ft_decoder_layer *L, int di, const uint16_t *hn, int
     narrow(y, x, (long)rows * h);
 }
 
-// x_in [rows, H] bf16: the embedded tokens; cos, sin [rows, D] fp32; ids_out [MoE layers, rows, K];
-// logits [rows, V] bf16. Returns 0, -1 for a bad row count or expert count, -2 for a position past
-// the cache, -3 when the expert kernel could not allocate.
-int ft_decode_step(const ft_decoder *m, int rows, const uint16_t *x_in, const float *cos, const float *sin,
-                   const int64_t *slots, const int64_t *positions, int64_t *ids_out, uint16_t *logits,
-                   float *scratch, int threads, int expert_threads) {
+// The rotary tables of each row, as the torch step makes them: fp32 angles, cos and sin times the
+// scaling, rounded to bf16.
+static void rotary(const ft_decoder *m, int rows, const int64_t *positions, float *cos, float *sin) {
+    const int d = m->head_dim, half = d / 2;
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < half; i++) {
+            const float angle = (float)positions[r] * m->inv_freq[i];
+            const float c = round_elem(cosf(angle) * m->rope_scaling, 2), s = round_elem(sinf(angle) * m->rope_scaling, 2);
+            cos[(long)r * d + i] = cos[(long)r * d + half + i] = c;
+            sin[(long)r * d + i] = sin[(long)r * d + half + i] = s;
+        }
+}
+
+// Distinct expert ids >= 0 among n (a bitmap over the bank).
+static int distinct(const int64_t *ids, int n, int experts) {
+    uint64_t seen[MAX_EXPERTS / 64] = {0};
+    int count = 0;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= experts) continue;
+        const uint64_t bit = 1ull << (ids[i] & 63);
+        count += !(seen[ids[i] >> 6] & bit);
+        seen[ids[i] >> 6] |= bit;
+    }
+    return count;
+}
+
+// tokens, slots, positions [rows]; distinct_out [MoE layers]; logits [rows, V] bf16. Returns 0, -1 for
+// a bad row count or expert count, -2 for a position past the cache, -3 when the expert kernel could
+// not allocate, -4 for a token outside the vocabulary.
+int ft_decode_step(const ft_decoder *m, int rows, const int64_t *tokens, const int64_t *slots,
+                   const int64_t *positions, int64_t *distinct_out, uint16_t *logits, float *scratch, int threads,
+                   int expert_threads) {
     if (rows < 1 || rows > MAX_ROWS || m->experts > MAX_EXPERTS) return -1;
+    for (int r = 0; r < rows; r++)
+        if (tokens[r] < 0 || tokens[r] >= m->vocab) return -4;
     const int h = m->hidden, d = m->head_dim, qd = m->heads * d, e = m->experts, k = m->top_k;
     const int width = qd + 2 * m->kv_heads * d, widest = widest_input(m);
     uint16_t *x = (uint16_t *)scratch, *res = x + (long)rows * h, *hn = res + (long)rows * h;
@@ -171,9 +207,13 @@ int ft_decode_step(const ft_decoder *m, int rows, const uint16_t *x_in, const fl
     float *ey = ex + (long)rows * (k * (m->inter + h) + h);
     float *lm = ey + (long)rows * h;
     float *dense_g = lm + (long)rows * m->vocab, *dense_u = dense_g + (long)rows * m->dense_inter;
-    memcpy(x, x_in, sizeof(uint16_t) * rows * h);
+    float *cos = dense_u + (long)rows * m->dense_inter, *sin = cos + (long)rows * d;
+    float *after = sin + (long)rows * d;
+    int64_t *ids = (int64_t *)(after + ((uintptr_t)after / sizeof(float) & 1));
+    for (int r = 0; r < rows; r++) memcpy(x + (long)r * h, m->embed + tokens[r] * h, sizeof(uint16_t) * h);
+    rotary(m, rows, positions, cos, sin);
     const float scale = 1.0f / sqrtf((float)d);
-    int64_t *ids = ids_out;
+    int moe_layer = 0;
     for (int l = 0; l < m->layers; l++) {
         const ft_decoder_layer *L = &m->layer[l];
         ft_add_rms_norm(x, l ? res : NULL, L->input_norm, m->rms_eps, rows, h, 2, hn, res, norm);
@@ -206,7 +246,7 @@ int ft_decode_step(const ft_decoder *m, int rows, const uint16_t *x_in, const fl
                         NULL) < 0)
             return -3;
         narrow(ey, x, (long)rows * h);
-        ids += (long)rows * k;
+        distinct_out[moe_layer++] = distinct(ids, rows * k, e);
     }
     ft_add_rms_norm(x, res, m->final_norm, m->rms_eps, rows, h, 2, hn, res, norm);
     linear(m->lm_head, NULL, hn, rows, m->vocab, h, xf, xs, lm, threads);

@@ -25,11 +25,6 @@
 #ifndef UNIT_BYTES
 #define UNIT_BYTES (256 << 10)
 #endif
-// Software prefetch distance in bf16 elements (0: none). Prefetches never fault, so running past the
-// end of a unit is harmless.
-#ifndef PREFETCH
-#define PREFETCH 0
-#endif
 // Pairs of one expert that a unit takes through its rows at a time: each row is read from L1 once per
 // four of them, and the unit's rows once per group (from L2 after the first group).
 #ifndef GROUP

@@ -123,10 +123,12 @@ def declare(lib: ctypes.CDLL) -> None:
     # x, residual (or NULL), weight, eps, rows, hidden, element size, normed out, sum out, scratch
     lib.ft_add_rms_norm.argtypes = [vp, vp, vp, f32, i32, i32, i32, vp, vp, vp]
     lib.ft_add_rms_norm.restype = None
-    # the model's pointer table, rows, embedded x, cos, sin, slots, positions, ids out, logits out, scratch,
+    # the model's pointer table, rows, tokens, slots, positions, distinct experts out, logits out, scratch,
     # threads, expert threads
-    lib.ft_decode_step.argtypes = [vp, i32, vp, vp, vp, vp, vp, vp, vp, vp, i32, i32]
+    lib.ft_decode_step.argtypes = [vp, i32, vp, vp, vp, vp, vp, vp, i32, i32]
     lib.ft_decode_step.restype = i32
     lib.ft_decode_step_scratch.argtypes, lib.ft_decode_step_scratch.restype = [vp, i32], ctypes.c_long
+    # logits, element size, rows, vocab, out [rows, 2] int64 (argmax, finite)
+    lib.ft_greedy_rows.argtypes, lib.ft_greedy_rows.restype = [vp, i32, i32, ctypes.c_long, vp], None
     lib.ft_read_f32.argtypes = [f32p, ctypes.c_long, i32]
     lib.ft_read_f32.restype = ctypes.c_double

@@ -28,3 +28,25 @@ void ft_add_rms_norm(const void *x, const void *residual, const void *weight, fl
         }
     }
 }
+
+// The greedy draw of each row of logits [rows, vocab] (bf16 or fp32, by elem), as torch.argmax and
+// torch.isfinite(...).all() give it: out[2r] = the index of the first maximum (of the first NaN, which
+// argmax ranks above every number), out[2r + 1] = 1 when every logit of the row is finite.
+void ft_greedy_rows(const void *logits, int elem, int rows, long vocab, int64_t *out) {
+    for (int r = 0; r < rows; r++) {
+        const long base = (long)r * vocab;
+        long best = 0, nan_at = -1;
+        float top = load_elem(logits, base, elem);
+        int finite = 1;
+        for (long i = 0; i < vocab; i++) {
+            const float v = load_elem(logits, base + i, elem);
+            if (!isfinite(v)) {
+                finite = 0;
+                if (v != v && nan_at < 0) nan_at = i;
+            }
+            if (v > top) top = v, best = i;
+        }
+        out[2L * r] = nan_at >= 0 ? nan_at : best;
+        out[2L * r + 1] = finite;
+    }
+}
