@@ -6,9 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 from freetoken.runtime.models.kernels.cpu_linear import Linear
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding without its random initial values: models are built on the meta device and filled from
+    a checkpoint, and `normal_` on a meta tensor imports torch._dynamo (~1 s of every command's start)."""
+
+    def reset_parameters(self) -> None:
+        pass
 
 
 class RMSNorm(nn.Module):
@@ -67,6 +74,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     # A chunk after cached keys: bottom-right causal alignment, which the flash and memory-efficient kernels
     # take natively (a dense boolean mask would fall back to the math kernel: [NH, T, S] scores in memory).
     # Their lower-right path wants as many key heads as query heads.
+    from torch.nn.attention.bias import causal_lower_right  # imports torch._dynamo: ~1 s at startup
+
     group = q.shape[0] // k.shape[0]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)

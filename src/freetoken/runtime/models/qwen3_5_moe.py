@@ -25,7 +25,7 @@ from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.models.base import Architecture
 from freetoken.runtime.models.delta_net import GatedDeltaNet, LinearState
 from freetoken.runtime.models.kernels.cpu_linear import Linear
-from freetoken.runtime.models.layers import SwiGLUMLP, causal_attention, decode_attention
+from freetoken.runtime.models.layers import Embedding, SwiGLUMLP, causal_attention, decode_attention
 from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, SparseMoeBlock, decoder_fields
 from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
 
@@ -214,7 +214,7 @@ class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         kinds = cfg.raw["layer_types"]
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(HybridDecoderLayer(cfg, i, kinds[i]) for i in range(cfg.num_layers))
         self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

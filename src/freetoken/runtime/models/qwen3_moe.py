@@ -27,7 +27,13 @@ from freetoken.runtime.json_keys import (
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.models.base import Architecture
 from freetoken.runtime.models.kernels.cpu_linear import Linear
-from freetoken.runtime.models.layers import RMSNorm, SwiGLUMLP, causal_attention, decode_attention
+from freetoken.runtime.models.layers import (
+    Embedding,
+    RMSNorm,
+    SwiGLUMLP,
+    causal_attention,
+    decode_attention,
+)
 from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
 from freetoken.runtime.moe.executor import ExpertExecutor
 from freetoken.runtime.moe.kernels.router_topk import router_topk, use_router_kernel
@@ -153,7 +159,7 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
