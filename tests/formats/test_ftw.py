@@ -17,6 +17,7 @@ from freetoken.formats import ftw_writer
 from freetoken.formats.convert import convert_to_ftw
 from freetoken.formats.ftw import MANIFEST
 from freetoken.formats.ftw_reader import FtwCheckpoint
+from freetoken.runtime import ftw_load
 from freetoken.runtime.engine import build_engine
 
 PROMPT = [5, 77, 301, 12, 9, 250, 33, 401]
@@ -76,7 +77,9 @@ def test_truncated_shard_names_shard_and_tensor(tiny_model: tuple[Path, Any], tm
         build_engine(tmp_path / "ftw", device="cpu", dtype="float32")
 
 
-def test_bad_checksum_is_caught_by_verify(tiny_model: tuple[Path, Any], tmp_path: Path) -> None:
+def test_bad_checksum_fails_the_load(
+    tiny_model: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     convert_to_ftw(tiny_model[0], tmp_path / "ftw", dtype="float32")
     manifest = json.loads((tmp_path / "ftw" / MANIFEST).read_text())
     victim = next(t for t in manifest["tensors"] if t["kind"] == "down")
@@ -86,13 +89,16 @@ def test_bad_checksum_is_caught_by_verify(tiny_model: tuple[Path, Any], tmp_path
     shard.write_bytes(bytes(raw))
     result = runner.invoke(app, ["convert", "--verify", str(tmp_path / "ftw")])
     assert result.exit_code == 1 and f"checksum mismatch in {victim['name']}" in result.stderr
-    with pytest.raises(FreeTokenError, match="checksum mismatch"):
-        from freetoken.runtime.config import EngineConfig
-        from freetoken.runtime.engine import Engine
-
-        Engine(EngineConfig(tmp_path / "ftw", "cpu", "float32", verify=True))
+    monkeypatch.setattr(ftw_load, "allowed_cores", lambda: tuple(range(ftw_load.MIN_CORES_TO_CHECKSUM)))
+    with pytest.raises(FreeTokenError, match=f"checksum mismatch in {victim['name']}"):
+        build_engine(tmp_path / "ftw", device="cpu", dtype="float32")  # verified as it loads, by default
     good = runner.invoke(app, ["convert", "--verify", str(tmp_path / "ftw"), "--json"])
     assert json.loads(good.stdout)["bad"] == [victim["name"]]
+    run = ["run", str(tmp_path / "ftw"), "-p", "hi", "-n", "1", "--device", "cpu", "--dtype", "float32"]
+    refused = runner.invoke(app, [*run, "--verify"])
+    assert refused.exit_code == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].endswith("(convert again, or load with --no-verify)")
+    assert runner.invoke(app, [*run, "--no-verify"]).exit_code == 0  # a flipped bit in one weight: it runs
 
 
 def test_interrupted_convert_leaves_nothing_that_looks_valid(

@@ -108,8 +108,14 @@ def run(
         typer.Option("--max-prefill-tokens", min=1, help="Prompt tokens per forward pass (bounds memory)."),
     ] = 8192,
     verify: Annotated[
-        bool, typer.Option("--verify", help="Check every checksum of an FTW model while loading.")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--verify/--no-verify",
+            help="Check every tensor's checksum of an FTW model as it loads, beside the reads (default: "
+            "when 4 or more cores are free for it; the manifest and file sizes are always checked).",
+            show_default=False,
+        ),
+    ] = None,
     no_reprofile: Annotated[
         bool, typer.Option("--no-reprofile", help="Do not re-measure B_P and B_H while running.")
     ] = False,

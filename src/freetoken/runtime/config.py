@@ -180,7 +180,7 @@ class EngineConfig:
     max_seq_len: int | None = None  # the context per sequence; None: the model's, at most DEFAULT_CONTEXT
     max_running: int = 1  # sequences held at once: slots of the static KV cache
     max_prefill_tokens: int = 8192  # prompt tokens per forward pass
-    verify: bool = False  # check every checksum of an FTW folder while loading
+    verify: bool | None = None  # checksum an FTW folder as it loads: always, never, None: where cores allow
     state_checkpoints: int = 16  # recurrent-state checkpoints kept for the cached sequence (hybrid models)
     checkpoint_policy: str = "anchors"  # anchors | interval | none
     checkpoint_interval: int = 64  # spacing of the interval policy

@@ -40,7 +40,7 @@ from freetoken.runtime.moe.executor import ExecutorContext, build_executor, reso
 from freetoken.runtime.profile import load_profile, with_profile
 from freetoken.runtime.request import Request, Sampled, sample, sample_each
 from freetoken.runtime.request_decode import accept_drawn, sampling_mode, stage_sampling
-from freetoken.runtime.sampling import SamplingParams
+from freetoken.runtime.sampling import NonFiniteLogits, SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 from freetoken.runtime.sequence import Sequence, TokenEvent
 from freetoken.runtime.weights import ProgressFn
@@ -370,7 +370,7 @@ class Engine:
         if self.decoder is None:
             seqs = [request.seq for request in requests]
             logits = self.decode_batch(seqs, [request.next_token for request in requests])  # type: ignore[arg-type,misc]
-            return sample_each(requests, logits)
+            return [self._named(r) for r in sample_each(requests, logits)]
         results: list[Sampled | Exception] = []
         for a in range(0, len(requests), MAX_ROWS):
             part = requests[a : a + MAX_ROWS]
@@ -379,7 +379,7 @@ class Engine:
                 stage_sampling(self.decoder.sampling, part)
             seqs = [request.seq for request in part]
             out = self._slot_step(seqs, [request.next_token for request in part], mode)  # type: ignore[arg-type,misc]
-            results += accept_drawn(part, out)
+            results += [self._named(r) for r in accept_drawn(part, out)]
         return results
 
     @torch.inference_mode()
@@ -404,7 +404,16 @@ class Engine:
 
     def sample_first(self, request: Request, logits: torch.Tensor) -> Sampled:
         """The first token of a request, from its prefill's last-position logits [V]."""
-        return sample(request, logits)
+        try:
+            return sample(request, logits)
+        except NonFiniteLogits as exc:
+            raise self._named(exc) from None
+
+    def _named(self, result: Any) -> Any:
+        """A NaN/Inf failure says which model produced it (the message reaches users as one line)."""
+        if isinstance(result, NonFiniteLogits):
+            return NonFiniteLogits(f"{self.engine_config.model_path}: {result}")
+        return result
 
     def prefill(self, seq: Sequence, ids: list[int]) -> torch.Tensor:
         """Append a prompt in chunks of at most `max_prefill_tokens` (bounding activation memory);
