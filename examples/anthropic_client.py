@@ -1,14 +1,19 @@
 """Talk to a running `freetoken serve` through the Anthropic SDK (streamed, as Claude Code does).
 
-    freetoken serve demo &
-    python examples/anthropic_client.py
+freetoken serve demo &
+python examples/anthropic_client.py [--base-url http://HOST:PORT]   # default: $FREETOKEN_URL, else :8000
 """
 
+import argparse
 import os
 
 from anthropic import Anthropic
 
-client = Anthropic(base_url="http://127.0.0.1:8000", api_key=os.environ.get("FREETOKEN_API_KEY", "none"))
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--base-url", default=os.environ.get("FREETOKEN_URL", "http://127.0.0.1:8000"))
+args = ap.parse_args()
+key = os.environ.get("FREETOKEN_API_KEY", "none")
+client = Anthropic(base_url=args.base_url.rstrip("/"), api_key=key)
 with client.messages.stream(
     model="demo",
     max_tokens=48,

@@ -1,14 +1,19 @@
 """Chat with a running `freetoken serve` through the OpenAI SDK (streamed).
 
-    freetoken serve demo &        # or any model; add --api-key KEY to require one
-    python examples/openai_client.py
+freetoken serve demo &        # or any model; add --api-key KEY to require one
+python examples/openai_client.py [--base-url http://HOST:PORT]   # default: $FREETOKEN_URL, else :8000
 """
 
+import argparse
 import os
 
 from openai import OpenAI
 
-client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=os.environ.get("FREETOKEN_API_KEY", "none"))
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--base-url", default=os.environ.get("FREETOKEN_URL", "http://127.0.0.1:8000"))
+args = ap.parse_args()
+key = os.environ.get("FREETOKEN_API_KEY", "none")
+client = OpenAI(base_url=args.base_url.rstrip("/") + "/v1", api_key=key)
 stream = client.chat.completions.create(
     model="demo",
     messages=[{"role": "user", "content": "Write one line about the sea."}],
