@@ -466,10 +466,17 @@ def build_engine(
     max_seq_len: int | None = None,
     **moe_options: Any,
 ) -> Engine:
-    """Build an engine; `moe_options` are MoeConfig fields (cache_size, cache_ratio, cpu_layers, ...)."""
+    """Build an engine. `model_path`: a model folder, FTW folder or .gguf file, or what `ft run` takes as
+    MODEL ('demo', a repo id in the local Hugging Face cache); `moe_options` are MoeConfig fields
+    (cache_size, cache_ratio, cpu_layers, ...)."""
+    path = Path(model_path)
+    if isinstance(model_path, str) and not path.exists():
+        from freetoken.runtime.model_ref import resolve_model
+
+        path = resolve_model(model_path)
     moe = MoeConfig(backend=moe_backend, **moe_options)
     config = EngineConfig(
-        Path(model_path), device, dtype, moe, max_seq_len=max_seq_len, max_prefill_tokens=max_prefill_tokens
+        path, device, dtype, moe, max_seq_len=max_seq_len, max_prefill_tokens=max_prefill_tokens
     )
     return Engine(config, progress)
 
