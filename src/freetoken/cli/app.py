@@ -10,9 +10,11 @@ from freetoken import __version__
 from freetoken.cli.bench import bench_app
 from freetoken.cli.convert import convert
 from freetoken.cli.errors import CliGroup
+from freetoken.cli.models import ls, models_app
 from freetoken.cli.replay import replay_app
 from freetoken.cli.run import run
 from freetoken.cli.serve import serve
+from freetoken.cli.verbosity import configure
 
 app = typer.Typer(
     name="freetoken",
@@ -29,6 +31,8 @@ app.command("convert")(convert)
 app.command("serve")(serve)
 app.add_typer(bench_app, name="bench")
 app.add_typer(replay_app, name="replay")
+app.add_typer(models_app, name="models")
+app.command("ls")(ls)
 
 
 def _version(value: bool) -> None:
@@ -37,14 +41,29 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+EPILOG = (
+    "Exit codes: 0 done; 1 an error (bad input, a model that cannot be found or loaded, a failed "
+    "request); 2 a wrong flag or value, found before any work; 130 interrupted (Ctrl-C). Errors are one "
+    "line on stderr, `error: ...`. NO_COLOR turns colours off."
+)
+
+
+@app.callback(epilog=EPILOG)
 def root(
     version: Annotated[
         bool,
         typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = False,
+    verbose: Annotated[
+        int,
+        typer.Option("--verbose", "-v", count=True, help="Say more: -v what the engine decides, -vv debug."),
+    ] = 0,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print only answers and errors: no warnings or progress.")
+    ] = False,
 ) -> None:
     """FreeToken command line."""
+    configure(verbose, quiet)
 
 
 def main() -> None:

@@ -7,32 +7,9 @@ from typing import Annotated
 
 import typer
 
+from freetoken.cli.engine_flags import EngineFlags, engine_flags
 from freetoken.cli.errors import reports_errors
-from freetoken.cli.options import (
-    CacheRatioOpt,
-    CacheSizeOpt,
-    CheckpointPolicyOpt,
-    ContextLengthOpt,
-    CpuLayersOpt,
-    CpuThreadsOpt,
-    DeviceOpt,
-    DtypeOpt,
-    HostOpt,
-    JsonOpt,
-    KvReserveOpt,
-    MaxFetchOpt,
-    ModelArg,
-    MoeBackendOpt,
-    NoPrefillOverlapOpt,
-    PcieOpt,
-    PrefillHitD2dOpt,
-    PrefillStreamOpt,
-    RecordRoutingOpt,
-    StateCheckpointsOpt,
-    VramBudgetOpt,
-    in_kind,
-    moe_config_from,
-)
+from freetoken.cli.options import CheckpointPolicyOpt, JsonOpt, ModelArg, StateCheckpointsOpt, in_kind
 from freetoken.runtime.json_keys import FRACTION, NON_NEGATIVE, Kind
 
 SEED = Kind("a 64-bit integer", lambda v: -(1 << 63) <= v < 1 << 64)  # what a torch.Generator takes
@@ -43,6 +20,7 @@ def stdin_is_terminal() -> bool:
 
 
 @reports_errors
+@engine_flags
 def run(
     model: ModelArg = "demo",
     prompt: Annotated[
@@ -84,47 +62,15 @@ def run(
         typer.Option("--seed", callback=in_kind("--seed", SEED), help="Random seed for sampling."),
     ] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    moe_backend: MoeBackendOpt = "auto",
-    moe_cache_size: CacheSizeOpt = None,
-    moe_cache_ratio: CacheRatioOpt = None,
-    kv_reserve_tokens: KvReserveOpt = 8192,
-    vram_budget: VramBudgetOpt = None,
-    context_length: ContextLengthOpt = None,
-    moe_cpu_layers: CpuLayersOpt = None,
-    moe_hybrid_max_fetch: MaxFetchOpt = None,
-    moe_cpu_threads: CpuThreadsOpt = None,
-    moe_pcie_gbps: PcieOpt = None,
-    moe_host_gbps: HostOpt = None,
-    moe_prefill_stream: PrefillStreamOpt = "auto",
-    moe_prefill_hit_d2d: PrefillHitD2dOpt = False,
-    disable_moe_prefill_overlap: NoPrefillOverlapOpt = False,
-    record_routing: RecordRoutingOpt = None,
     state_checkpoints: StateCheckpointsOpt = 16,
     checkpoint_policy: CheckpointPolicyOpt = "anchors",
-    max_prefill_tokens: Annotated[
-        int,
-        typer.Option("--max-prefill-tokens", min=1, help="Prompt tokens per forward pass (bounds memory)."),
-    ] = 8192,
-    verify: Annotated[
-        bool | None,
-        typer.Option(
-            "--verify/--no-verify",
-            help="Check every tensor's checksum of an FTW model as it loads, beside the reads (default: "
-            "when 4 or more cores are free for it; the manifest and file sizes are always checked).",
-            show_default=False,
-        ),
-    ] = None,
-    no_reprofile: Annotated[
-        bool, typer.Option("--no-reprofile", help="Do not re-measure B_P and B_H while running.")
-    ] = False,
     as_json: JsonOpt = False,
+    *,
+    flags: EngineFlags,
 ) -> None:
     """Generate text with a model: one answer for --prompt, or chat interactively."""
     from freetoken.cli.session import RunOptions, run_chat, run_once
 
-    moe = moe_config_from(locals())
     opts = RunOptions(
         model=model,
         raw=raw,
@@ -135,16 +81,16 @@ def run(
         top_k=top_k,
         seed=seed,
         stop=tuple(stop or ()),
-        device=device,
-        dtype=dtype,
-        moe=moe,
-        verify=verify,
-        max_prefill_tokens=max_prefill_tokens,
+        device=flags.device,
+        dtype=flags.dtype,
+        moe=flags.moe,
+        verify=flags.verify,
+        max_prefill_tokens=flags.max_prefill_tokens,
         as_json=as_json,
-        record_routing=record_routing,
+        record_routing=flags.record_routing,
         state_checkpoints=state_checkpoints,
         checkpoint_policy=checkpoint_policy,
-        context_length=context_length,
+        context_length=flags.context_length,
     )
     if prompt is None and stdin_is_terminal() and not as_json:
         run_chat(opts)

@@ -6,31 +6,13 @@ from typing import Annotated
 
 import typer
 
+from freetoken.cli.engine_flags import EngineFlags, engine_flags
 from freetoken.cli.errors import reports_errors
-from freetoken.cli.options import (
-    CacheRatioOpt,
-    CacheSizeOpt,
-    ContextLengthOpt,
-    CpuLayersOpt,
-    CpuThreadsOpt,
-    DeviceOpt,
-    DtypeOpt,
-    HostOpt,
-    KvReserveOpt,
-    MaxFetchOpt,
-    ModelArg,
-    MoeBackendOpt,
-    NoPrefillOverlapOpt,
-    PcieOpt,
-    PrefillHitD2dOpt,
-    PrefillStreamOpt,
-    RecordRoutingOpt,
-    VramBudgetOpt,
-    moe_config_from,
-)
+from freetoken.cli.options import ModelArg
 
 
 @reports_errors
+@engine_flags
 def serve(
     model: ModelArg = "demo",
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
@@ -49,9 +31,6 @@ def serve(
     max_queued_requests: Annotated[
         int, typer.Option("--max-queued-requests", min=0, help="Waiting requests before answering 429.")
     ] = 64,
-    max_prefill_tokens: Annotated[
-        int, typer.Option("--max-prefill-tokens", min=1, help="Prompt tokens per forward pass.")
-    ] = 8192,
     prefix_cache_tokens: Annotated[
         int,
         typer.Option(
@@ -100,26 +79,8 @@ def serve(
             "--cors-origins", help="Origins allowed by CORS (repeatable; '*' for any). Off by default."
         ),
     ] = None,
-    context_length: ContextLengthOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    moe_backend: MoeBackendOpt = "auto",
-    moe_cache_size: CacheSizeOpt = None,
-    moe_cache_ratio: CacheRatioOpt = None,
-    kv_reserve_tokens: KvReserveOpt = 8192,
-    vram_budget: VramBudgetOpt = None,
-    moe_cpu_layers: CpuLayersOpt = None,
-    moe_hybrid_max_fetch: MaxFetchOpt = None,
-    moe_cpu_threads: CpuThreadsOpt = None,
-    moe_pcie_gbps: PcieOpt = None,
-    moe_host_gbps: HostOpt = None,
-    moe_prefill_stream: PrefillStreamOpt = "auto",
-    moe_prefill_hit_d2d: PrefillHitD2dOpt = False,
-    disable_moe_prefill_overlap: NoPrefillOverlapOpt = False,
-    record_routing: RecordRoutingOpt = None,
-    no_reprofile: Annotated[
-        bool, typer.Option("--no-reprofile", help="Do not re-measure B_P and B_H while serving.")
-    ] = False,
+    *,
+    flags: EngineFlags,
 ) -> None:
     """Serve a model over HTTP: /v1/chat/completions, /v1/completions, /v1/messages, /metrics."""
     from freetoken.cli.session import load_engine, save_routing
@@ -127,18 +88,18 @@ def serve(
     from freetoken.serve.lifecycle import bind_socket, serve_forever
     from freetoken.serve.state import ServeConfig, ServeState, host_allowlist
 
-    moe = moe_config_from(locals())
     sock = bind_socket(host, port)  # a port in use fails now, not after the model loads
     engine = load_engine(
         model,
-        device,
-        dtype,
-        moe,
-        max_prefill_tokens,
-        max_seq_len=context_length,
+        flags.device,
+        flags.dtype,
+        flags.moe,
+        flags.max_prefill_tokens,
+        flags.verify,
+        max_seq_len=flags.context_length,
         max_running=max_running_requests,
     )
-    if record_routing is not None:
+    if flags.record_routing is not None:
         from freetoken.replay.recorder import attach_recorder
 
         attach_recorder(engine)
@@ -162,5 +123,5 @@ def serve(
         serve_forever(state, sock)
     finally:
         batcher.stop(timeout=2.0)
-        save_routing(engine, record_routing)
+        save_routing(engine, flags.record_routing)
         engine.close()

@@ -144,6 +144,8 @@ class Engine:
         if self.decoder is not None:
             self.decoder.reset()  # captured graphs hold the old executor's expert banks
             self.decoder.native = CpuDecodeStep.build(self.model, self.kv_pool, self.executor)
+            if self.decoder.native is not None:
+                log.info("decode steps on the CPU run as one native call each")
         self.moe_counters.reset()
 
     def close(self) -> None:
