@@ -22,7 +22,7 @@ app = typer.Typer(
     "the GPU caches the ones the router asks for.",
     cls=CliGroup,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
