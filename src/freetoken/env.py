@@ -59,3 +59,13 @@ def moe_decode_blocks() -> tuple[int, ...] | None:
     if len(values) != 6 or min(values) < 1:
         raise ValueError(f"FREETOKEN_MOE_DECODE_BLOCKS: expected six positive integers, got {raw!r}")
     return values
+
+
+def chat_history_file() -> Path:
+    """Where `run`'s interactive chat keeps the lines typed, across sessions."""
+    return home_dir() / "chat_history"
+
+
+def c_compiler() -> str | None:
+    """`CC`: the C compiler to build the CPU kernels with first (then cc, gcc, clang are tried)."""
+    return os.environ.get("CC") or None

@@ -35,7 +35,7 @@ class RunOptions:
     device: str
     dtype: str
     moe: MoeConfig
-    verify: bool
+    verify: bool | None
     max_prefill_tokens: int
     as_json: bool
     record_routing: Path | None = None
@@ -54,7 +54,7 @@ def load_engine(
     dtype: str,
     moe: MoeConfig,
     max_prefill_tokens: int = 8192,
-    verify: bool = False,
+    verify: bool | None = None,
     quiet: bool = False,
     **engine_options: Any,
 ) -> Engine:
@@ -62,6 +62,7 @@ def load_engine(
     `engine_options` are further EngineConfig fields (state_checkpoints, checkpoint_policy, ...)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
+    from freetoken.cli.verbosity import quiet as asked_quiet
     from freetoken.runtime.config import EngineConfig
     from freetoken.runtime.demo import is_random_model
     from freetoken.runtime.devices import dtype_name
@@ -70,6 +71,7 @@ def load_engine(
     from freetoken.runtime.model_ref import resolve_model
     from freetoken.runtime.moe.executor import CACHED_BACKENDS
 
+    quiet = quiet or asked_quiet()  # `ft -q`: no banner, no progress
     err = _stderr()
     if model == "demo" and not quiet:
         err.print("[dim]preparing the demo model…[/dim]")
@@ -181,8 +183,8 @@ def _stream(events: Any, echo: bool, engine: Engine) -> tuple[str, TokenEvent]:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
             last = event
-    except NonFiniteLogits as exc:  # a broken checkpoint, not a bad request: name it
-        raise FreeTokenError(f"{engine.engine_config.model_path}: {exc}") from None
+    except NonFiniteLogits as exc:  # a broken checkpoint, not a bad request (the engine names the model)
+        raise FreeTokenError(str(exc)) from None
     assert last is not None and last.stats is not None
     return "".join(parts), last
 
@@ -226,55 +228,17 @@ def run_once(opts: RunOptions, prompt: str) -> None:
         print(json.dumps(doc, ensure_ascii=False))
         return
     sys.stdout.write("\n")
-    _stderr().print(f"[dim]{stats_line(last.stats, engine)}[/dim]")
+    from freetoken.cli.verbosity import quiet
 
-
-def split_reasoning(text: str) -> dict[str, str]:
-    """An answer as a history message: text before `</think>` is reasoning, the rest is content."""
-    head, sep, tail = text.partition("</think>")
-    if not sep:
-        return {"content": text.strip()}
-    return {"reasoning_content": head.replace("<think>", "").strip(), "content": tail.strip()}
+    if not quiet():
+        _stderr().print(f"[dim]{stats_line(last.stats, engine)}[/dim]")
 
 
 def run_chat(opts: RunOptions) -> None:
+    from freetoken.cli.chat import chat_loop
+
     engine = _load(opts)
     try:
-        _chat_loop(opts, engine)
+        chat_loop(opts, engine)
     finally:
         save_routing(engine, opts.record_routing)
-
-
-def _chat_loop(opts: RunOptions, engine: Engine) -> None:
-    params = sampling_params(opts, engine)
-    err = _stderr()
-    err.print("[dim]chat: /reset clears the history, /exit (or Ctrl-D) quits, Ctrl-C stops an answer[/dim]")
-    history: list[dict[str, Any]] = []
-    while True:
-        try:
-            line = input(">>> ")
-        except EOFError:
-            sys.stdout.write("\n")
-            return
-        command = line.strip()
-        if not command:
-            continue
-        if command in ("/exit", "/quit", "/bye"):
-            return
-        if command == "/reset":
-            history.clear()
-            err.print("[dim]history cleared[/dim]")
-            continue
-        history.append({"role": "user", "content": line})
-        engine.moe_counters.reset()
-        try:
-            text, last = _stream(engine.chat(_messages(opts, history), params), True, engine)
-        except KeyboardInterrupt:
-            sys.stdout.write("\n")
-            err.print("[dim]answer stopped[/dim]")
-            history.pop()
-            continue
-        history.append({"role": "assistant", **split_reasoning(text)})
-        sys.stdout.write("\n")
-        assert last.stats is not None
-        err.print(f"[dim]{stats_line(last.stats, engine)}[/dim]")

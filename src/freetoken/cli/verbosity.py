@@ -1,14 +1,13 @@
 """How much the CLI says besides its answer: `-v` (info, `-vv` debug, from FreeToken's loggers), `-q`
-(errors only: no warnings, no progress or banners). Set once by the root command; commands ask `quiet()`.
-Colour follows rich, which turns it off under `NO_COLOR` and when output is not a terminal."""
+(errors only: no warnings, no progress or banners). Set once by the root command, as the level of
+FreeToken's logger (where Python keeps verbosity); commands ask `quiet()`. Colour follows rich, which
+turns it off under `NO_COLOR` and when output is not a terminal."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import warnings
-
-import click
 
 LOGGER = "freetoken"
 
@@ -28,6 +27,5 @@ def configure(verbose: int, quiet: bool) -> None:
 
 
 def quiet() -> bool:
-    """Whether the running command was asked for `-q` (False outside a command)."""
-    ctx = click.get_current_context(silent=True)
-    return bool(ctx is not None and ctx.find_root().params.get("quiet"))
+    """Whether `-q` was asked (FreeToken's logger set to errors only)."""
+    return logging.getLogger(LOGGER).getEffectiveLevel() >= logging.ERROR

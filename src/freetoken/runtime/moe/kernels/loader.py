@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 import platform
 import shutil
 import subprocess
@@ -16,7 +15,7 @@ import warnings
 from functools import cache
 from pathlib import Path
 
-from freetoken.env import cpu_kernel_choice, kernels_dir
+from freetoken.env import c_compiler, cpu_kernel_choice, kernels_dir
 
 HERE = Path(__file__).parent
 # the expert kernel, the thread that runs it, the dense layers' GEMV, the decode attention block and norm,
@@ -50,7 +49,7 @@ def cpu_model() -> str:
 
 
 def find_compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+    for name in (c_compiler(), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name
     return None
