@@ -21,9 +21,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from freetoken.formats.convert import convert_to_ftw
-from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC, write_random_model
 from freetoken.runtime.engine import build_engine
+from freetoken.runtime.loading.convert import convert_to_ftw
+from freetoken.runtime.loading.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC, write_random_model
 from freetoken.runtime.sampling import SamplingParams
 
 SPECS = {"demo": DEMO_SPEC, "qwen3-30b-a3b": QWEN3_30B_A3B_SPEC}

@@ -22,7 +22,7 @@ from typing import Any
 
 from peer_llamacpp import freetoken_bench, llama_bench
 
-from freetoken.runtime.cpu_share import allowed_cores
+from freetoken.runtime.measure.cpu_share import allowed_cores
 
 
 def worker(args: argparse.Namespace) -> None:

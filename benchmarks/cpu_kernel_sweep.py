@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from freetoken.runtime.bandwidth import PRESETS, Bench
+from freetoken.runtime.measure.bandwidth import PRESETS, Bench
 from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, llc_bytes, read_bandwidth, run_kernel
 from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCES, declare, find_compiler, load_library
 

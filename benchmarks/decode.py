@@ -21,9 +21,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC, write_random_model
 from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import Engine, build_engine
+from freetoken.runtime.loading.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC, write_random_model
 from freetoken.runtime.sampling import SamplingParams
 
 SPECS = {"demo": DEMO_SPEC, "qwen3-30b-a3b": QWEN3_30B_A3B_SPEC}

@@ -24,14 +24,14 @@ from rich.console import Console
 from rich.table import Table
 
 from freetoken.errors import FreeTokenError
+from freetoken.replay.synthetic import decode_steps, synthetic_engine, trace_routing, uniform_routing
 from freetoken.replay.trace import load_trace
-from freetoken.runtime.bandwidth import Bench, ExpertShape
 from freetoken.runtime.config import MoeConfig
-from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC
 from freetoken.runtime.engine import Engine
+from freetoken.runtime.loading.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC
+from freetoken.runtime.measure.bandwidth import Bench, ExpertShape
+from freetoken.runtime.measure.profile import load_profile
 from freetoken.runtime.moe.slot_bank import SlotBank
-from freetoken.runtime.profile import load_profile
-from freetoken.runtime.synthetic import decode_steps, synthetic_engine, trace_routing, uniform_routing
 
 
 def bandwidths(engine: Engine, threads: int) -> tuple[float | None, float]:

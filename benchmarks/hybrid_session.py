@@ -26,11 +26,11 @@ from rich.table import Table
 
 from freetoken.replay.harness import requests_for, synthetic_session
 from freetoken.replay.session import replay_in_process
+from freetoken.replay.synthetic import uniform_routing
 from freetoken.runtime.config import EngineConfig, MoeConfig
-from freetoken.runtime.demo import random_weights
-from freetoken.runtime.demo_tokenizer import write_demo_tokenizer
 from freetoken.runtime.engine import Engine
-from freetoken.runtime.synthetic import uniform_routing
+from freetoken.runtime.loading.demo import random_weights
+from freetoken.runtime.text.demo_tokenizer import write_demo_tokenizer
 
 # Qwen3.6-35B-A3B (as Qwen3.5-35B-A3B): 40 layers, 3 DeltaNet + 1 full attention, 256 experts of 512.
 QWEN3_6_35B_A3B: dict[str, Any] = dict(

@@ -22,12 +22,12 @@ from decode_offload import bandwidths
 from rich.console import Console
 from rich.table import Table
 
+from freetoken.replay.synthetic import synthetic_engine, uniform_routing
 from freetoken.runtime.config import MoeConfig
-from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC
 from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import Engine
-from freetoken.runtime.profile import load_profile
-from freetoken.runtime.synthetic import synthetic_engine, uniform_routing
+from freetoken.runtime.loading.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC
+from freetoken.runtime.measure.profile import load_profile
 
 VARIANTS = {
     "stream": {"prefill_stream": "on"},

@@ -23,10 +23,10 @@ from typing import Any
 
 from torch.profiler import ProfilerActivity, profile
 
-from freetoken.runtime.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC, write_random_model
 from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import Engine, build_engine
 from freetoken.runtime.kv.prefix_cache import PrefixCache
+from freetoken.runtime.loading.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC, write_random_model
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 

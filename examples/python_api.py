@@ -10,7 +10,7 @@ import sys
 
 from freetoken.runtime.config import MoeConfig
 from freetoken.runtime.engine import build_engine
-from freetoken.runtime.model_ref import resolve_model
+from freetoken.runtime.loading.model_ref import resolve_model
 from freetoken.runtime.sampling import SamplingParams
 
 

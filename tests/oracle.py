@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from freetoken.runtime.demo_tokenizer import write_demo_tokenizer
+from freetoken.runtime.text.demo_tokenizer import write_demo_tokenizer
 
 TINY: dict[str, Any] = dict(
     hidden_size=64,

@@ -8,8 +8,8 @@
 from pathlib import Path
 
 from freetoken.replay.recorder import attach_recorder
-from freetoken.runtime.demo import ensure_demo_model
 from freetoken.runtime.engine import build_engine
+from freetoken.runtime.loading.demo import ensure_demo_model
 from freetoken.runtime.sampling import SamplingParams
 
 QUESTIONS = [

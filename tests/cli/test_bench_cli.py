@@ -15,8 +15,7 @@ from freetoken.cli.app import app
 from freetoken.errors import FreeTokenError
 from freetoken.runtime.config import MoeConfig
 from freetoken.runtime.engine import build_engine
-from freetoken.runtime.moe.executor import resolve_backend
-from freetoken.runtime.profile import (
+from freetoken.runtime.measure.profile import (
     BandwidthProfile,
     load_profile,
     profile_path,
@@ -24,6 +23,7 @@ from freetoken.runtime.profile import (
     save_profile,
     this_machine,
 )
+from freetoken.runtime.moe.executor import resolve_backend
 
 runner = CliRunner()
 

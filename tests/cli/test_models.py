@@ -41,7 +41,7 @@ def hf_repo(cache: Path, repo_id: str, files: dict[str, bytes]) -> Path:
 @pytest.fixture(scope="module")
 def built(tiny_model: tuple[Path, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A converted FTW folder and a GGUF file of the tiny model, made once; tests copy them."""
-    from freetoken.formats.convert import convert_to_ftw
+    from freetoken.runtime.loading.convert import convert_to_ftw
 
     root = tmp_path_factory.mktemp("built")
     convert_to_ftw(tiny_model[0], root / "mymodel", dtype="float32")

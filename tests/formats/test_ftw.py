@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 from freetoken.cli.app import app
 from freetoken.errors import FreeTokenError
 from freetoken.formats import ftw_writer
-from freetoken.formats.convert import convert_to_ftw
 from freetoken.formats.ftw import MANIFEST
 from freetoken.formats.ftw_reader import FtwCheckpoint
-from freetoken.runtime import ftw_load
 from freetoken.runtime.engine import build_engine
+from freetoken.runtime.loading import ftw_load
+from freetoken.runtime.loading.convert import convert_to_ftw
 
 PROMPT = [5, 77, 301, 12, 9, 250, 33, 401]
 runner = CliRunner()

@@ -12,7 +12,7 @@ import torch
 from freetoken.errors import FreeTokenError
 from freetoken.formats.gguf_checkpoint import GgufCheckpoint
 from freetoken.runtime.engine import build_engine
-from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.text.tokenizer import Tokenizer
 from gguf_fixture import dequantised_state_dict, write_gguf
 from oracle import rel_err
 
@@ -112,7 +112,7 @@ def test_tokenizer_and_template_come_from_the_gguf(tiny_model: tuple[Path, Any],
 
 
 def test_gguf_converts_to_ftw_and_matches(tiny_model: tuple[Path, Any], tmp_path: Path) -> None:
-    from freetoken.formats.convert import convert_to_ftw
+    from freetoken.runtime.loading.convert import convert_to_ftw
 
     path = write_gguf(tiny_model[1], tiny_model[0], tmp_path / "tiny.gguf", "Q8_0")
     convert_to_ftw(path, tmp_path / "ftw", dtype="float32")

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from freetoken.runtime.demo_tokenizer import write_demo_tokenizer
-from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.text.demo_tokenizer import write_demo_tokenizer
+from freetoken.runtime.text.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

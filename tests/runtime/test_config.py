@@ -10,14 +10,9 @@ import pytest
 import torch
 
 from freetoken.errors import FreeTokenError
-from freetoken.runtime.config import (
-    MOE_BACKEND_NAMES,
-    EngineConfig,
-    MoeConfig,
-    load_model_config,
-    rope_from_hf,
-)
-from freetoken.runtime.generation_config import generation_defaults
+from freetoken.runtime.config import MOE_BACKEND_NAMES, EngineConfig, MoeConfig, rope_from_hf
+from freetoken.runtime.loading.generation_config import generation_defaults
+from freetoken.runtime.models import load_model_config
 from freetoken.runtime.models.rope import rope_inv_freq
 
 
@@ -256,8 +251,8 @@ def test_backend_names_match_the_executor_registry() -> None:
 
 
 def test_tokenizer_config_keys_are_typed(tmp_path: Path) -> None:
-    from freetoken.runtime.demo_tokenizer import write_demo_tokenizer
-    from freetoken.runtime.tokenizer import Tokenizer
+    from freetoken.runtime.text.demo_tokenizer import write_demo_tokenizer
+    from freetoken.runtime.text.tokenizer import Tokenizer
 
     write_demo_tokenizer(tmp_path)
     path = tmp_path / "tokenizer_config.json"

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from freetoken.replay.checkpoint_compare import compare
-from freetoken.runtime.anchors import AnchorTable
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.kv.state_checkpoints import StateCheckpoints
 from freetoken.runtime.sampling import SamplingParams
+from freetoken.runtime.text.anchors import AnchorTable
 from oracle import build_hybrid_model, rel_err
 
 

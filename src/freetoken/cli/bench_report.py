@@ -31,8 +31,8 @@ def run_bench(
 ) -> int:
     import torch
 
-    from freetoken.runtime.bandwidth import PRESETS, measure, shape_from_model
-    from freetoken.runtime.profile import load_profile, profile_path, save_profile, this_machine
+    from freetoken.runtime.measure.bandwidth import PRESETS, measure, shape_from_model
+    from freetoken.runtime.measure.profile import load_profile, profile_path, save_profile, this_machine
 
     if model is not None:
         shape = shape_from_model(model)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from freetoken.runtime.bandwidth import ExpertShape
-from freetoken.runtime.profile import BandwidthProfile
+from freetoken.runtime.measure.bandwidth import ExpertShape
+from freetoken.runtime.measure.profile import BandwidthProfile
 
 
 def validate_recommendation(
@@ -17,8 +17,8 @@ def validate_recommendation(
 ) -> dict[str, Any]:
     import torch
 
+    from freetoken.replay.synthetic import decode_steps, spec_for_experts, synthetic_engine, uniform_routing
     from freetoken.runtime.config import MoeConfig
-    from freetoken.runtime.synthetic import decode_steps, spec_for_experts, synthetic_engine, uniform_routing
 
     cuda = torch.cuda.is_available()
     backends = ("offload", "cpu", "hybrid") if cuda else ("cpu",)

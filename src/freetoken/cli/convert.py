@@ -87,7 +87,7 @@ def convert(
         raise FreeTokenError("convert needs SRC and OUT (or --verify FOLDER)")
     if dtype.lower() not in _DTYPES:
         raise flag_error("--dtype", f"expected one of bf16, fp16, fp32, got {dtype!r}")
-    from freetoken.formats.convert import convert_to_ftw
+    from freetoken.runtime.loading.convert import convert_to_ftw
 
     bar, what = _progress_bar("converting", as_json)
     with bar:

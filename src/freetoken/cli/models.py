@@ -65,7 +65,7 @@ def human_bytes(n: int | None) -> str:
 
 
 def print_models(paths: list[str], as_json: bool) -> None:
-    from freetoken.runtime.model_catalog import list_models
+    from freetoken.runtime.loading.model_catalog import list_models
 
     try:
         entries = list_models(paths)
@@ -80,7 +80,7 @@ def print_models(paths: list[str], as_json: bool) -> None:
 
     if not entries:
         from freetoken.env import models_dir
-        from freetoken.runtime.model_catalog import hf_cache_dir
+        from freetoken.runtime.loading.model_catalog import hf_cache_dir
 
         where = ", ".join(paths) if paths else f"{hf_cache_dir()}, {models_dir()}"
         print(f"no models found in {where}", file=sys.stderr)
@@ -114,8 +114,8 @@ def ls(paths: PathsArg = None, as_json: ListJsonOpt = False) -> None:
 
 def not_own(name: str, in_hf_cache: bool) -> FreeTokenError:
     from freetoken.env import models_dir
-    from freetoken.runtime.model_catalog import own_models
-    from freetoken.runtime.model_ref import close_matches
+    from freetoken.runtime.loading.model_catalog import own_models
+    from freetoken.runtime.loading.model_ref import close_matches
 
     own = f"{name}: not one of FreeToken's own models (those in {models_dir()})"
     own += "; `ft models rm` removes only those"
@@ -132,8 +132,8 @@ def rm(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Remove without asking.")] = False,
 ) -> None:
     """Remove one of FreeToken's own models (a folder or .gguf file in $FREETOKEN_HOME/models)."""
-    from freetoken.runtime.model_catalog import hf_cache_models, remove_own_model
-    from freetoken.runtime.model_ref import find_own_model
+    from freetoken.runtime.loading.model_catalog import hf_cache_models, remove_own_model
+    from freetoken.runtime.loading.model_ref import find_own_model
 
     entry = find_own_model(name)
     if entry is None:

@@ -64,11 +64,11 @@ def load_engine(
 
     from freetoken.cli.verbosity import quiet as asked_quiet
     from freetoken.runtime.config import EngineConfig
-    from freetoken.runtime.demo import is_random_model
     from freetoken.runtime.devices import dtype_name
     from freetoken.runtime.engine import Engine
-    from freetoken.runtime.generation_config import generation_defaults
-    from freetoken.runtime.model_ref import resolve_model
+    from freetoken.runtime.loading.demo import is_random_model
+    from freetoken.runtime.loading.generation_config import generation_defaults
+    from freetoken.runtime.loading.model_ref import resolve_model
     from freetoken.runtime.moe.executor import CACHED_BACKENDS
 
     quiet = quiet or asked_quiet()  # `ft -q`: no banner, no progress
@@ -139,7 +139,7 @@ def save_routing(engine: Engine, path: Path | None, quiet: bool = False) -> None
 
 
 def sampling_params(opts: RunOptions, engine: Engine) -> SamplingParams:
-    from freetoken.runtime.generation_config import generation_defaults
+    from freetoken.runtime.loading.generation_config import generation_defaults
     from freetoken.runtime.sampling import SamplingParams
 
     defaults = {**FALLBACK_SAMPLING, **generation_defaults(engine.engine_config.model_path)}

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from freetoken.errors import FreeTokenError
+from freetoken.runtime.sequence import DECODE, PREFILL  # noqa: F401 - a trace's phases, re-exported
 
 FORMAT, VERSION = "freetoken-routing-trace", 1
-PREFILL, DECODE = 0, 1
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,8 @@ from freetoken.runtime.json_keys import (
     NUMBER,
     POSITIVE,
     POSITIVE_INT,
-    TEXT,
     JsonObject,
     Kind,
-    read_json,
 )
 
 ROPE_TYPES = ("default", "linear", "yarn")
@@ -315,17 +313,3 @@ def rope_from_hf(raw: dict[str, Any], source: str = "config.json") -> RopeConfig
         truncate=params.get("truncate", BOOL, True),
         partial_rotary_factor=either("partial_rotary_factor", FRACTION, 1.0),
     )
-
-
-def model_config_from(raw: dict[str, Any], source: str) -> ModelConfig:
-    """Parse a config.json object (already read from `source`) through the architecture registry."""
-    from freetoken.runtime.models import get_architecture
-
-    model_type = JsonObject(raw, source).get("model_type", TEXT)
-    return get_architecture(model_type).parse_config(raw, source)
-
-
-def load_model_config(model_dir: Path) -> ModelConfig:
-    """Parse `config.json` of a model folder through the architecture registry."""
-    path = Path(model_dir) / "config.json"
-    return model_config_from(read_json(path), str(path))

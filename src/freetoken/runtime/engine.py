@@ -15,15 +15,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from freetoken.errors import FreeTokenError
-from freetoken.replay.recorder import RoutingRecorder
-from freetoken.runtime.anchors import AnchorTable
 from freetoken.runtime.config import DEFAULT_CONTEXT, EngineConfig, MoeConfig, parse_cpu_layers
-from freetoken.runtime.cpu_share import CpuThreads, clamp_threads
 from freetoken.runtime.decode_graph import MAX_ROWS, SlotDecoder, StepOutput, padded_size
 from freetoken.runtime.device_sampling import SamplingRows
 from freetoken.runtime.devices import resolve_device
@@ -31,19 +28,24 @@ from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.kv.prefix_cache import PrefixCache
 from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.kv.state_checkpoints import Checkpoint, StateCheckpoints
-from freetoken.runtime.loader import WeightSource, load_model
+from freetoken.runtime.loading.loader import WeightSource, load_model
+from freetoken.runtime.loading.weights import ProgressFn
+from freetoken.runtime.measure.cpu_share import CpuThreads, clamp_threads
+from freetoken.runtime.measure.profile import load_profile, with_profile
 from freetoken.runtime.memory import held_bytes, plan_slots, slot_ceiling
 from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
 from freetoken.runtime.models.slot_decode import prepare_for_slot_decode, supports_slot_decode
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
-from freetoken.runtime.profile import load_profile, with_profile
 from freetoken.runtime.request import Request, Sampled, sample, sample_each
 from freetoken.runtime.request_decode import accept_drawn, sampling_mode, stage_sampling
 from freetoken.runtime.sampling import NonFiniteLogits, SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 from freetoken.runtime.sequence import Sequence, TokenEvent
-from freetoken.runtime.weights import ProgressFn
+from freetoken.runtime.text.anchors import AnchorTable
+
+if TYPE_CHECKING:
+    from freetoken.replay.recorder import RoutingRecorder
 
 log = logging.getLogger("freetoken.engine")
 
@@ -473,7 +475,7 @@ def build_engine(
     (cache_size, cache_ratio, cpu_layers, ...)."""
     path = Path(model_path)
     if isinstance(model_path, str) and not path.exists():
-        from freetoken.runtime.model_ref import resolve_model
+        from freetoken.runtime.loading.model_ref import resolve_model
 
         path = resolve_model(model_path)
     moe = MoeConfig(backend=moe_backend, **moe_options)

@@ -14,8 +14,8 @@ import torch
 from freetoken.runtime.logprobs import TokenLogprobs, token_logprobs
 from freetoken.runtime.sampling import Sampler, SamplingParams
 from freetoken.runtime.sequence import GenerationStats, Sequence, TokenEvent
-from freetoken.runtime.stopping import StopStrings
-from freetoken.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from freetoken.runtime.text.stopping import StopStrings
+from freetoken.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 @dataclass(eq=False)  # compared by identity: a request is one object

@@ -27,12 +27,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from freetoken.errors import FreeTokenError
-from freetoken.replay.trace import DECODE, PREFILL
 from freetoken.runtime.kv.prefix_cache import PrefixCache
 from freetoken.runtime.kv.state_checkpoints import Checkpoint
 from freetoken.runtime.request import Request, Sampled, accept_token, new_request
 from freetoken.runtime.sampling import SamplingParams
-from freetoken.runtime.sequence import Sequence, TokenEvent
+from freetoken.runtime.sequence import DECODE, PREFILL, Sequence, TokenEvent
 
 if TYPE_CHECKING:
     from freetoken.runtime.engine import Engine

@@ -8,6 +8,8 @@ from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.kv.state_checkpoints import StateCheckpoints
 from freetoken.runtime.logprobs import TokenLogprobs
 
+PREFILL, DECODE = 0, 1  # the phase of a forward pass (as routing traces record it)
+
 
 @dataclass
 class Sequence:

@@ -9,7 +9,7 @@ from typing import Any
 from tokenizers import decoders
 
 from freetoken.runtime.logprobs import TokenLogprobs
-from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.text.tokenizer import Tokenizer
 
 
 @functools.cache

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from freetoken.runtime.batcher import Batcher
-from freetoken.runtime.prompt_bound import PromptBound
+from freetoken.runtime.text.prompt_bound import PromptBound
 from freetoken.serve.errors import ApiError
 from freetoken.serve.logprobs_json import TokenPieces
 

@@ -152,7 +152,7 @@ def test_served_together_equals_alone(hybrid: tuple[Path, Any]) -> None:
 
 def test_the_published_wrapped_layout_loads_from_hf_and_ftw(tmp_path: Path) -> None:
     """model_type qwen3_5_moe: text_config nested, weights under model.language_model., vision skipped."""
-    from freetoken.formats.convert import convert_to_ftw
+    from freetoken.runtime.loading.convert import convert_to_ftw
 
     pytest.importorskip("transformers.models.qwen3_5_moe")
     folder = tmp_path / "vl"

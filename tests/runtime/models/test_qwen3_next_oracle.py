@@ -64,7 +64,7 @@ def test_every_backend_gives_the_reference_greedy_tokens(
 
 
 def test_loads_from_ftw(next_model: tuple[Path, Any], tmp_path: Path) -> None:
-    from freetoken.formats.convert import convert_to_ftw
+    from freetoken.runtime.loading.convert import convert_to_ftw
 
     folder, model = next_model
     ftw = convert_to_ftw(folder, tmp_path / "next.ftw", dtype="float32").out

@@ -55,7 +55,7 @@ def test_measured_correction_moves_q() -> None:
 
 
 def test_recommendation_is_the_fastest_measured_split() -> None:
-    from freetoken.runtime.bandwidth import recommend
+    from freetoken.runtime.measure.bandwidth import recommend
 
     rows = [{"q": q, "seconds": s} for q, s in enumerate([1.2, 1.1, 0.9, 1.0, 1.3, 1.4])]
     assert recommend(rows, 5) == ("hybrid", 0.4)

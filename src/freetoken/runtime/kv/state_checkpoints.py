@@ -6,7 +6,7 @@ and needs no copy). A request whose common prefix with the cached sequence is L 
 checkpoint at p <= L and re-prefills only [p, end).
 
 Where checkpoints are taken (`policy`):
-  anchors   the semantic anchors of runtime/anchors.py: before block openers, after block closers
+  anchors   the semantic anchors of runtime/text/anchors.py: before block openers, after block closers
   interval  every `interval` positions (the fixed spacing other engines use), for comparison
   none      nowhere: a request that does not extend the cached sequence re-prefills from the start
 Only `budget` fit. Eviction drops the checkpoint that covers least: the one nearest the checkpoint
@@ -25,8 +25,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from freetoken.runtime.anchors import AnchorTable
 from freetoken.runtime.models.delta_net import LinearState
+from freetoken.runtime.text.anchors import AnchorTable
 
 POLICIES = ("anchors", "interval", "none")
 AGE_SCALE = 64  # tokens: below it, age barely weighs

@@ -1,4 +1,5 @@
-"""Architecture registry: `model_type` -> the module that implements it (imported on first use).
+"""Architecture registry: `model_type` -> the module that implements it (imported on first use), and
+config.json parsed through it.
 
 Adding an architecture is one file under this package and one line here.
 """
@@ -6,9 +7,12 @@ Adding an architecture is one file under this package and one line here.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from freetoken.errors import FreeTokenError
+from freetoken.runtime.config import ModelConfig
+from freetoken.runtime.json_keys import TEXT, JsonObject, read_json
 
 if TYPE_CHECKING:
     from freetoken.runtime.models.base import Architecture
@@ -32,3 +36,15 @@ def get_architecture(model_type: str) -> Architecture:
             f"unsupported model_type {model_type!r}; supported: {', '.join(supported_architectures())}"
         )
     return importlib.import_module(module_name).ARCHITECTURE
+
+
+def model_config_from(raw: dict[str, Any], source: str) -> ModelConfig:
+    """Parse a config.json object (already read from `source`) through the architecture registry."""
+    model_type = JsonObject(raw, source).get("model_type", TEXT)
+    return get_architecture(model_type).parse_config(raw, source)
+
+
+def load_model_config(model_dir: Path) -> ModelConfig:
+    """Parse `config.json` of a model folder through the architecture registry."""
+    path = Path(model_dir) / "config.json"
+    return model_config_from(read_json(path), str(path))

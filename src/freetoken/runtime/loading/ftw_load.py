@@ -22,7 +22,7 @@ from freetoken.errors import FreeTokenError
 from freetoken.formats.ftw import TensorEntry
 from freetoken.formats.ftw_reader import FtwCheckpoint
 from freetoken.runtime.config import ModelConfig
-from freetoken.runtime.cpu_share import allowed_cores
+from freetoken.runtime.measure.cpu_share import allowed_cores
 from freetoken.runtime.moe.pool import HostExpertPool
 
 ProgressFn = Callable[[int, int], None]

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from freetoken.runtime.prompt_bound import COMPOSE_SHRINK, PromptBound
-from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.text.prompt_bound import COMPOSE_SHRINK, PromptBound
+from freetoken.runtime.text.tokenizer import Tokenizer
 
 HANGUL_JAMO = unicodedata.normalize("NFD", "한국어 텍스트 ") * 50  # 3 code points, 9 bytes -> 1 syllable
 TEXTS = [

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from freetoken.errors import FreeTokenError
-from freetoken.runtime.config import load_model_config
 from freetoken.runtime.devices import sync_device
+from freetoken.runtime.measure.profile import BandwidthProfile, current_versions, this_machine
+from freetoken.runtime.models import load_model_config
 from freetoken.runtime.moe.cpu_branch import CpuBranch
 from freetoken.runtime.moe.experts import routed_experts
 from freetoken.runtime.moe.kernels.cpu_experts import (
@@ -29,7 +30,6 @@ from freetoken.runtime.moe.kernels.cpu_experts import (
 from freetoken.runtime.moe.kernels.expert_fill import fill_kernel_available, fill_slots
 from freetoken.runtime.moe.pool import HUGE_PAGES, HostExpertPool
 from freetoken.runtime.moe.slot_bank import SlotBank
-from freetoken.runtime.profile import BandwidthProfile, current_versions, this_machine
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from freetoken.cli.app import app
 from freetoken.errors import FreeTokenError
-from freetoken.formats import convert as convert_module
-from freetoken.formats.convert import convert_to_ftw, remove_stale_folders
+from freetoken.runtime.loading import convert as convert_module
+from freetoken.runtime.loading.convert import convert_to_ftw, remove_stale_folders
 
 runner = CliRunner()
 

@@ -18,7 +18,8 @@ from freetoken.errors import FreeTokenError
 from freetoken.formats.ftw import DTYPES, SIDE_FILES, is_ftw
 from freetoken.formats.ftw_writer import FtwWriter, fsync_path
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
-from freetoken.runtime.config import model_config_from, read_json
+from freetoken.runtime.json_keys import read_json
+from freetoken.runtime.models import model_config_from
 
 ProgressFn = Callable[[int, int], None]
 STAGING = ".converting-"  # .<name>.converting-<pid>: the folder a convert assembles OUT in
@@ -51,9 +52,9 @@ def convert_to_ftw(
     force: bool = False,
     progress: ProgressFn | None = None,
 ) -> ConvertResult:
+    from freetoken.runtime.loading.weights import check_filled, fill_experts, plan_checkpoint
     from freetoken.runtime.models import get_architecture
     from freetoken.runtime.moe.pool import HostExpertPool
-    from freetoken.runtime.weights import check_filled, fill_experts, plan_checkpoint
 
     src, out = Path(src), Path(out)
     if dtype not in DTYPES:
@@ -134,7 +135,7 @@ def convert_to_ftw(
 def check_tokenizer(src: Path) -> None:
     """A folder converts only with a tokenizer that loads: `run` needs it, and finding out after the
     weights are written is too late."""
-    from freetoken.runtime.tokenizer import Tokenizer
+    from freetoken.runtime.text.tokenizer import Tokenizer
 
     if not (src / "tokenizer.json").is_file():
         raise FreeTokenError(f"{src}: no tokenizer.json; an FTW folder needs the model's tokenizer")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from freetoken.runtime.stopping import StopStrings
+from freetoken.runtime.text.stopping import StopStrings
 
 
 def stream(stops: tuple[str, ...], pieces: list[str]) -> tuple[str, bool]:

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 from freetoken.errors import FreeTokenError
 
 if TYPE_CHECKING:
-    from freetoken.runtime.model_catalog import ModelEntry
+    from freetoken.runtime.loading.model_catalog import ModelEntry
 
 DEMO = "demo"
 
 
 def resolve_model(ref: str) -> Path:
     if ref == DEMO:
-        from freetoken.runtime.demo import ensure_demo_model
+        from freetoken.runtime.loading.demo import ensure_demo_model
 
         return ensure_demo_model()
     path = Path(ref).expanduser()
@@ -38,7 +38,7 @@ def resolve_model(ref: str) -> Path:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
-        from freetoken.runtime.model_catalog import hf_cache_dir
+        from freetoken.runtime.loading.model_catalog import hf_cache_dir
 
         try:
             return Path(snapshot_download(ref, local_files_only=True, cache_dir=hf_cache_dir()))
@@ -51,7 +51,7 @@ def own_model_path(name: str) -> Path | None:
     """`name` as one of FreeToken's own models: a model folder or .gguf file directly under
     $FREETOKEN_HOME/models, by its name (the .gguf suffix may be left out)."""
     from freetoken.env import models_dir
-    from freetoken.runtime.model_catalog import is_model
+    from freetoken.runtime.loading.model_catalog import is_model
 
     if not name or name.startswith(".") or "/" in name or "\\" in name:
         return None
@@ -61,7 +61,7 @@ def own_model_path(name: str) -> Path | None:
 
 def find_own_model(name: str) -> ModelEntry | None:
     """The listed own model that `name` names: its listed name, its file or folder name, or a .gguf stem."""
-    from freetoken.runtime.model_catalog import own_models
+    from freetoken.runtime.loading.model_catalog import own_models
 
     for entry in own_models():
         if name in (entry.name, entry.path.name) or f"{name}.gguf" == entry.path.name:
@@ -71,7 +71,7 @@ def find_own_model(name: str) -> ModelEntry | None:
 
 def known_names() -> list[str]:
     """Every name that resolves to a listed model (what close matches are drawn from)."""
-    from freetoken.runtime.model_catalog import hf_cache_models, own_models
+    from freetoken.runtime.loading.model_catalog import hf_cache_models, own_models
 
     names = {DEMO}
     for entry in hf_cache_models() + own_models():
@@ -90,7 +90,7 @@ def close_matches(ref: str, names: list[str]) -> list[str]:
 def unknown_model(ref: str) -> FreeTokenError:
     """One line: where `ref` was looked for, and the known names it is close to."""
     from freetoken.env import models_dir
-    from freetoken.runtime.model_catalog import hf_cache_dir
+    from freetoken.runtime.loading.model_catalog import hf_cache_dir
 
     close = close_matches(ref, known_names())
     hint = f"; did you mean {', '.join(close)}? (see `ft models`)" if close else "; see `ft models`"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.text.tokenizer import Tokenizer
 
 # kind -> (opener, closer)
 QWEN_BLOCKS = {

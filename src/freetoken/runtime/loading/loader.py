@@ -13,15 +13,15 @@ from torch import nn
 from freetoken.errors import FreeTokenError
 from freetoken.formats.ftw import is_ftw
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
-from freetoken.runtime.config import EngineConfig, ModelConfig, load_model_config
+from freetoken.runtime.config import EngineConfig, ModelConfig
 from freetoken.runtime.devices import resolve_dtype
-from freetoken.runtime.ftw_load import ftw_weights
-from freetoken.runtime.gguf_load import is_gguf, open_gguf
-from freetoken.runtime.models import get_architecture
+from freetoken.runtime.loading.ftw_load import ftw_weights
+from freetoken.runtime.loading.gguf_load import is_gguf, open_gguf
+from freetoken.runtime.loading.weights import ProgressFn, load_weights
+from freetoken.runtime.models import get_architecture, load_model_config
 from freetoken.runtime.moe.executor import resolve_backend
 from freetoken.runtime.moe.pool import HostExpertPool
-from freetoken.runtime.tokenizer import Tokenizer
-from freetoken.runtime.weights import ProgressFn, load_weights
+from freetoken.runtime.text.tokenizer import Tokenizer
 
 WeightSource = Callable[[nn.Module, ModelConfig, torch.dtype, "ProgressFn | None"], HostExpertPool]
 

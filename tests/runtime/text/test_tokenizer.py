@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from freetoken.errors import FreeTokenError
-from freetoken.runtime.demo_tokenizer import SPECIAL_TOKENS, write_demo_tokenizer
-from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.text.demo_tokenizer import SPECIAL_TOKENS, write_demo_tokenizer
+from freetoken.runtime.text.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -167,10 +167,10 @@ def test_out_of_vocab_ids(ours: Tokenizer) -> None:
 
 def test_modules_import_without_torch() -> None:
     code = (
-        "import sys; import freetoken.runtime.tokenizer, freetoken.runtime.demo_tokenizer; "
+        "import sys; import freetoken.runtime.text.tokenizer, freetoken.runtime.text.demo_tokenizer; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
-    src = Path(__file__).resolve().parents[2] / "src"
+    src = Path(__file__).resolve().parents[3] / "src"
     env = {"PYTHONPATH": str(src)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -20,8 +20,8 @@ from torch import nn
 
 from freetoken.env import models_dir
 from freetoken.runtime.config import ModelConfig
-from freetoken.runtime.demo_tokenizer import write_demo_tokenizer
 from freetoken.runtime.moe.pool import HostExpertPool
+from freetoken.runtime.text.demo_tokenizer import write_demo_tokenizer
 
 MARKER = "freetoken_model.json"  # present in generated folders: says the weights are random
 DEMO_NAME = "demo-v1"

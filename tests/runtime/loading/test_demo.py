@@ -8,8 +8,13 @@ from pathlib import Path
 
 import torch
 
-from freetoken.runtime.demo import RandomModelSpec, ensure_demo_model, is_random_model, write_random_model
 from freetoken.runtime.engine import build_engine
+from freetoken.runtime.loading.demo import (
+    RandomModelSpec,
+    ensure_demo_model,
+    is_random_model,
+    write_random_model,
+)
 from oracle import rel_err
 
 SMALL = RandomModelSpec(
@@ -81,8 +86,8 @@ def test_demo_is_created_once_under_home(tmp_path: Path, monkeypatch) -> None:
 
 def test_in_memory_random_weights_and_reconfiguring_experts(tmp_path: Path) -> None:
     from freetoken.runtime.config import EngineConfig, MoeConfig
-    from freetoken.runtime.demo import random_weights
     from freetoken.runtime.engine import Engine
+    from freetoken.runtime.loading.demo import random_weights
 
     folder = write_random_model(tmp_path / "m", SMALL, with_weights=False)
     assert not list(folder.glob("*.safetensors"))

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from freetoken.errors import FreeTokenError
-from freetoken.runtime.chat_template import compile_chat_template, render_chat_template
+from freetoken.runtime.text.chat_template import compile_chat_template, render_chat_template
 
 transformers = pytest.importorskip("transformers")
 

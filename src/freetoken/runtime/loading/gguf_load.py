@@ -8,7 +8,7 @@ from freetoken.formats.gguf_checkpoint import GgufCheckpoint
 from freetoken.formats.gguf_meta import build_tokenizer, config_dict
 from freetoken.runtime.config import ModelConfig
 from freetoken.runtime.models import get_architecture
-from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.text.tokenizer import Tokenizer
 
 
 def is_gguf(path: Path) -> bool:

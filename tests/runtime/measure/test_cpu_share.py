@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from freetoken.runtime.cpu_share import (
+from freetoken.runtime.engine import build_engine
+from freetoken.runtime.measure.cpu_share import (
     CoreShare,
     CpuThreads,
     allowed_cores,
@@ -17,7 +18,6 @@ from freetoken.runtime.cpu_share import (
     default_threads,
     read_busy_ticks,
 )
-from freetoken.runtime.engine import build_engine
 
 STAT = """cpu  300 0 100 1000 50 0 0 0 0 0
 cpu0 100 0 50 500 25 0 0 0 0 0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from freetoken.errors import FreeTokenError
-from freetoken.runtime.model_ref import close_matches, resolve_model
+from freetoken.runtime.loading.model_ref import close_matches, resolve_model
 
 COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tokenizers import decoders, normalizers
 
-from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.text.tokenizer import Tokenizer
 
 _COMPOSING = (normalizers.NFC, normalizers.NFKC)
 COMPOSE_SHRINK = 3

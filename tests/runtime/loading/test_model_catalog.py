@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from freetoken.errors import FreeTokenError
-from freetoken.runtime import model_catalog
-from freetoken.runtime.model_catalog import (
+from freetoken.runtime.loading import model_catalog
+from freetoken.runtime.loading.model_catalog import (
     ModelEntry,
     config_expert_bytes,
     gguf_header,
@@ -75,7 +75,7 @@ def write_llama_gguf(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def world(tiny_model: tuple[Path, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from freetoken.formats.convert import convert_to_ftw
+    from freetoken.runtime.loading.convert import convert_to_ftw
 
     root = tmp_path_factory.mktemp("catalog")
     folder, hf = tiny_model
@@ -290,7 +290,7 @@ def test_removal_is_for_own_models_only(
 
 def test_copied_constants_equal_their_originals() -> None:
     from freetoken.formats import ftw, gguf_meta
-    from freetoken.runtime import demo
+    from freetoken.runtime.loading import demo
 
     assert model_catalog.FTW_MANIFEST == ftw.MANIFEST
     assert (model_catalog.FTW_FORMAT, model_catalog.FTW_VERSION) == (ftw.FORMAT, ftw.VERSION)

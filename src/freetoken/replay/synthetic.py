@@ -15,9 +15,9 @@ import torch
 from freetoken.errors import FreeTokenError
 from freetoken.replay.trace import RoutingTrace
 from freetoken.runtime.config import EngineConfig, MoeConfig
-from freetoken.runtime.demo import DEMO_SPEC, RandomModelSpec, random_weights, write_random_model
 from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import Engine
+from freetoken.runtime.loading.demo import DEMO_SPEC, RandomModelSpec, random_weights, write_random_model
 
 
 def synthetic_engine(spec: RandomModelSpec, device: str, moe: MoeConfig, dtype: str = "auto") -> Engine:

@@ -13,8 +13,8 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from freetoken.errors import FreeTokenError
-from freetoken.runtime.chat_template import render_chat_template
 from freetoken.runtime.json_keys import OBJECT, TOKEN_IDS, JsonObject, read_json
+from freetoken.runtime.text.chat_template import render_chat_template
 
 # Template variables the reference renderer fills from the tokenizer's named special tokens.
 NAMED_SPECIAL_TOKENS: tuple[str, ...] = (
