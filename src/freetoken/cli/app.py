@@ -9,7 +9,8 @@ import typer
 from freetoken import __version__
 from freetoken.cli.bench import bench_app
 from freetoken.cli.convert import convert
-from freetoken.cli.errors import CliGroup
+from freetoken.cli.errors import CliGroup, reports_errors
+from freetoken.cli.help_topics import help_topic
 from freetoken.cli.models import ls, models_app
 from freetoken.cli.replay import replay_app
 from freetoken.cli.run import run
@@ -33,6 +34,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(replay_app, name="replay")
 app.add_typer(models_app, name="models")
 app.command("ls")(ls)
+app.command("help")(reports_errors(help_topic))
 
 
 def _version(value: bool) -> None:
