@@ -1,7 +1,8 @@
-"""Shell completion from Typer (`ft --show-completion SHELL`); `ft help TOPIC` prints short man pages."""
+"""Shell completion from Typer (`ft --install-completion`); `ft help TOPIC` prints short man pages."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,12 +12,25 @@ import pytest
 FT = Path(sys.executable).parent / "ft"
 
 
-@pytest.mark.skipif(not FT.exists(), reason="the `ft` entry point is not installed in this environment")
-@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
-def test_show_completion_prints_a_script_for_ft(shell: str) -> None:
-    out = subprocess.run([str(FT), "--show-completion", shell], capture_output=True, text=True)
+def complete(*words: str, cword: int) -> str:
+    """What `ft`'s bash completion offers for the command line `words` (Typer's completion protocol,
+    as the script `ft --install-completion` writes calls it)."""
+    env = {
+        **os.environ,
+        "_FT_COMPLETE": "complete_bash",
+        "COMP_WORDS": " ".join(words),
+        "COMP_CWORD": str(cword),
+    }
+    out = subprocess.run([str(FT)], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
-    assert "_FT_COMPLETE" in out.stdout  # the variable Typer's completion calls `ft` back with
+    return out.stdout
+
+
+@pytest.mark.skipif(not FT.exists(), reason="the `ft` entry point is not installed in this environment")
+def test_completion_offers_commands_and_flags() -> None:
+    assert complete("ft", "ru", cword=1).split() == ["run"]
+    assert "--moe-backend" in complete("ft", "run", "--moe-b", cword=2).split()
+    assert "rm" in complete("ft", "models", "r", cword=2).split()
 
 
 @pytest.mark.parametrize("topic", ["backends", "formats", "qstar", "q*"])
