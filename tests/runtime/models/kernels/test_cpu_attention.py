@@ -1,6 +1,7 @@
 """The native CPU attention block against the two torch steps it replaces (q/k norm + rotary + K/V
 write, then attention over each row's slot): equal in fp32 up to summation order, within bf16 rounding
-on bf16 caches; padding rows write nothing."""
+on bf16 caches; padding rows write nothing. Head dims 64 and 128 on bf16 caches take the vector paths:
+per KV group when there are as many (row, group) tasks as threads, else per head — both are run."""
 
 from __future__ import annotations
 
@@ -20,30 +21,35 @@ pytestmark = pytest.mark.skipif(load_library() is None, reason="needs the compil
 NH, KVH, D, SLOTS, CAP = 8, 2, 32, 3, 40
 
 
-def layer(dtype: torch.dtype, g: torch.Generator) -> SimpleNamespace:
+def layer(dtype: torch.dtype, g: torch.Generator, d: int = D) -> SimpleNamespace:
     norm = SimpleNamespace(eps=1e-6)
-    q_norm = SimpleNamespace(weight=(1 + 0.1 * torch.randn(D, generator=g)).to(dtype), eps=norm.eps)
-    k_norm = SimpleNamespace(weight=(1 + 0.1 * torch.randn(D, generator=g)).to(dtype), eps=norm.eps)
-    return SimpleNamespace(head_dim=D, num_heads=NH, num_kv_heads=KVH, q_norm=q_norm, k_norm=k_norm)
+    q_norm = SimpleNamespace(weight=(1 + 0.1 * torch.randn(d, generator=g)).to(dtype), eps=norm.eps)
+    k_norm = SimpleNamespace(weight=(1 + 0.1 * torch.randn(d, generator=g)).to(dtype), eps=norm.eps)
+    return SimpleNamespace(head_dim=d, num_heads=NH, num_kv_heads=KVH, q_norm=q_norm, k_norm=k_norm)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_native_block_equals_the_torch_steps(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("d", [D, 64, 128])
+@pytest.mark.parametrize("threads", [1, 64])  # 1: per KV group (8 tasks >= 1); 64: per head
+def test_native_block_equals_the_torch_steps(
+    dtype: torch.dtype, d: int, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # what the block passes the kernel
     g = torch.Generator().manual_seed(3)
-    attn = layer(dtype, g)
+    attn = layer(dtype, g, d)
     slots = torch.tensor([2, -1, 0, 1], dtype=torch.int32)  # row 1 pads
     positions = torch.tensor([5, 0, 17, 0], dtype=torch.int32)
-    qkv = torch.randn(4, (NH + 2 * KVH) * D, generator=g).to(dtype)
-    cos, sin = RotaryEmbedding(RopeConfig(), D)(positions, dtype)
-    caches = torch.randn(2, SLOTS, KVH, CAP, D, generator=g).to(dtype)
+    qkv = torch.randn(4, (NH + 2 * KVH) * d, generator=g).to(dtype)
+    cos, sin = RotaryEmbedding(RopeConfig(), d)(positions, dtype)
+    caches = torch.randn(2, SLOTS, KVH, CAP, d, generator=g).to(dtype)
     k_ref, v_ref = caches[0].clone(), caches[1].clone()
     k_nat, v_nat = caches[0].clone(), caches[1].clone()
-    nq, nkv = NH * D, KVH * D
+    nq, nkv = NH * d, KVH * d
     q = qk_norm_rope_kv_write_reference(
         qkv[:, :nq], qkv[:, nq : nq + nkv], qkv[:, nq + nkv :], attn.q_norm.weight, attn.k_norm.weight,
         attn.q_norm.eps, cos, sin, k_ref, v_ref, slots, positions,
     )  # fmt: skip
-    want = slot_decode_attention_reference(q, k_ref, v_ref, slots, positions + 1, D**-0.5)
+    want = slot_decode_attention_reference(q, k_ref, v_ref, slots, positions + 1, d**-0.5)
     got = cpu_attention_block(qkv, attn, cos, sin, k_nat, v_nat, slots, positions)
     assert got is not None and got.dtype == dtype
     live = slots >= 0

@@ -57,6 +57,93 @@ static inline void add_value(float *restrict o, float p, const void *cache, long
     }
 }
 
+typedef uint16_t v8h __attribute__((vector_size(16)));
+
+static inline v8f widen8(const uint16_t *p) {  // eight bf16 -> eight floats
+    v8h h;
+    memcpy(&h, p, sizeof h);
+    return (v8f)(__builtin_convertvector(h, v8u) << 16);
+}
+
+// One query head over `length` bf16 keys and values of head dim D (a multiple of 8, at most 128),
+// inlined with D constant: scores into s, the softmax-weighted sum of the values into o. Four keys at a
+// time, so four chains of FMAs run side by side; the query and the output stay in vector registers.
+static inline __attribute__((always_inline)) void attend_bf16(const float *restrict q, const uint16_t *keys,
+                                                              const uint16_t *values, long length, int D,
+                                                              float scale, float *restrict s, float *restrict o) {
+    v8f qv[16], ov[16];
+    for (int c = 0; c < D / 8; c++) qv[c] = load8f(q + 8 * c), ov[c] = (v8f){0};
+    float top = -INFINITY;
+    long j = 0;
+    for (; j + 4 <= length; j += 4) {
+        const uint16_t *k = keys + j * D;
+        v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int c = 0; c < D / 8; c++) {
+            a0 += qv[c] * widen8(k + 8 * c), a1 += qv[c] * widen8(k + D + 8 * c);
+            a2 += qv[c] * widen8(k + 2 * D + 8 * c), a3 += qv[c] * widen8(k + 3 * D + 8 * c);
+        }
+        s[j] = sum8(a0) * scale, s[j + 1] = sum8(a1) * scale, s[j + 2] = sum8(a2) * scale;
+        s[j + 3] = sum8(a3) * scale;
+        for (int i = 0; i < 4; i++) top = s[j + i] > top ? s[j + i] : top;
+    }
+    for (; j < length; j++) {
+        v8f a = {0};
+        for (int c = 0; c < D / 8; c++) a += qv[c] * widen8(keys + j * D + 8 * c);
+        s[j] = sum8(a) * scale;
+        top = s[j] > top ? s[j] : top;
+    }
+    float total = 0.0f;
+    for (j = 0; j < length; j++) total += (s[j] = expf(s[j] - top));
+    for (j = 0; j < length; j++) {
+        const float p = s[j] / total;
+        const v8f pv = {p, p, p, p, p, p, p, p};
+        for (int c = 0; c < D / 8; c++) ov[c] += pv * widen8(values + j * D + 8 * c);
+    }
+    for (int c = 0; c < D / 8; c++) memcpy(o + 8 * c, &ov[c], sizeof(v8f));
+}
+
+// The G query heads of one KV group (G <= 8, their q consecutive: [G, D]) over its `length` bf16 keys
+// and values, D constant as above: each key and value is widened once for all G heads, so a group's
+// cache is read once instead of G times. Scores of head h into scores + h·cap, its output into o + h·D.
+static inline __attribute__((always_inline)) void attend_group_bf16(const float *restrict q, const uint16_t *keys,
+                                                                    const uint16_t *values, long length, int D,
+                                                                    int G, float scale, float *scores, long cap,
+                                                                    float *restrict o) {
+    float top[8], total[8];
+    for (int h = 0; h < G; h++) top[h] = -INFINITY, total[h] = 0.0f;
+    for (long j = 0; j < length; j++) {
+        v8f kv[16];
+        for (int c = 0; c < D / 8; c++) kv[c] = widen8(keys + j * D + 8 * c);
+        for (int h = 0; h < G; h++) {
+            v8f a = {0}, b = {0};
+            for (int c = 0; c < D / 8; c += 2) {
+                a += load8f(q + h * D + 8 * c) * kv[c];
+                b += load8f(q + h * D + 8 * c + 8) * kv[c + 1];
+            }
+            const float x = sum8(a + b) * scale;
+            scores[h * cap + j] = x;
+            top[h] = x > top[h] ? x : top[h];
+        }
+    }
+    for (int h = 0; h < G; h++) {
+        float *s = scores + h * cap;
+        for (long j = 0; j < length; j++) total[h] += (s[j] = expf(s[j] - top[h]));
+    }
+    memset(o, 0, sizeof(float) * G * D);
+    for (long j = 0; j < length; j++) {
+        v8f vv[16];
+        for (int c = 0; c < D / 8; c++) vv[c] = widen8(values + j * D + 8 * c);
+        for (int h = 0; h < G; h++) {
+            const float p = scores[h * cap + j] / total[h];
+            const v8f pv = {p, p, p, p, p, p, p, p};
+            for (int c = 0; c < D / 8; c++) {
+                v8f acc = load8f(o + h * D + 8 * c) + pv * vv[c];
+                memcpy(o + h * D + 8 * c, &acc, sizeof acc);
+            }
+        }
+    }
+}
+
 int ft_attention_decode(const float *qkv, int rows, int nh, int kvh, int d, const float *qw, const float *kw,
                         float eps, const float *cos, const float *sin, void *k_cache, void *v_cache, int elem,
                         int cap, const int64_t *slots, const int64_t *positions, float scale, float *scores,
@@ -81,6 +168,27 @@ int ft_attention_decode(const float *qkv, int rows, int nh, int kvh, int d, cons
         }
     }
     const int group = nh / kvh;
+    if (elem == 2 && (d == 64 || d == 128) && group <= 8 && rows * kvh >= threads) {
+        // enough (row, KV group) tasks for the threads: each group's cache read once for its heads
+#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+        for (int r = 0; r < rows; r++) {
+            for (int g = 0; g < kvh; g++) {
+                const long slot = slots[r];
+                float *o = out + ((long)r * nh + (long)g * group) * d;
+                if (slot < 0) {
+                    memset(o, 0, sizeof(float) * group * d);
+                    continue;
+                }
+                const long length = positions[r] + 1, base = (slot * kvh + g) * cap * d;
+                const float *q = q_scratch + ((long)r * nh + (long)g * group) * d;
+                float *sc = scores + ((long)r * nh + (long)g * group) * cap;
+                const uint16_t *keys = (const uint16_t *)k_cache + base, *values = (const uint16_t *)v_cache + base;
+                if (d == 64) attend_group_bf16(q, keys, values, length, 64, group, scale, sc, cap, o);
+                else attend_group_bf16(q, keys, values, length, 128, group, scale, sc, cap, o);
+            }
+        }
+        return 0;
+    }
 #pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
     for (int r = 0; r < rows; r++) {
         for (int h = 0; h < nh; h++) {
@@ -93,6 +201,14 @@ int ft_attention_decode(const float *qkv, int rows, int nh, int kvh, int d, cons
             const long length = positions[r] + 1, base = (slot * kvh + h / group) * cap * d;
             const float *q = q_scratch + ((long)r * nh + h) * d;
             float *s = scores + ((long)r * nh + h) * cap;
+            if (elem == 2 && d == 64) {
+                attend_bf16(q, (const uint16_t *)k_cache + base, (const uint16_t *)v_cache + base, length, 64, scale, s, o);
+                continue;
+            }
+            if (elem == 2 && d == 128) {
+                attend_bf16(q, (const uint16_t *)k_cache + base, (const uint16_t *)v_cache + base, length, 128, scale, s, o);
+                continue;
+            }
             float top = -INFINITY;
             for (long j = 0; j < length; j++) {
                 s[j] = dot_key(q, k_cache, base + j * d, d, elem) * scale;
