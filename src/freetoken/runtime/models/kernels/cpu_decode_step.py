@@ -160,7 +160,10 @@ class CpuDecodeStep:
         if self._scratch_rows < b:
             floats = self.lib.ft_decode_step_scratch(ctypes.addressof(self._decoder), b)
             self._scratch, self._scratch_rows = torch.empty(floats, dtype=torch.float32), b
-        tokens, slots, positions = (t.to(torch.int64) for t in (rows.tokens, rows.slots, rows.positions))
+        # [B] int64 each, contiguous: the decoder's rows are columns of one staged [B, 3] block
+        tokens, slots, positions = (
+            t.to(torch.int64).contiguous() for t in (rows.tokens, rows.slots, rows.positions)
+        )
         distinct = np.empty(len(self.moe_blocks), dtype=np.int64)  # experts per MoE layer step
         logits = torch.empty(b, self.model.config.vocab_size, dtype=torch.bfloat16)
         code = self.lib.ft_decode_step(
