@@ -1,5 +1,6 @@
-"""A lower layer never imports a higher one: errors/env < formats < runtime < replay < serve < cli. Imports
-under `if TYPE_CHECKING:` are annotations only and do not count; lazy imports inside functions do.
+"""A lower layer never imports a higher one: errors/env < codecs < formats < runtime < replay < serve
+< cli. Imports under `if TYPE_CHECKING:` are annotations only and do not count; lazy imports inside
+functions do.
 Within runtime, config.py (the frozen configs) imports no architecture."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "freetoken"
-LAYERS = ["formats", "runtime", "replay", "serve", "cli"]
+LAYERS = ["codecs", "formats", "runtime", "replay", "serve", "cli"]
 
 
 def imported_modules(path: Path) -> set[str]:

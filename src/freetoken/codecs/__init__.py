@@ -1,0 +1,106 @@
+"""Expert codecs, one registry: how a weight row is stored (blocks of elements, bytes per block) and its
+plain reference dequantiser. The layer below `formats/` and `runtime/` (both will use it; it imports
+neither): a pool or a file only needs a codec's bytes per row to place experts, whatever the format.
+
+For GGUF types the truth is `gguf.quants.dequantize` (llama.cpp's own reference, in numpy), which each
+GGUF codec's `dequantize` calls; bf16/f16/f32 are exact widenings. Codecs without a GGUF type (FP8
+block-scaled, NVFP4) and the kernels that read codecs in place come with later steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from freetoken.errors import FreeTokenError
+
+
+@dataclass(frozen=True)
+class Codec:
+    name: str  # what `--json` and error messages say ("bf16", "Q4_K", ...)
+    block_elements: int  # elements of a row per block
+    block_bytes: int  # bytes per block
+    ggml_type: int | None = None  # the GGUF tensor type, when the codec is one
+
+    def row_bytes(self, elements: int) -> int:
+        """Bytes of one stored row of `elements` weights (a whole number of blocks)."""
+        if elements <= 0 or elements % self.block_elements:
+            raise FreeTokenError(
+                f"a row of {elements} weights is not a whole number of {self.name} blocks "
+                f"({self.block_elements} weights each)"
+            )
+        return elements // self.block_elements * self.block_bytes
+
+    def tensor_bytes(self, rows: int, elements: int) -> int:
+        """Bytes of a [rows, elements] weight matrix (an expert's projection) as stored."""
+        return rows * self.row_bytes(elements)
+
+    def dequantize(self, raw: np.ndarray, elements: int, name: str = "tensor") -> np.ndarray:
+        """raw: uint8 [..., row_bytes(elements)] as stored -> float32 [..., elements]. `name` is the
+        tensor's, for the error when the bytes are not whole rows."""
+        width = self.row_bytes(elements)
+        data = np.ascontiguousarray(raw, dtype=np.uint8)
+        if data.ndim == 0 or data.shape[-1] != width:
+            raise FreeTokenError(
+                f"{name}: rows of {data.shape[-1] if data.ndim else 0} bytes, expected {width} "
+                f"for {elements} {self.name} weights (a truncated block array?)"
+            )
+        if self.name == "bf16":
+            return (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        if self.name == "f16":
+            return data.view(np.float16).astype(np.float32)
+        if self.name == "f32":
+            return data.view(np.float32).copy()
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        assert self.ggml_type is not None
+        return dequantize(data, GGMLQuantizationType(self.ggml_type)).astype(np.float32, copy=False)
+
+
+def _ggml(name: str, type_id: int, block_elements: int, block_bytes: int) -> Codec:
+    return Codec(name, block_elements, block_bytes, type_id)
+
+
+# name -> codec, in the order the issue that brings them lists them (GGML type ids and block sizes as
+# gguf.constants has them; a test checks they agree)
+CODECS: dict[str, Codec] = {
+    codec.name: codec
+    for codec in (
+        _ggml("bf16", 30, 1, 2),
+        _ggml("f16", 1, 1, 2),
+        _ggml("f32", 0, 1, 4),
+        _ggml("Q8_0", 8, 32, 34),
+        _ggml("Q4_K", 12, 256, 144),
+        _ggml("Q6_K", 14, 256, 210),
+        _ggml("Q5_K", 13, 256, 176),
+        _ggml("IQ4_XS", 23, 256, 136),
+        _ggml("MXFP4", 39, 32, 17),
+        _ggml("IQ3_S", 21, 256, 110),
+        _ggml("IQ3_XXS", 18, 256, 98),
+    )
+}
+
+
+def get_codec(name: str) -> Codec:
+    codec = CODECS.get(name) or next((c for c in CODECS.values() if c.name.lower() == name.lower()), None)
+    if codec is None:
+        raise FreeTokenError(f"unknown expert codec {name!r}; supported: {', '.join(CODECS)}")
+    return codec
+
+
+def codec_for_ggml(type_id: int, tensor: str = "tensor") -> Codec:
+    """The codec of a GGUF tensor type; an unsupported one names the tensor, the type and the supported."""
+    for codec in CODECS.values():
+        if codec.ggml_type == type_id:
+            return codec
+    try:
+        from gguf.constants import GGMLQuantizationType
+
+        type_name = GGMLQuantizationType(type_id).name
+    except ValueError:
+        type_name = f"type {type_id}"
+    raise FreeTokenError(
+        f"{tensor}: GGUF tensor type {type_name} is not supported; supported: {', '.join(CODECS)}"
+    )
