@@ -175,8 +175,6 @@ class StopOnSigint:
 def answer(engine: Engine, chat: Conversation, params: SamplingParams, out: Console, err: Console) -> None:
     """Stream the answer to the conversation's last message, then add it to the conversation: all of it,
     or what came before Ctrl-C stopped it (an answer stopped before any text drops its question)."""
-    from freetoken.runtime.sampling import NonFiniteLogits
-
     prompt = engine.tokenizer.apply_chat_template(chat.messages(), add_generation_prompt=True)
     opened = prompt.rstrip().endswith(THINK_OPEN)  # templates that open the thinking block themselves
     view, last = AnswerView(out, chat.show_thinking, opened), None
@@ -191,8 +189,6 @@ def answer(engine: Engine, chat: Conversation, params: SamplingParams, out: Cons
                     break
         except KeyboardInterrupt:
             pass  # a hard stop: the scheduler has dropped what was in flight
-        except NonFiniteLogits as exc:  # a broken checkpoint, not a bad request (the engine names the model)
-            raise FreeTokenError(str(exc)) from None
         finally:
             events.close()  # Engine.generate's `finally` aborts the request if it has not finished
     view.write("", final=True)

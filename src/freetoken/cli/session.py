@@ -171,20 +171,17 @@ def stats_line(stats: GenerationStats, engine: Engine) -> str:
     return line
 
 
-def _stream(events: Any, echo: bool, engine: Engine) -> tuple[str, TokenEvent]:
-    from freetoken.runtime.sampling import NonFiniteLogits
-
+def _stream(events: Any, echo: bool) -> tuple[str, TokenEvent]:
+    """The text of a request's events (echoed as they come); NaN/Inf logits raise NonFiniteLogits, a
+    FreeTokenError that names the model."""
     parts = []
     last = None
-    try:
-        for event in events:
-            parts.append(event.text)
-            if echo and event.text:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
-            last = event
-    except NonFiniteLogits as exc:  # a broken checkpoint, not a bad request (the engine names the model)
-        raise FreeTokenError(str(exc)) from None
+    for event in events:
+        parts.append(event.text)
+        if echo and event.text:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        last = event
     assert last is not None and last.stats is not None
     return "".join(parts), last
 
@@ -208,7 +205,7 @@ def run_once(opts: RunOptions, prompt: str) -> None:
         ids = engine.tokenizer.encode(text)
     engine.moe_counters.reset()
     try:
-        text, last = _stream(engine.generate(ids, params), not opts.as_json, engine)
+        text, last = _stream(engine.generate(ids, params), not opts.as_json)
     finally:
         save_routing(engine, opts.record_routing, quiet=opts.as_json)
     assert last.stats is not None
