@@ -217,6 +217,7 @@ def run_once(opts: RunOptions, prompt: str) -> None:
             "moe_backend": engine.backend,
             "expert_slots": engine.num_slots,
             "experts": engine.moe_counters.as_dict(),
+            "expert_pool": engine.pool.describe() if engine.pool is not None else None,
             "memory": engine.memory_report(),
             "text": text,
             "finish_reason": last.finish_reason,

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from freetoken.codecs import Codec, codec_for_ggml
 from freetoken.errors import FreeTokenError
 
 SHARD = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf$")
@@ -107,6 +108,24 @@ class GgufCheckpoint:
 
     def type_name(self, name: str) -> str:
         return self.tensors[name].tensor_type.name
+
+    def codec(self, name: str) -> Codec:
+        """The tensor's codec; an unsupported type names the tensor, the type and the supported ones."""
+        tensor = self.tensors[name]
+        return codec_for_ggml(int(tensor.tensor_type), f"{self.path}: tensor {tensor.name}")
+
+    def read_stored(self, name: str) -> torch.Tensor:
+        """The tensor's blocks as stored, uint8 [*HF shape[:-1], row bytes] (a copy: the file stays
+        read-only); a row of the wrong size names the tensor (a truncated block array)."""
+        tensor, shape = self.tensors[name], self.shape(name)
+        width = self.codec(name).row_bytes(shape[-1])
+        raw = np.asarray(tensor.data).view(np.uint8)
+        if raw.size != int(np.prod(shape[:-1])) * width:
+            raise FreeTokenError(
+                f"{self.path}: tensor {tensor.name} holds {raw.size} bytes, expected "
+                f"{int(np.prod(shape[:-1])) * width} for {list(shape)} in {self.codec(name).name}"
+            )
+        return torch.from_numpy(raw.reshape(*shape[:-1], width).copy())
 
     def read(self, name: str) -> torch.Tensor:
         """Dequantised to float32, in the HF shape."""

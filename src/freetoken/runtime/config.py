@@ -135,6 +135,7 @@ class MoeConfig:
     cpu_layers: str | None = None  # "3,7,11" ids, "4" the first four MoE layers, "0.25" a fraction
     hybrid_max_fetch: int | None = None
     cpu_threads: int | None = None
+    cpu_int8_act: bool = False  # CPU dots of quantized experts against int8 activation blocks
     pcie_gbps: float | None = None  # B_P; None: from this machine's bandwidth profile, if any
     host_gbps: float | None = None  # B_H; likewise
     fetch_correction: float = 1.0  # measured best q/m over B_P/B_H (from the profile)

@@ -47,6 +47,20 @@ def materialise(model: nn.Module, device: torch.device) -> None:
             setattr(module, name, torch.empty(buf.shape, dtype=buf.dtype, device=device))
 
 
+def stored_expert_codecs(config: EngineConfig, backend: str, device: torch.device) -> frozenset[str]:
+    """Codecs whose expert blocks the pool keeps as the file stores them: those the CPU expert kernel
+    computes from, when every expert is computed on this CPU from the pool (the cpu backend on a cpu
+    device with no slots). Elsewhere experts are dequantised at load: slots and GPU kernels take the
+    pool dtype for now."""
+    from freetoken.runtime.moe.kernels.cpu_experts import CODEC_IDS, kernel_available
+
+    moe = config.moe
+    no_slots = moe.cache_size in (None, 0) and moe.cache_ratio is None and moe.vram_budget is None
+    if backend == "cpu" and device.type == "cpu" and no_slots and kernel_available():
+        return frozenset(CODEC_IDS)
+    return frozenset()
+
+
 def load_model(
     config: EngineConfig,
     device: torch.device,
@@ -61,7 +75,7 @@ def load_model(
         model_config, tokenizer = load_model_config(path), Tokenizer.from_dir(path)
     else:
         raise FreeTokenError(f"{path}: model folder not found")
-    resolve_backend(config.moe, device, bool(model_config.moe_layers))  # a bad name fails before loading
+    backend = resolve_backend(config.moe, device, bool(model_config.moe_layers))  # a bad name fails first
     dtype = resolve_dtype(config.dtype, device, model_config.torch_dtype)
     arch = get_architecture(model_config.architecture)
     with torch.device("meta"):
@@ -74,7 +88,8 @@ def load_model(
         pool = weights(model, model_config, dtype, progress)
     else:
         with gguf or SafetensorsCheckpoint(path) as ckpt:
-            pool = load_weights(model, model_config, ckpt, arch.expert_naming, dtype, progress)
+            keep = stored_expert_codecs(config, backend, device)
+            pool = load_weights(model, model_config, ckpt, arch.expert_naming, dtype, progress, keep)
     if device.type == "cuda":
         pool.pin()  # only now, once every bank is filled
     return LoadedModel(model_config, tokenizer, model, pool, dtype)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from freetoken.codecs import Codec
 from freetoken.errors import FreeTokenError
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
 from freetoken.formats.tensor_names import ExpertNaming, ExpertTensor
@@ -74,13 +75,35 @@ def plan_checkpoint(
     return plan
 
 
+def stored_codecs(ckpt: object, plan: CheckpointPlan, keep: frozenset[str]) -> dict[int, tuple[Codec, Codec]]:
+    """Layers whose experts stay in the blocks the file stores them in: whole-layer banks (GGUF), gate and
+    up in one codec, both codecs in `keep` (what the expert kernel computes from), not both bf16 (a bf16
+    pool holds those as they are). Other layers are dequantised to the pool dtype."""
+    codec_of = getattr(ckpt, "codec", None)
+    if not keep or codec_of is None:
+        return {}
+    out: dict[int, tuple[Codec, Codec]] = {}
+    for layer, items in plan.experts.items():
+        parts = {target.part: name for name, target in items if target.expert is None}
+        if set(parts) != {"gate", "up", "down"}:
+            continue
+        try:
+            gate, up, down = (codec_of(parts[part]) for part in ("gate", "up", "down"))
+        except FreeTokenError:  # a type no codec has: dequantised by the gguf package, if it can
+            continue
+        if gate == up and {gate.name, down.name} <= keep and {gate.name, down.name} != {"bf16"}:
+            out[layer] = (gate, down)
+    return out
+
+
 def fill_experts(
     pool: HostExpertPool, ckpt: SafetensorsCheckpoint, items: list[tuple[str, ExpertTensor]]
 ) -> int:
-    """Copy expert tensors into the pool's banks; returns the checkpoint bytes read."""
+    """Copy expert tensors into the pool's banks (as stored for the pool's `stored` layers); returns the
+    checkpoint bytes read."""
     read = 0
     for name, target in items:
-        tensor = ckpt.read(name)
+        tensor = ckpt.read_stored(name) if target.layer in pool.stored else ckpt.read(name)  # type: ignore[attr-defined]
         pool.write(target, name, tensor)
         read += ckpt.nbytes(name)
         del tensor
@@ -100,11 +123,18 @@ def load_weights(
     naming: ExpertNaming,
     dtype: torch.dtype,
     progress: ProgressFn | None = None,
+    keep_stored: frozenset[str] = frozenset(),
 ) -> HostExpertPool:
-    """Fill `model`'s parameters (already materialised on their device) and return the filled pool."""
+    """Fill `model`'s parameters (already materialised on their device) and return the filled pool.
+    `keep_stored`: codecs whose expert blocks the pool may keep as the file stores them (stored_codecs)."""
     plan = plan_checkpoint(model, cfg, ckpt, naming)
     pool = HostExpertPool.allocate(
-        cfg.moe_layers, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype
+        cfg.moe_layers,
+        cfg.num_experts,
+        cfg.hidden_size,
+        cfg.moe_intermediate_size,
+        dtype,
+        stored=stored_codecs(ckpt, plan, keep_stored),
     )
     names = [name for name, _ in plan.dense] + [name for items in plan.experts.values() for name, _ in items]
     total, done = sum(ckpt.nbytes(name) for name in names), 0

@@ -46,7 +46,7 @@ class CachedExecutor(ExpertExecutor):
         self.residency = ExpertResidency(pool.layers, pool.num_experts, ctx.num_slots, ctx.device)
         self.bank = SlotBank(pool, ctx.num_slots + 1, ctx.device)  # the last slot is the probes' own
         asked = ctx.moe.cpu_threads and min(ctx.moe.cpu_threads, torch.get_num_threads())  # clamped there
-        self.cpu = CpuBranch(pool, ctx.device, asked)
+        self.cpu = CpuBranch(pool, ctx.device, asked, ctx.moe.cpu_int8_act)
         self._branch_threads = self.cpu.threads  # the most it takes
         gb = 1e9
         self.pcie_bw = ctx.moe.pcie_gbps * gb if ctx.moe.pcie_gbps else None
@@ -278,6 +278,8 @@ class CachedExecutor(ExpertExecutor):
             pool.gate_up[layer],
             pool.down[layer],
             self.cpu.threads,
+            codecs=pool.codec_names(layer),
+            int8_act=self.cpu.int8_act,
         )
         self.host_bw = _smooth(self.host_bw, k * pool.expert_nbytes / (time.perf_counter() - t0))
         if self.bank.stream is not None:

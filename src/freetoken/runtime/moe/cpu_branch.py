@@ -34,14 +34,19 @@ class Partial:
 
 
 class CpuBranch:
-    def __init__(self, pool: HostExpertPool, device: torch.device, threads: int | None = None) -> None:
+    def __init__(
+        self, pool: HostExpertPool, device: torch.device, threads: int | None = None, int8_act: bool = False
+    ) -> None:
         self.pool = pool
+        self.int8_act = int8_act  # quantized banks against int8 activation blocks
         self.device = device
         self.threads = threads or branch_threads()  # decided once, not per layer step
         self.pinned = device.type == "cuda"
         lib = load_library()
         banks = [(pool.gate_up[layer], pool.down[layer]) for layer in pool.layers]
-        takes = all(kernel_takes(gate_up, down) for gate_up, down in banks)  # the test cpu_experts makes
+        # the test cpu_experts makes; the native worker takes bf16 banks (others run on the Python worker,
+        # whose ctypes call releases the interpreter lock as well)
+        takes = not pool.stored and all(kernel_takes(gate_up, down) for gate_up, down in banks)
         self.native = KernelWorker(lib) if lib is not None and banks and takes else None
         self.worker = None
         if self.native is None:
@@ -74,10 +79,14 @@ class CpuBranch:
         # A plain copy: the compute stream has just been read back (routing), so it waits for nothing.
         x_host.copy_(x if len(rows) == x.shape[0] else x.index_select(0, rows.to(x.device)))
         gate_up, down = self.pool.gate_up[layer], self.pool.down[layer]
+        codecs = self.pool.codec_names(layer)
 
         def run() -> torch.Tensor:
             with torch.inference_mode():  # the staging was made under it, on the caller's thread
-                cpu_experts(x_host, ids, weights, gate_up, down, self.threads, out=out_host)
+                cpu_experts(
+                    x_host, ids, weights, gate_up, down, self.threads, out=out_host, codecs=codecs,
+                    int8_act=self.int8_act,
+                )  # fmt: skip
             return out_host
 
         if inline:

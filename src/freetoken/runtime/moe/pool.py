@@ -3,6 +3,9 @@
 Bank layout per MoE layer (the layout the offload cache copies from):
   gate_up [E, 2I, H]  rows [0, I) are the gate projection, rows [I, 2I) the up projection
   down    [E, H, I]
+A layer kept as stored (`stored`: its two banks' codecs, e.g. Q8_0 from a GGUF file) holds uint8 banks
+[E, 2I, row_bytes(H)] and [E, H, row_bytes(I)] of the codec's blocks instead; every other layer holds
+`dtype` banks. Experts stay outermost and contiguous either way.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from freetoken.codecs import Codec
 from freetoken.errors import FreeTokenError
 from freetoken.formats.tensor_names import ExpertTensor
 
@@ -39,6 +43,7 @@ class HostExpertPool:
     down: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E, H, I]
     _filled: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)  # -> [E] bool
     pinned: bool = False  # page-locked by pin()
+    stored: dict[int, tuple[Codec, Codec]] = field(default_factory=dict)  # layer -> (gate_up, down) codecs
 
     @classmethod
     def allocate(
@@ -49,16 +54,24 @@ class HostExpertPool:
         intermediate_size: int,
         dtype: torch.dtype,
         huge_pages: bool = HUGE_PAGES,
+        stored: dict[int, tuple[Codec, Codec]] | None = None,
     ) -> HostExpertPool:
         """Banks start on 4096-byte boundaries, so direct I/O can read straight into them; with
-        `huge_pages`, on 2 MiB boundaries in transparent huge pages."""
+        `huge_pages`, on 2 MiB boundaries in transparent huge pages. `stored`: layers whose banks hold
+        codec blocks (uint8) rather than `dtype` values."""
         from freetoken.formats.ftw import aligned_empty
 
-        pool = cls(layers, num_experts, hidden_size, intermediate_size, dtype)
+        pool = cls(layers, num_experts, hidden_size, intermediate_size, dtype, stored=dict(stored or {}))
         e, h, i = num_experts, hidden_size, intermediate_size
         for layer in layers:
-            pool.gate_up[layer] = aligned_empty((e, 2 * i, h), dtype, huge=huge_pages)
-            pool.down[layer] = aligned_empty((e, h, i), dtype, huge=huge_pages)
+            if layer in pool.stored:
+                gu, dn = pool.stored[layer]
+                gu_shape, dn_shape = (e, 2 * i, gu.row_bytes(h)), (e, h, dn.row_bytes(i))
+                pool.gate_up[layer] = aligned_empty(gu_shape, torch.uint8, huge=huge_pages)
+                pool.down[layer] = aligned_empty(dn_shape, torch.uint8, huge=huge_pages)
+            else:
+                pool.gate_up[layer] = aligned_empty((e, 2 * i, h), dtype, huge=huge_pages)
+                pool.down[layer] = aligned_empty((e, h, i), dtype, huge=huge_pages)
             for part in ("gate", "up", "down"):
                 pool._filled[(layer, part)] = torch.zeros(e, dtype=torch.bool)
         return pool
@@ -69,7 +82,22 @@ class HostExpertPool:
 
     @property
     def expert_nbytes(self) -> int:
+        """Bytes of one expert in `dtype`: what an expert slot on the device holds."""
         return 3 * self.hidden_size * self.intermediate_size * torch.empty(0, dtype=self.dtype).element_size()
+
+    def codec_names(self, layer: int) -> tuple[str, str]:
+        """(gate_up, down) codec names of a layer's banks: the stored codecs, or the dtype's."""
+        if layer in self.stored:
+            gu, dn = self.stored[layer]
+            return gu.name, dn.name
+        names = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+        name = names.get(self.dtype, str(self.dtype))
+        return name, name
+
+    def describe(self) -> dict[str, object]:
+        """What `--json` reports: the bytes of routed-expert weights held and the codecs they are in."""
+        names = sorted({name for layer in self.layers for name in self.codec_names(layer)})
+        return {"bytes": self.nbytes, "dtypes": names}
 
     def expected_shape(self, target: ExpertTensor) -> tuple[int, ...]:
         return expert_tensor_shape(target, self.num_experts, self.hidden_size, self.intermediate_size)
@@ -93,6 +121,13 @@ class HostExpertPool:
         if target.expert is not None and not 0 <= target.expert < self.num_experts:
             raise FreeTokenError(f"unexpected tensor {name}: expert {target.expert} >= {self.num_experts}")
         expected = self.expected_shape(target)
+        if target.layer in self.stored:  # rows of codec blocks: the last dim is bytes
+            gu, dn = self.stored[target.layer]
+            codec = dn if target.part == "down" else gu
+            expected = (*expected[:-1], codec.row_bytes(expected[-1]))
+            if tensor.dtype != torch.uint8:
+                kept = f"layer {target.layer} keeps {codec.name} blocks"
+                raise FreeTokenError(f"tensor {name}: {kept}, got {tensor.dtype}")
         if tuple(tensor.shape) != expected:
             raise FreeTokenError(f"tensor {name} has shape {list(tensor.shape)}, expected {list(expected)}")
         self._destination(target).copy_(tensor)

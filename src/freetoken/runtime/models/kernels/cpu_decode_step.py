@@ -4,9 +4,10 @@ makes some fifteen calls and torch ops a layer. That step is its reference: the 
 it rounds and runs the same kernels, so the two agree to bf16 rounding (summation order inside the
 softmaxes aside).
 
-It takes a Qwen3-MoE model whose layers all route to experts, with bf16 weights, when the expert
-executor computes every expert on the host from the pool (`host_banks`); it declines a step (the caller
-runs the Python one) while a routing recorder listens, since the routing never leaves the call.
+It takes a Qwen3-MoE model with bf16 weights (experts in bf16 or kept as stored in a codec the expert
+kernel reads: cpu_experts.CODEC_IDS), when the expert executor computes every expert on the host from the
+pool (`host_banks`); it declines a step (the caller runs the Python one) while a routing recorder
+listens, since the routing never leaves the call.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.models.slot_decode import DecodeRows
 from freetoken.runtime.moe.executor import ExpertExecutor
+from freetoken.runtime.moe.kernels.cpu_experts import codec_ids, kernel_takes
 from freetoken.runtime.moe.kernels.loader import load_library
 
 MAX_ROWS = 16
@@ -33,11 +35,15 @@ _I = ctypes.c_int
 
 class _Layer(ctypes.Structure):
     _fields_ = [
-        (name, _P)
-        for name in (
-            "input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "o_bias", "post_norm", "gate",
-            "gate_up", "down", "mlp_gate", "mlp_up", "mlp_down", "k_cache", "v_cache",
-        )
+        *[
+            (name, _P)
+            for name in (
+                "input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "o_bias", "post_norm", "gate",
+                "gate_up", "down", "mlp_gate", "mlp_up", "mlp_down", "k_cache", "v_cache",
+            )
+        ],
+        ("gu_codec", _I),
+        ("dn_codec", _I),
     ]  # fmt: skip
 
 
@@ -100,7 +106,9 @@ class CpuDecodeStep:
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             if isinstance(mlp, SparseMoeBlock) and i in banks and mlp.gate.bias is None:
-                mlp_weights = (mlp.gate.weight, *banks[i])
+                if not kernel_takes(*banks[i], executor.pool.codec_names(i)):
+                    return None
+                mlp_weights = (mlp.gate.weight,)
             elif isinstance(mlp, SwiGLUMLP) and all(p.bias is None for p in _projections(mlp)):
                 mlp_weights = tuple(p.weight for p in _projections(mlp))
             else:
@@ -130,12 +138,14 @@ class CpuDecodeStep:
             kv = pool.index[attn.layer]
             moe = i in banks
             gate_up, down = banks[i] if moe else (None, None)
+            int8_act = self.executor.ctx.moe.cpu_int8_act
+            gu, dn = codec_ids(self.executor.pool.codec_names(i), int8_act) if moe else (0, 0)
             dense = (None,) * 3 if moe else tuple(p.weight for p in _projections(layer.mlp))
             layers[i] = _Layer(
                 _ptr(layer.input_layernorm.weight), _ptr(attn.qkv_weight), _ptr(attn.qkv_bias), _ptr(q32),
                 _ptr(k32), _ptr(attn.o_proj.weight), _ptr(attn.o_proj.bias),
                 _ptr(layer.post_attention_layernorm.weight), _ptr(layer.mlp.gate.weight) if moe else None,
-                _ptr(gate_up), _ptr(down), *map(_ptr, dense), _ptr(pool.k[kv]), _ptr(pool.v[kv]),
+                _ptr(gate_up), _ptr(down), *map(_ptr, dense), _ptr(pool.k[kv]), _ptr(pool.v[kv]), gu, dn,
             )  # fmt: skip
         self._layers = layers
         return _Decoder(

@@ -1,6 +1,8 @@
-"""CPU expert compute: the compiled bf16 kernel when it is there, the torch reference otherwise.
+"""CPU expert compute: the compiled kernel when it is there (bf16 banks, or banks of codec blocks kept as
+stored: CODEC_IDS), the torch reference otherwise.
 
-Both take routing with -1 for pairs another branch computes, and return fp32 partial sums.
+Both take routing with -1 for pairs another branch computes, and return fp32 partial sums. Banks of
+codec blocks are uint8 [E, 2I, row_bytes(H)] / [E, H, row_bytes(I)]; `codecs` names the two banks'.
 """
 
 from __future__ import annotations
@@ -9,9 +11,16 @@ import ctypes
 
 import torch
 
+from freetoken.codecs import get_codec
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.pool import HUGE_PAGES
+
+# codec name -> the id quant_dot.h knows it by: what the compiled kernel computes from in place (against
+# fp32 activations), and the ids of the codecs it can also take against int8 activation blocks
+CODEC_IDS = {"bf16": 0, "Q8_0": 1}
+INT8_ACT_IDS = {"Q8_0": 2}
+BF16 = ("bf16", "bf16")
 
 
 def kernel_available() -> bool:
@@ -32,9 +41,44 @@ def branch_threads() -> int:
     return threads
 
 
-def kernel_takes(gate_up_bank: torch.Tensor, down_bank: torch.Tensor) -> bool:
-    """Whether the compiled kernel computes from these banks: bf16 and contiguous."""
-    return gate_up_bank.dtype == torch.bfloat16 and gate_up_bank.is_contiguous() and down_bank.is_contiguous()
+def kernel_takes(gate_up_bank: torch.Tensor, down_bank: torch.Tensor, codecs: tuple[str, str] = BF16) -> bool:
+    """Whether the compiled kernel computes from these banks: contiguous, bf16 or blocks of its codecs."""
+    if not (gate_up_bank.is_contiguous() and down_bank.is_contiguous()):
+        return False
+    if codecs == BF16:
+        return gate_up_bank.dtype == torch.bfloat16 and down_bank.dtype == torch.bfloat16
+    return all(c in CODEC_IDS for c in codecs) and gate_up_bank.dtype == down_bank.dtype == torch.uint8
+
+
+def codec_ids(codecs: tuple[str, str], int8_act: bool = False) -> tuple[int, int]:
+    """The kernel's ids of a layer's two bank codecs (kernel_takes them)."""
+    return tuple((INT8_ACT_IDS.get(name) if int8_act else None) or CODEC_IDS[name] for name in codecs)  # type: ignore[return-value]
+
+
+def bank_sizes(gate_up_bank: torch.Tensor, down_bank: torch.Tensor) -> tuple[int, int]:
+    """(H, I) of a layer's banks, whatever they hold (the last dim of stored banks is bytes)."""
+    return down_bank.shape[1], gate_up_bank.shape[1] // 2
+
+
+def stored_reference(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up_bank: torch.Tensor,
+    down_bank: torch.Tensor,
+    codecs: tuple[str, str],
+) -> torch.Tensor:
+    """The plain path over banks of codec blocks: the routed experts dequantised by each codec's reference
+    (gguf's for GGUF types), then the fp32 grouped experts. -> [T, H] float32."""
+    hidden, inter = bank_sizes(gate_up_bank, down_bank)
+    used = torch.unique(ids[ids >= 0]).to(torch.int64)  # [U]
+    gu, dn = (get_codec(name) for name in codecs)
+    gate_up = torch.from_numpy(gu.dequantize(gate_up_bank[used].numpy(), hidden, "gate_up bank"))
+    down = torch.from_numpy(dn.dequantize(down_bank[used].numpy(), inter, "down bank"))
+    compact = torch.full((gate_up_bank.shape[0],), -1, dtype=torch.int64)
+    compact[used] = torch.arange(len(used))
+    local = torch.where(ids >= 0, compact[ids.clamp(min=0).long()], -1)
+    return grouped_experts(x.float(), local, weights.float(), gate_up, down)
 
 
 def cpu_experts(
@@ -46,21 +90,27 @@ def cpu_experts(
     threads: int | None = None,
     use_kernel: bool = True,
     out: torch.Tensor | None = None,
+    codecs: tuple[str, str] = BF16,
+    int8_act: bool = False,
 ) -> torch.Tensor:
-    """x [T, H], ids [T, K] (int, -1 = skip), weights [T, K], banks [E, 2I, H] / [E, H, I] on the host.
+    """x [T, H], ids [T, K] (int, -1 = skip), weights [T, K], banks [E, 2I, H] / [E, H, I] on the host
+    (or codec blocks, `codecs` naming them; `int8_act`: quantized rows against int8 activation blocks).
 
-    -> [T, H] float32 (written into `out` when given). The kernel needs bf16 banks; any other dtype
-    takes the torch path.
+    -> [T, H] float32 (written into `out` when given). Banks the kernel does not take go the torch way.
     """
     lib = load_library() if use_kernel else None
-    if lib is None or not kernel_takes(gate_up_bank, down_bank):
-        dtype = gate_up_bank.dtype
+    if lib is None or not kernel_takes(gate_up_bank, down_bank, codecs):
         with torch.inference_mode():
-            result = grouped_experts(x.to(dtype), ids, weights.to(dtype), gate_up_bank, down_bank).float()
+            if gate_up_bank.dtype == torch.uint8:
+                result = stored_reference(x, ids, weights, gate_up_bank, down_bank, codecs)
+            else:
+                dtype = gate_up_bank.dtype
+                result = grouped_experts(x.to(dtype), ids, weights.to(dtype), gate_up_bank, down_bank).float()
         return result if out is None else out.copy_(result)
     if out is None:
-        out = torch.empty(x.shape[0], gate_up_bank.shape[2], dtype=torch.float32)
-    run_kernel(lib, x, ids, weights, gate_up_bank, down_bank, out, threads or branch_threads())
+        out = torch.empty(x.shape[0], bank_sizes(gate_up_bank, down_bank)[0], dtype=torch.float32)
+    threads = threads or branch_threads()
+    run_kernel(lib, x, ids, weights, gate_up_bank, down_bank, out, threads, codecs=codecs, int8_act=int8_act)
     return out
 
 
@@ -74,7 +124,7 @@ def _kernel_args(
 ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
     """(tensors to keep alive for the call, ft_moe_bf16's arguments up to `out`)."""
     assert out.is_contiguous() and out.dtype == torch.float32, "the kernel writes a contiguous fp32 out"
-    hidden, inter = gate_up_bank.shape[2], down_bank.shape[2]
+    hidden, inter = bank_sizes(gate_up_bank, down_bank)
     xf = x.float().contiguous()
     ids64 = ids.to(torch.int64).contiguous()
     w32 = weights.float().contiguous()
@@ -98,6 +148,8 @@ def _kernel_args(
 
 
 def _checked(pairs: int) -> int:
+    if pairs == -2:
+        raise ValueError("the CPU expert kernel does not take these banks' codecs or row lengths")
     if pairs < 0:
         raise MemoryError("the CPU expert kernel could not allocate its routing plan")
     return pairs
@@ -114,15 +166,20 @@ def run_kernel(
     threads: int,
     unit_bytes: int = 0,
     trace: torch.Tensor | None = None,
+    codecs: tuple[str, str] = BF16,
+    int8_act: bool = False,
 ) -> int:
-    """out [T, H] fp32 = the experts `ids` [T, K] (-1 = skip) over x [T, H], banks bf16 and contiguous.
+    """out [T, H] fp32 = the experts `ids` [T, K] (-1 = skip) over x [T, H], banks contiguous, bf16 or
+    blocks of `codecs` (CODEC_IDS).
 
     The kernel groups the pairs by expert itself. `unit_bytes`: weight bytes per unit of work that the
     threads take in turn (0: the kernel's default). `trace`: a [threads, 4] float64 tensor that receives
     each thread's (start, end, seconds waited, units) of the call. Returns the number of pairs computed.
     """
     _, args = _kernel_args(x, ids, weights, gate_up_bank, down_bank, out)
-    return _checked(lib.ft_moe_bf16(*args, threads, unit_bytes, None if trace is None else trace.data_ptr()))
+    gu, dn = codec_ids(codecs, int8_act)
+    moe_args = (args[0], gu, args[1], dn, *args[2:])
+    return _checked(lib.ft_moe(*moe_args, threads, unit_bytes, None if trace is None else trace.data_ptr()))
 
 
 class KernelWorker:

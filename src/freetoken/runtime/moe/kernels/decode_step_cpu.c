@@ -1,6 +1,6 @@
 // A whole Qwen3-MoE decode step on the CPU in one call: every layer, the final norm and the LM head,
 // with no interpreter between the kernels. It strings together the kernels the Python step calls one
-// by one (norm_cpu.c, dense_bf16.c, attention_decode.c, experts_bf16.c) and rounds to bf16 where that
+// by one (norm_cpu.c, dense_bf16.c, attention_decode.c, experts_cpu.c) and rounds to bf16 where that
 // step rounds (each Linear's output, the attention output, the routing weights, the experts' sum), so
 // it computes what models/slot_decode.py's `decode_step` computes with the CPU ops, layer for layer.
 //
@@ -32,9 +32,9 @@ int ft_attention_decode(const float *qkv, int rows, int nh, int kvh, int d, cons
                         float *q_scratch, float *out, int threads);
 void ft_add_rms_norm(const void *x, const void *residual, const void *weight, float eps, int rows, int hidden,
                      int elem, void *out_h, void *out_sum, float *scratch);
-int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts, int hidden, int inter,
-                const float *x, const int64_t *ids, const float *weights, int tokens, int top_k, float *scratch,
-                float *out, int threads, long unit_bytes, double *trace);
+int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
+           int inter, const float *x, const int64_t *ids, const float *weights, int tokens, int top_k,
+           float *scratch, float *out, int threads, long unit_bytes, double *trace);
 
 #define MAX_ROWS 16
 #define MAX_EXPERTS 4096
@@ -49,12 +49,13 @@ typedef struct {
     const uint16_t *o_bias;      // [H] or NULL
     const uint16_t *post_norm;   // [H]
     const uint16_t *gate;        // [E, H]; NULL in a dense layer
-    const uint16_t *gate_up;     // [E, 2I, H]
-    const uint16_t *down;        // [E, H, I]
+    const void *gate_up;         // [E, 2I, H] in gu_codec
+    const void *down;            // [E, H, I] in dn_codec
     const uint16_t *mlp_gate;    // a dense layer's [DI, H]
     const uint16_t *mlp_up;      // [DI, H]
     const uint16_t *mlp_down;    // [H, DI]
     void *k_cache, *v_cache;     // [S, KVH, CAP, D] in cache_elem bytes per element
+    int gu_codec, dn_codec;      // the expert banks' codecs (quant_dot.h's ids)
 } ft_decoder_layer;
 
 typedef struct {
@@ -242,8 +243,8 @@ int ft_decode_step(const ft_decoder *m, int rows, const int64_t *tokens, const i
                 for (int j = 0; j < k; j++) ids[(long)r * k + j] = -1;
         }
         widen(hn, xf, (long)rows * h);
-        if (ft_moe_bf16(L->gate_up, L->down, e, h, m->inter, xf, ids, rw, rows, k, ex, ey, expert_threads, 0,
-                        NULL) < 0)
+        if (ft_moe(L->gate_up, L->gu_codec, L->down, L->dn_codec, e, h, m->inter, xf, ids, rw, rows, k, ex, ey,
+                   expert_threads, 0, NULL) < 0)
             return -3;
         narrow(ey, x, (long)rows * h);
         distinct_out[moe_layer++] = distinct(ids, rows * k, e);

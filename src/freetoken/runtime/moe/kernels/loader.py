@@ -1,4 +1,5 @@
-"""Compile `experts_bf16.c` once per machine (cached under $FREETOKEN_HOME/kernels) and load it.
+"""Compile the CPU kernels (`experts_cpu.c` and the rest) once per machine (cached under
+$FREETOKEN_HOME/kernels) and load them.
 
 Any failure — no compiler, no OpenMP, a refused flag — is one warning, and callers fall back to torch.
 """
@@ -23,7 +24,7 @@ HERE = Path(__file__).parent
 SOURCES = tuple(
     HERE / name
     for name in (
-        "experts_bf16.c",
+        "experts_cpu.c",
         "kernel_worker.c",
         "dense_bf16.c",
         "attention_decode.c",
@@ -31,7 +32,7 @@ SOURCES = tuple(
         "decode_step_cpu.c",
     )
 )
-HEADERS = (HERE / "bf16_dot.h",)
+HEADERS = (HERE / "bf16_dot.h", HERE / "quant_dot.h")
 # FMAs contracted from the kernel's multiply-adds; on x86, full-width vectors where the CPU has them
 # (compilers otherwise stop at 256 bits on AVX-512 machines).
 X86_FLAGS = ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ()
@@ -84,7 +85,7 @@ def load_library() -> ctypes.CDLL | None:
         cpu_model(),
     )
     key = hashlib.sha256(b"\0".join(x.encode() for x in parts)).hexdigest()[:16]
-    target = kernels_dir() / f"experts_bf16-{key}.so"
+    target = kernels_dir() / f"cpu_kernels-{key}.so"
     try:
         if not target.exists():
             _build(compiler, target)
@@ -103,6 +104,9 @@ def declare(lib: ctypes.CDLL) -> None:
     # unit bytes, trace
     lib.ft_moe_bf16.argtypes = [vp, vp, i32, i32, i32, vp, vp, vp, i32, i32, vp, vp, i32, ctypes.c_long, vp]
     lib.ft_moe_bf16.restype = i32
+    # as ft_moe_bf16's, with each bank's codec id after it
+    lib.ft_moe.argtypes = [vp, i32, vp, i32, *lib.ft_moe_bf16.argtypes[2:]]
+    lib.ft_moe.restype = i32
     # the native worker: new, submit (the worker, then ft_moe_bf16's arguments without the trace), wait, free
     lib.ft_worker_new.argtypes, lib.ft_worker_new.restype = [], vp
     lib.ft_worker_submit.argtypes = [vp, *lib.ft_moe_bf16.argtypes[:-1]]

@@ -1,4 +1,5 @@
-// SwiGLU experts over bf16 weights at memory bandwidth, fp32 accumulation, OpenMP threads.
+// SwiGLU experts over weights as the pool stores them (bf16, or Q8_0 blocks against int8-quantized
+// activations: quant_dot.h) at memory bandwidth, fp32 accumulation, OpenMP threads.
 //
 // One call computes one MoE layer step for the (token, expert) pairs routed to the CPU:
 //   a[n, i] = w[n] * silu(gate_e[i] . x[t]) * (up_e[i] . x[t])       i < I, pair n = (token t, expert e)
@@ -19,6 +20,7 @@
 #include <string.h>
 
 #include "bf16_dot.h"
+#include "quant_dot.h"
 
 // Bytes of weights per unit of work: small enough that the threads finish within a unit of each other,
 // large enough that the counter is touched rarely and the hardware prefetcher stays on its stream.
@@ -93,38 +95,72 @@ static inline int unit_at(const units_t *s, int n_experts, long u, int *k, int *
     return 1;
 }
 
-// gate_up: [bank_experts, 2I, H] bf16 (gate rows, then up rows); down: [bank_experts, H, I] bf16;
-// x: [T, H] fp32; ids, weights: [T, top_k] (ids -1 for pairs another branch computes);
-// out: [T, H] fp32, written; scratch: at least T·top_k·(I + H) + T·H fp32; unit_bytes: the size of a unit
-// (0: UNIT_BYTES); trace: NULL, or [threads, 4]
-// doubles per thread: seconds from the call's start to its first unit and after its last, seconds
-// spent waiting, units done. Returns the number of pairs computed.
-int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts, int hidden, int inter,
-                const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k, float *scratch,
-                float *out, int threads, long unit_bytes, double *trace) {
+// One G or D unit's dots: out[j] = row . vector j for `cnt` vectors, in the row's codec (bf16 against
+// split fp32 vectors, Q8_0 against fp32 vectors or, as Q8_0_ACT8, against int8 blocks).
+typedef struct {
+    const float *f[GROUP];
+    const int8_t *q[GROUP];
+    const float *d[GROUP];
+} vecs_t;
+
+static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt, int n, float *out) {
+    if (codec == FT_CODEC_Q8_0_ACT8)
+        dots_q8_0(row, v->q, v->d, cnt, n, out);
+    else if (codec == FT_CODEC_Q8_0)
+        for (int j = 0; j < cnt; j++) out[j] = dot_q8_0_f32(row, v->f[j], n);
+    else
+        dots_bf16((const uint16_t *)row, v->f, cnt, n, out);
+}
+
+// gate_up: [bank_experts, 2I, H] in gu_codec (gate rows, then up rows); down: [bank_experts, H, I] in
+// dn_codec (rows as the codec stores them: codec_row_bytes apart); x: [T, H] fp32; ids, weights:
+// [T, top_k] (ids -1 for pairs another branch computes); out: [T, H] fp32, written; scratch: at least
+// T·top_k·(I + H) + T·H fp32; unit_bytes: the size of a unit (0: UNIT_BYTES); trace: NULL, or
+// [threads, 4] doubles per thread: seconds from the call's start to its first unit and after its last,
+// seconds spent waiting, units done. Returns the number of pairs computed; -1 out of memory, -2 a codec
+// this build does not know or a row that is not whole blocks.
+int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
+           int inter, const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
+           float *scratch, float *out, int threads, long unit_bytes, double *trace) {
+    const int gq8 = gu_codec == FT_CODEC_Q8_0_ACT8, dq8 = dn_codec == FT_CODEC_Q8_0_ACT8;  // int8 activations
+    const int gq = gq8 || gu_codec == FT_CODEC_Q8_0, dq = dq8 || dn_codec == FT_CODEC_Q8_0;
+    if ((!gq && gu_codec != FT_CODEC_BF16) || (!dq && dn_codec != FT_CODEC_BF16)) return -2;
+    if ((gq && hidden % Q8_BLOCK) || (dq && inter % Q8_BLOCK)) return -2;
     const int pairs_in = tokens * top_k;
     int32_t *buf = malloc(sizeof(int32_t) * (3L * bank_experts + 3 + 2L * pairs_in));  // make_plan's arrays
     if (!buf) return -1;
     plan_t p;
     const int pairs = make_plan(ids, weights, pairs_in, top_k, bank_experts, &p, buf);
     const int ne = p.n_experts;
-    const long two_i = 2L * inter;
-    float *act = scratch;                         // [pairs, I] split: gate values, then activations
+    const long gu_row = codec_row_bytes(gu_codec, hidden), dn_row = codec_row_bytes(dn_codec, inter);
+    float *act = scratch;                         // [pairs, I]: gate values, then activations (split for bf16)
     float *y = act + (long)pairs * inter;          // [pairs, H]: each pair's down projection
-    float *xs = y + (long)pairs * hidden;          // [T, H]: x split
+    float *xs = y + (long)pairs * hidden;          // [T, H]: x split (bf16), or int8 [T, H] + scales [T, H/32]
+    int8_t *xq = (int8_t *)xs;
+    float *xd = (float *)(xq + (long)tokens * hidden);
 #pragma omp parallel for num_threads(threads) if (tokens > 16)
-    for (int t = 0; t < tokens; t++) split_row(x + (long)t * hidden, xs + (long)t * hidden, hidden);
+    for (int t = 0; t < tokens; t++) {
+        if (gq8)
+            quantize_q8(x + (long)t * hidden, xq + (long)t * hidden, xd + (long)t * (hidden / Q8_BLOCK), hidden);
+        else if (gq)
+            memcpy(xs + (long)t * hidden, x + (long)t * hidden, sizeof(float) * hidden);
+        else
+            split_row(x + (long)t * hidden, xs + (long)t * hidden, hidden);
+    }
     units_t s;
     if (unit_bytes <= 0) unit_bytes = UNIT_BYTES;
-    s.g_rows = unit_bytes / (4L * hidden) > 0 ? (int)(unit_bytes / (4L * hidden)) : 1;
-    s.d_rows = unit_bytes / (2L * inter) > 0 ? (int)(unit_bytes / (2L * inter)) : 1;
+    s.g_rows = unit_bytes / (2L * gu_row) > 0 ? (int)(unit_bytes / (2L * gu_row)) : 1;
+    s.d_rows = unit_bytes / dn_row > 0 ? (int)(unit_bytes / dn_row) : 1;
     s.g_units = (inter + s.g_rows - 1) / s.g_rows;
     s.d_units = (hidden + s.d_rows - 1) / s.d_rows;
     const long total = (long)ne * (s.g_units + s.d_units);
     long next = 0;                                // the shared counter
     int *done = calloc((size_t)(ne > 0 ? ne : 1) * 16, sizeof(int));  // G units finished, a line each
-    if (!done) {
-        free(buf);
+    // per thread: a group of pairs' activations quantized for a Q8_0 down bank
+    const long act_q_bytes = dq8 ? GROUP * ((long)inter + (long)inter / Q8_BLOCK * 4) : 0;
+    uint8_t *act_q = dq8 ? malloc((size_t)threads * act_q_bytes) : NULL;
+    if (!done || (dq8 && !act_q)) {
+        free(done), free(act_q), free(buf);
         return -1;
     }
     const double t0 = trace ? omp_get_wtime() : 0.0;
@@ -132,6 +168,9 @@ int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts,
     {
         double first = -1.0, waited = 0.0;
         long mine = 0;
+        int8_t *aq = dq8 ? (int8_t *)(act_q + omp_get_thread_num() * act_q_bytes) : NULL;  // [GROUP, I]
+        float *ad = dq8 ? (float *)(aq + GROUP * (long)inter) : NULL;                      // [GROUP, I / 32]
+        vecs_t v;
         for (;;) {
             const long u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
             if (u >= total) break;
@@ -141,21 +180,27 @@ int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts,
             const int is_down = unit_at(&s, ne, u, &k, &c);
             const int n0 = p.offsets[k], n1 = p.offsets[k + 1];
             if (!is_down) {  // G(k, c)
-                const uint16_t *gu = gate_up + (long)p.expert[k] * two_i * hidden;
+                const uint8_t *gu = (const uint8_t *)gate_up + (long)p.expert[k] * 2 * inter * gu_row;
                 const int i0 = c * s.g_rows, i1 = i0 + s.g_rows < inter ? i0 + s.g_rows : inter;
                 for (int n = n0; n < n1; n += GROUP) {  // a group of pairs, rows from L1 after the first
                     const int cnt = n1 - n < GROUP ? n1 - n : GROUP;
-                    const float *v[GROUP];
                     float d[GROUP];
-                    for (int j = 0; j < cnt; j++) v[j] = xs + (long)p.tok[n + j] * hidden;
-                    for (int i = i0; i < i1; i++) {
-                        dots_bf16(gu + (long)i * hidden, v, cnt, hidden, d);
-                        for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + split_at(i, inter)] = d[j];
+                    for (int j = 0; j < cnt; j++) {
+                        const long t = p.tok[n + j];
+                        v.f[j] = xs + t * hidden;
+                        v.q[j] = xq + t * hidden;
+                        v.d[j] = xd + t * (hidden / Q8_BLOCK);
                     }
                     for (int i = i0; i < i1; i++) {
-                        dots_bf16(gu + (long)(inter + i) * hidden, v, cnt, hidden, d);
+                        dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d);
+                        const long at = dq ? i : split_at(i, inter);
+                        for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + at] = d[j];
+                    }
+                    for (int i = i0; i < i1; i++) {
+                        dots(gu_codec, gu + (inter + i) * gu_row, &v, cnt, hidden, d);
+                        const long at = dq ? i : split_at(i, inter);
                         for (int j = 0; j < cnt; j++) {
-                            float *a = act + (n + j) * (long)inter + split_at(i, inter);
+                            float *a = act + (n + j) * (long)inter + at;
                             *a = p.weight[n + j] * (*a / (1.0f + expf(-*a))) * d[j];
                         }
                     }
@@ -167,15 +212,20 @@ int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts,
                     while (__atomic_load_n(&done[16 * k], __ATOMIC_ACQUIRE) < s.g_units) cpu_relax();
                     if (trace) waited += omp_get_wtime() - w0;
                 }
-                const uint16_t *dn = down + (long)p.expert[k] * hidden * inter;
+                const uint8_t *dn = (const uint8_t *)down + (long)p.expert[k] * hidden * dn_row;
                 const int h0 = c * s.d_rows, h1 = h0 + s.d_rows < hidden ? h0 + s.d_rows : hidden;
                 for (int n = n0; n < n1; n += GROUP) {
                     const int cnt = n1 - n < GROUP ? n1 - n : GROUP;
-                    const float *v[GROUP];
                     float d[GROUP];
-                    for (int j = 0; j < cnt; j++) v[j] = act + (long)(n + j) * inter;
+                    for (int j = 0; j < cnt; j++) {
+                        v.f[j] = act + (long)(n + j) * inter;
+                        if (dq8) {
+                            v.q[j] = aq + (long)j * inter, v.d[j] = ad + (long)j * (inter / Q8_BLOCK);
+                            quantize_q8(v.f[j], (int8_t *)v.q[j], (float *)v.d[j], inter);
+                        }
+                    }
                     for (int h = h0; h < h1; h++) {
-                        dots_bf16(dn + (long)h * inter, v, cnt, inter, d);
+                        dots(dn_codec, dn + h * dn_row, &v, cnt, inter, d);
                         for (int j = 0; j < cnt; j++) y[(long)(n + j) * hidden + h] = d[j];
                     }
                 }
@@ -198,8 +248,17 @@ int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts,
         }
     }
     free(done);
+    free(act_q);
     free(buf);
     return pairs;
+}
+
+// ft_moe over bf16 banks (the CPU branch's worker calls it).
+int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts, int hidden, int inter,
+                const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
+                float *scratch, float *out, int threads, long unit_bytes, double *trace) {
+    return ft_moe(gate_up, FT_CODEC_BF16, down, FT_CODEC_BF16, bank_experts, hidden, inter, x, ids, weights,
+                  tokens, top_k, scratch, out, threads, unit_bytes, trace);
 }
 
 // STREAM-like read of `n` floats over `threads` threads; returns the sum so nothing is optimised away.

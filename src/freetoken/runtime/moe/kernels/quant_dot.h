@@ -1,0 +1,150 @@
+// Dots of rows stored in a block codec, against fp32 activations (weight-only: exact up to the summation
+// order) or, for the *_ACT8 ids, against activations quantized to int8 blocks as llama.cpp does: per
+// block of 32, the weights' int8 values times the activation's, summed in int32, scaled by the two
+// blocks' scales (fewer instructions per weight: the faster path where a core, not memory, is the
+// limit). The codec ids are cpu_experts.py's CODEC_IDS.
+//
+// Q8_0 row: blocks of 34 bytes, an fp16 scale d then 32 int8 q; weight = d * q.
+// An activation vector of n elements (n a multiple of 32) is int8 q [n] beside fp32 scales [n / 32].
+#ifndef FT_QUANT_DOT_H
+#define FT_QUANT_DOT_H
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+enum { FT_CODEC_BF16 = 0, FT_CODEC_Q8_0 = 1, FT_CODEC_Q8_0_ACT8 = 2 };
+#define Q8_BLOCK 32
+#define Q8_0_BYTES 34
+
+// Bytes of a row of n elements in `codec` (n a whole number of blocks; checked by the caller).
+static inline long codec_row_bytes(int codec, long n) {
+    return codec == FT_CODEC_Q8_0 || codec == FT_CODEC_Q8_0_ACT8 ? n / Q8_BLOCK * Q8_0_BYTES : 2 * n;
+}
+
+static inline float fp16_f32(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+    const int exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
+    if (exp == 0) return sign * ldexpf((float)mant, -24);
+    if (exp == 31) return mant ? NAN : sign * INFINITY;
+    return sign * ldexpf((float)(mant | 0x400), exp - 25);
+#endif
+}
+
+// x [n] fp32 -> q [n] int8, d [n / 32] fp32: per block d = max|x| / 127, q = x / d rounded half to even
+// (numpy's rounding, which the reference in cpu_experts.py uses).
+static inline void quantize_q8(const float *restrict x, int8_t *restrict q, float *restrict d, int n) {
+    for (int b = 0; b < n / Q8_BLOCK; b++) {
+        const float *xb = x + (long)b * Q8_BLOCK;
+        float amax = 0.0f;
+        for (int j = 0; j < Q8_BLOCK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        d[b] = scale;
+        for (int j = 0; j < Q8_BLOCK; j++) q[(long)b * Q8_BLOCK + j] = (int8_t)nearbyintf(xb[j] * inv);
+    }
+}
+
+#if defined(__AVX2__)
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// The 8 int32 partial sums of 32 int8 weights times 32 int8 activations: |w| as unsigned times x with
+// w's sign, in 16-bit pairs (at most 2 · 128 · 127, no saturation), then pairs of those in 32 bits.
+static inline __m256i q8_block_sums(__m256i w, __m256i x) {
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+#endif
+
+// w: a Q8_0 row of n elements; xq, xd: the activation's int8 values and block scales.
+static inline float dot_q8_0(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
+                             int n) {
+    const int nb = n / Q8_BLOCK;
+    int b = 0;
+    float s = 0.0f;
+#if defined(__AVX2__)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *w0 = w + (long)b * Q8_0_BYTES, *w1 = w0 + Q8_0_BYTES;
+        __builtin_prefetch(w0 + 1024, 0, 0);
+        uint16_t h0, h1;
+        memcpy(&h0, w0, 2), memcpy(&h1, w1, 2);
+        const __m256i p0 = q8_block_sums(_mm256_loadu_si256((const __m256i *)(w0 + 2)),
+                                         _mm256_loadu_si256((const __m256i *)(xq + (long)b * Q8_BLOCK)));
+        const __m256i p1 = q8_block_sums(_mm256_loadu_si256((const __m256i *)(w1 + 2)),
+                                         _mm256_loadu_si256((const __m256i *)(xq + (long)(b + 1) * Q8_BLOCK)));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_f32(h0) * xd[b]), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_f32(h1) * xd[b + 1]), _mm256_cvtepi32_ps(p1), acc1);
+    }
+    s = hsum256(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; b < nb; b++) {
+        const uint8_t *wb = w + (long)b * Q8_0_BYTES;
+        uint16_t h;
+        memcpy(&h, wb, 2);
+        const int8_t *q = (const int8_t *)(wb + 2), *x = xq + (long)b * Q8_BLOCK;
+        int32_t sum = 0;
+        for (int j = 0; j < Q8_BLOCK; j++) sum += (int32_t)q[j] * x[j];
+        s += fp16_f32(h) * xd[b] * (float)sum;
+    }
+    return s;
+}
+
+// Weight-only: a Q8_0 row of n elements against fp32 activations (exact up to the summation order). Per
+// block, four fp32 products of eight widened quants, summed, then scaled by d into the accumulator.
+static inline float dot_q8_0_f32(const uint8_t *restrict w, const float *restrict x, int n) {
+    const int nb = n / Q8_BLOCK;
+    int b = 0;
+    float s = 0.0f;
+#if defined(__AVX2__)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; b < nb; b++) {
+        const uint8_t *wb = w + (long)b * Q8_0_BYTES;
+        const float *xb = x + (long)b * Q8_BLOCK;
+        __builtin_prefetch(wb + 1024, 0, 0);
+        uint16_t h;
+        memcpy(&h, wb, 2);
+        __m256 part[4];
+        for (int j = 0; j < 4; j++) {
+            long long eight;
+            memcpy(&eight, wb + 2 + 8 * j, 8);
+            const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(eight)));
+            part[j] = _mm256_mul_ps(q, _mm256_loadu_ps(xb + 8 * j));
+        }
+        const __m256 sum = _mm256_add_ps(_mm256_add_ps(part[0], part[1]), _mm256_add_ps(part[2], part[3]));
+        if (b & 1)
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_f32(h)), sum, acc1);
+        else
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_f32(h)), sum, acc0);
+    }
+    s = hsum256(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; b < nb; b++) {
+        const uint8_t *wb = w + (long)b * Q8_0_BYTES;
+        uint16_t h;
+        memcpy(&h, wb, 2);
+        const int8_t *q = (const int8_t *)(wb + 2);
+        const float *xb = x + (long)b * Q8_BLOCK;
+        float sum = 0.0f;
+        for (int j = 0; j < Q8_BLOCK; j++) sum += (float)q[j] * xb[j];
+        s += fp16_f32(h) * sum;
+    }
+    return s;
+}
+
+// out[j] = w . v[j] for `count` quantized activations (the row stays in L1 after the first).
+static inline void dots_q8_0(const uint8_t *restrict w, const int8_t *const *vq, const float *const *vd,
+                             int count, int n, float *out) {
+    for (int j = 0; j < count; j++) out[j] = dot_q8_0(w, vq[j], vd[j], n);
+}
+
+#endif

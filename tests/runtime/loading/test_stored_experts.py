@@ -1,0 +1,95 @@
+"""GGUF experts kept as stored: the cpu backend's pool holds the file's Q8_0 blocks (no dequantisation),
+reports them in `expert_pool`, and decodes the greedy tokens of transformers given the package's
+dequantisation of the same file. Backends with slots dequantise at load, as before."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from freetoken.formats.gguf_checkpoint import GgufCheckpoint
+from freetoken.runtime.engine import build_engine
+from freetoken.runtime.moe.kernels.cpu_experts import kernel_available
+from gguf_fixture import dequantised_state_dict, write_gguf
+from scheduler_runs import PROMPTS, greedy
+
+pytestmark = pytest.mark.skipif(not kernel_available(), reason="needs the compiled CPU kernel")
+TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def q8_file(tiny_model: tuple[Path, Any], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """(the Q8_0 GGUF, transformers holding its dequantised weights)."""
+    hf = tiny_model[1]
+    path = write_gguf(hf, tiny_model[0], tmp_path_factory.mktemp("stored") / "q8.gguf", "Q8_0")
+    ref = type(hf)(hf.config).eval()
+    ref.load_state_dict(dequantised_state_dict(path, hf))
+    return path, ref
+
+
+def reference_greedy(ref: Any, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(ref(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def expert_file_bytes(path: Path) -> int:
+    ckpt = GgufCheckpoint(path)
+    return sum(ckpt.nbytes(name) for name in ckpt.names() if ".mlp.experts." in name)
+
+
+def test_cpu_backend_keeps_the_blocks_and_decodes_the_reference_tokens(q8_file: tuple[Path, Any]) -> None:
+    path, ref = q8_file
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
+    pool = engine.pool
+    assert set(pool.stored) == set(engine.config.moe_layers)
+    assert all(pool.codec_names(layer) == ("Q8_0", "Q8_0") for layer in pool.layers)
+    assert all(pool.gate_up[layer].dtype == torch.uint8 for layer in pool.layers)
+    info = pool.describe()
+    assert info["dtypes"] == ["Q8_0"]
+    assert expert_file_bytes(path) <= info["bytes"] <= 1.02 * expert_file_bytes(path)
+    prompts = PROMPTS[:3]
+    want = [reference_greedy(ref, prompt, TOKENS) for prompt in prompts]
+    assert greedy(engine, prompts[:1], TOKENS) == want[:1]
+    assert greedy(engine, prompts, TOKENS) == want
+
+
+def test_backends_with_slots_dequantise_at_load(q8_file: tuple[Path, Any]) -> None:
+    path, ref = q8_file
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="offload", cache_size=4)
+    assert not engine.pool.stored and engine.pool.describe()["dtypes"] == ["f32"]
+    assert greedy(engine, PROMPTS[:1], TOKENS) == [reference_greedy(ref, PROMPTS[0], TOKENS)]
+
+
+def test_run_json_reports_the_expert_pool(q8_file: tuple[Path, Any]) -> None:
+    from typer.testing import CliRunner
+
+    from freetoken.cli.app import app
+
+    path, _ = q8_file
+    args = ["run", str(path), "-p", "hi", "-n", "2", "--json", "--moe-backend", "cpu"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output.strip().splitlines()[-1])
+    assert doc["expert_pool"]["dtypes"] == ["Q8_0"]
+    assert doc["expert_pool"]["bytes"] <= 1.02 * expert_file_bytes(path)
+
+
+@pytest.mark.parametrize("int8_act", [False, True], ids=["weight-only", "int8-activations"])
+def test_the_native_decode_step_reads_the_blocks_as_the_python_step_does(
+    q8_file: tuple[Path, Any], int8_act: bool
+) -> None:
+    """bf16 dense weights: the whole-step native decode takes Q8_0 banks and gives the Python step's
+    greedy tokens (both compute the experts with the same kernel and activation mode)."""
+    path, _ = q8_file
+    native = build_engine(path, device="cpu", dtype="bfloat16", moe_backend="cpu", cpu_int8_act=int8_act)
+    python = build_engine(path, device="cpu", dtype="bfloat16", moe_backend="cpu", cpu_int8_act=int8_act)
+    assert native.pool.stored and native.decoder.native is not None
+    python.decoder.native = None
+    assert greedy(native, PROMPTS[:3], TOKENS) == greedy(python, PROMPTS[:3], TOKENS)
