@@ -93,7 +93,8 @@ def freetoken_options(args: argparse.Namespace, offloaded: int, layers: int) -> 
     """The engine options matching llama.cpp's `-ncmoe offloaded`: fused with every expert on the GPU;
     each of --backends at the same share of expert bytes; cpu with no slot when no expert is on the GPU."""
     if args.device == "cpu":
-        return [{"moe_backend": "cpu", "cpu_threads": args.threads}]
+        modes = {"off": [False], "on": [True], "both": [False, True]}[args.int8_act]
+        return [{"moe_backend": "cpu", "cpu_threads": args.threads, "cpu_int8_act": mode} for mode in modes]
     if offloaded == 0:
         return [{"moe_backend": "fused"}]
     if offloaded == layers:
@@ -119,6 +120,7 @@ def measure(args: argparse.Namespace, options: dict[str, Any], batch: int) -> di
         ours["batch"] = batch
         ours["batch_decode_tok_s"] = batch_decode_tok_s(engine, batch, args.gen)
     ours["miss_rate"] = engine.moe_counters.miss_rate()
+    ours["expert_pool"] = engine.pool.describe()
     engine.close()
     del engine
     if args.device.startswith("cuda"):
@@ -154,6 +156,12 @@ def main() -> None:
     )
     ap.add_argument("--host-gbps", type=float, help="B_H for hybrid (likewise)")
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument(
+        "--int8-act",
+        choices=("off", "on", "both"),
+        default="off",
+        help="--device cpu: quantized experts against int8 activations (--moe-cpu-int8-act), or both rows",
+    )
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8, help="also decode this many requests together (fused)")
@@ -189,6 +197,7 @@ def main() -> None:
         for name in ("llama_cpp", "freetoken"):
             r = row[name]
             label = r["moe_backend"] if name == "freetoken" else f"ncmoe {r['ncmoe']}"
+            label += "+i8" if r.get("cpu_int8_act") else ""
             print(f"{row['budget']:>7.3f} {label:>10} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.1f}")
         ratio = row["ratio"]
         print(f"{'':>7} {'ours/peer':>10} {ratio['prefill_tok_s']:>14.2f} {ratio['decode_tok_s']:>13.2f}")

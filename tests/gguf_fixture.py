@@ -75,10 +75,40 @@ def _tokenizer_fields(folder: Path) -> dict[str, Any]:
     }
 
 
-def write_gguf(hf: Any, folder: Path, path: Path, qtype: str = "F32", split_max_tensors: int = 0) -> Path:
+# fp16 super-block scales of random raw blocks: (byte offsets in a block, value), so weights stay small
+BLOCK_SCALES = {"Q4_K": ((0, 2), 1e-3), "Q5_K": ((0, 2), 1e-3), "Q6_K": ((208,), 1e-4), "Q8_0": ((0,), 5e-3)}
+
+
+def random_blocks(qtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Random raw blocks of a GGML type for a weight of `shape` (last dim = row length): every bit pattern
+    of the quants and packed sub-block scales, small finite super-block scales. -> uint8 [..., row bytes]"""
+    from gguf.constants import GGML_QUANT_SIZES
+    from gguf.constants import GGMLQuantizationType as Q
+
+    elements, nbytes = GGML_QUANT_SIZES[Q[qtype]]
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, 256, (*shape[:-1], shape[-1] // elements * nbytes), dtype=np.uint8)
+    blocks = rows.reshape(-1, nbytes)
+    offsets, value = BLOCK_SCALES[qtype]
+    for at in offsets:
+        blocks[:, at : at + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+    return rows
+
+
+def write_gguf(
+    hf: Any,
+    folder: Path,
+    path: Path,
+    qtype: str = "F32",
+    split_max_tensors: int = 0,
+    expert_types: tuple[str, str] | None = None,
+) -> Path:
     """hf: a Qwen3MoeForCausalLM; folder: where its tokenizer files are; qtype: type of 2-D/3-D weights.
 
-    With split_max_tensors the package writes `-00001-of-0000N.gguf` shards; the first one is returned."""
+    With split_max_tensors the package writes `-00001-of-0000N.gguf` shards; the first one is returned.
+    `expert_types` (gate/up type, down type): the routed experts are random raw blocks of those types
+    instead of the model's (types the package cannot quantize to, as K-quants; the model's own experts
+    are then not in the file: compare against dequantised_state_dict)."""
     import gguf
     import gguf.quants as gq
     from gguf import GGMLQuantizationType as Q
@@ -126,7 +156,18 @@ def write_gguf(hf: Any, folder: Path, path: Path, qtype: str = "F32", split_max_
         for hf_name, g_name in LAYER_NAMES.items():
             if prefix + hf_name in sd:
                 add(f"blk.{layer}.{g_name}", sd[prefix + hf_name])
-        if prefix + "mlp.experts.gate_up_proj" in sd:  # transformers keeps experts fused in memory
+        if prefix + "mlp.experts.gate_up_proj" in sd and expert_types is not None:
+            e, h = cfg.num_experts, cfg.hidden_size
+            for n, (part, shape, kind) in enumerate(
+                (
+                    ("gate", (e, i_moe, h), expert_types[0]),
+                    ("up", (e, i_moe, h), expert_types[0]),
+                    ("down", (e, h, i_moe), expert_types[1]),
+                )
+            ):
+                raw = random_blocks(kind, shape, seed=10 * layer + n)
+                w.add_tensor(f"blk.{layer}.ffn_{part}_exps.weight", raw, raw_dtype=Q[kind])
+        elif prefix + "mlp.experts.gate_up_proj" in sd:  # transformers keeps experts fused in memory
             gate_up = sd[prefix + "mlp.experts.gate_up_proj"]  # [E, 2I, H]
             add(f"blk.{layer}.ffn_gate_exps.weight", gate_up[:, :i_moe])
             add(f"blk.{layer}.ffn_up_exps.weight", gate_up[:, i_moe:])

@@ -31,6 +31,28 @@ def q8_file(tiny_model: tuple[Path, Any], tmp_path_factory: pytest.TempPathFacto
     return path, ref
 
 
+@pytest.mark.parametrize(
+    "expert_types",
+    [("Q4_K", "Q6_K"), ("Q6_K", "Q4_K"), ("Q8_0", "Q6_K")],
+    ids=["Q4_K_M-like", "swapped", "Q8_0+Q6_K"],
+)
+def test_k_quant_experts_decode_the_reference_tokens(
+    make_model: Any, tmp_path: Path, expert_types: tuple[str, str]
+) -> None:
+    """Experts of random K-quant blocks (K-quants need rows of 256): kept as stored by the cpu backend,
+    the greedy tokens of transformers given gguf's dequantisation of the file."""
+    folder, hf = make_model(hidden_size=256, moe_intermediate_size=256, num_experts=4)
+    path = write_gguf(hf, folder, tmp_path / "k.gguf", "F32", expert_types=expert_types)
+    ref = type(hf)(hf.config).eval()
+    ref.load_state_dict(dequantised_state_dict(path, hf))
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
+    assert all(engine.pool.codec_names(layer) == expert_types for layer in engine.pool.layers)
+    assert sorted(engine.pool.describe()["dtypes"]) == sorted(set(expert_types))
+    assert engine.pool.describe()["bytes"] <= 1.02 * expert_file_bytes(path)
+    prompts = PROMPTS[:2]
+    assert greedy(engine, prompts, TOKENS) == [reference_greedy(ref, prompt, TOKENS) for prompt in prompts]
+
+
 def reference_greedy(ref: Any, prompt: list[int], n: int) -> list[int]:
     ids = list(prompt)
     with torch.no_grad():

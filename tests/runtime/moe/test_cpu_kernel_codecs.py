@@ -11,6 +11,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+import gguf_fixture
 from freetoken.codecs import get_codec
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels.cpu_experts import (
@@ -133,19 +134,38 @@ def test_mixed_codecs_and_bf16_rows_as_bytes() -> None:
     assert rel_err(ours, plain) < 3e-2
 
 
+def random_blocks(codec_name: str, *shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.from_numpy(gguf_fixture.random_blocks(codec_name, shape, seed))
+
+
+@pytest.mark.parametrize(
+    "codecs", [("Q4_K", "Q4_K"), ("Q6_K", "Q6_K"), ("Q4_K", "Q6_K")], ids=["Q4_K", "Q6_K", "Q4_K_M-like"]
+)
+@pytest.mark.parametrize("tokens", [1, 12])
+def test_k_quants_match_the_dequantised_reference(codecs: tuple[str, str], tokens: int) -> None:
+    """Weight-only K-quant dots (every sub-block scale pattern, both nibble halves, Q6_K's high bits) over
+    rows of two and three super-blocks, against gguf's dequantisation in fp32."""
+    e, h, i, k = 6, 512, 768, 3
+    gate_up = random_blocks(codecs[0], e, 2 * i, h, seed=1)
+    down = random_blocks(codecs[1], e, h, i, seed=2)
+    assert kernel_takes(gate_up, down, codecs)
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, h, generator=gen)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(tokens)])
+    w = torch.rand(tokens, k, generator=gen)
+    ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=codecs)
+    plain = stored_reference(x, ids, w, gate_up, down, codecs)
+    assert rel_err(ours, plain) < 1e-5
+
+
 def test_banks_the_kernel_does_not_take_go_the_plain_way() -> None:
-    """A codec the kernel has no dot for (Q4_K here) is computed by the reference path, not misread."""
+    """A codec the kernel has no dot for (Q5_K here) is computed by the reference path, not misread."""
     e, h, i = 2, 256, 256
-    rng = np.random.default_rng(0)
-    codec = get_codec("Q4_K")
-    gate_up = torch.from_numpy(rng.integers(0, 256, (e, 2 * i, codec.row_bytes(h)), dtype=np.uint8))
-    down = torch.from_numpy(rng.integers(0, 256, (e, h, codec.row_bytes(i)), dtype=np.uint8))
-    for bank in (gate_up, down):  # small finite fp16 super-block scales (d, dmin) in every block
-        blocks = bank.numpy().reshape(-1, 144)
-        blocks[:, :4] = np.frombuffer(np.array([1e-3, 1e-3], np.float16).tobytes(), np.uint8)
-    assert not kernel_takes(gate_up, down, ("Q4_K", "Q4_K"))
+    gate_up, down = random_blocks("Q5_K", e, 2 * i, h), random_blocks("Q5_K", e, h, i, seed=1)
+    assert not kernel_takes(gate_up, down, ("Q5_K", "Q5_K"))
     x, ids, w = torch.randn(1, h), torch.tensor([[1, 0]]), torch.tensor([[0.5, 0.5]])
-    ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=("Q4_K", "Q4_K"))
+    ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=("Q5_K", "Q5_K"))
+    codec = get_codec("Q5_K")
     gu_f = torch.from_numpy(codec.dequantize(gate_up.numpy(), h))
     dn_f = torch.from_numpy(codec.dequantize(down.numpy(), i))
     assert rel_err(ours, grouped_experts(x, ids, w, gu_f, dn_f)) < 1e-6

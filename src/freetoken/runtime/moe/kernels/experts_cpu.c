@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "bf16_dot.h"
+#include "kquant_dot.h"
 #include "quant_dot.h"
 
 // Bytes of weights per unit of work: small enough that the threads finish within a unit of each other,
@@ -96,18 +97,64 @@ static inline int unit_at(const units_t *s, int n_experts, long u, int *k, int *
 }
 
 // One G or D unit's dots: out[j] = row . vector j for `cnt` vectors, in the row's codec (bf16 against
-// split fp32 vectors, Q8_0 against fp32 vectors or, as Q8_0_ACT8, against int8 blocks).
+// split fp32 vectors, Q4_K, Q6_K and Q8_0 against fp32 vectors, Q8_0_ACT8 against int8 blocks).
 typedef struct {
     const float *f[GROUP];
     const int8_t *q[GROUP];
     const float *d[GROUP];
 } vecs_t;
 
-static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt, int n, float *out) {
-    if (codec == FT_CODEC_Q8_0_ACT8)
+// Pairs from which a quantized row is widened to fp32 once for all of them rather than per dot.
+#ifndef WIDEN_PAIRS
+#define WIDEN_PAIRS 3
+#endif
+
+// out[j] = w . v[j] for `count` fp32 vectors, four at a time (w read once per four).
+static inline void dots_f32(const float *restrict w, const float *const *v, int count, int n, float *out) {
+    int j = 0;
+    for (; j + 4 <= count; j += 4) {
+        v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        int k = 0;
+        for (; k + 8 <= n; k += 8) {
+            const v8f x = load8f(w + k);
+            a0 += x * load8f(v[j] + k), a1 += x * load8f(v[j + 1] + k);
+            a2 += x * load8f(v[j + 2] + k), a3 += x * load8f(v[j + 3] + k);
+        }
+        float s[4] = {sum8(a0), sum8(a1), sum8(a2), sum8(a3)};
+        for (; k < n; k++)
+            for (int r = 0; r < 4; r++) s[r] += w[k] * v[j + r][k];
+        for (int r = 0; r < 4; r++) out[j + r] = s[r];
+    }
+    for (; j < count; j++) {
+        v8f a = {0};
+        int k = 0;
+        for (; k + 8 <= n; k += 8) a += load8f(w + k) * load8f(v[j] + k);
+        float s = sum8(a);
+        for (; k < n; k++) s += w[k] * v[j][k];
+        out[j] = s;
+    }
+}
+
+// rowbuf: n floats of the calling thread's, for a widened row.
+static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt, int n, float *out,
+                        float *rowbuf) {
+    const int widen = cnt >= WIDEN_PAIRS;
+    if (widen && (codec == FT_CODEC_Q8_0 || codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q6_K)) {
+        if (codec == FT_CODEC_Q8_0)
+            dequant_q8_0(row, rowbuf, n);
+        else if (codec == FT_CODEC_Q4_K)
+            dequant_q4_k(row, rowbuf, n);
+        else
+            dequant_q6_k(row, rowbuf, n);
+        dots_f32(rowbuf, v->f, cnt, n, out);
+    } else if (codec == FT_CODEC_Q8_0_ACT8)
         dots_q8_0(row, v->q, v->d, cnt, n, out);
     else if (codec == FT_CODEC_Q8_0)
         for (int j = 0; j < cnt; j++) out[j] = dot_q8_0_f32(row, v->f[j], n);
+    else if (codec == FT_CODEC_Q4_K)
+        for (int j = 0; j < cnt; j++) out[j] = dot_q4_k(row, v->f[j], n);
+    else if (codec == FT_CODEC_Q6_K)
+        for (int j = 0; j < cnt; j++) out[j] = dot_q6_k(row, v->f[j], n);
     else
         dots_bf16((const uint16_t *)row, v->f, cnt, n, out);
 }
@@ -123,9 +170,11 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
            int inter, const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
            float *scratch, float *out, int threads, long unit_bytes, double *trace) {
     const int gq8 = gu_codec == FT_CODEC_Q8_0_ACT8, dq8 = dn_codec == FT_CODEC_Q8_0_ACT8;  // int8 activations
-    const int gq = gq8 || gu_codec == FT_CODEC_Q8_0, dq = dq8 || dn_codec == FT_CODEC_Q8_0;
-    if ((!gq && gu_codec != FT_CODEC_BF16) || (!dq && dn_codec != FT_CODEC_BF16)) return -2;
-    if ((gq && hidden % Q8_BLOCK) || (dq && inter % Q8_BLOCK)) return -2;
+    const int gq = gu_codec != FT_CODEC_BF16, dq = dn_codec != FT_CODEC_BF16;  // activations in natural order
+    int g_block, d_block, unused;
+    codec_block(gu_codec, &g_block, &unused);
+    codec_block(dn_codec, &d_block, &unused);
+    if (!g_block || !d_block || hidden % g_block || inter % d_block) return -2;
     const int pairs_in = tokens * top_k;
     int32_t *buf = malloc(sizeof(int32_t) * (3L * bank_experts + 3 + 2L * pairs_in));  // make_plan's arrays
     if (!buf) return -1;
@@ -159,8 +208,10 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     // per thread: a group of pairs' activations quantized for a Q8_0 down bank
     const long act_q_bytes = dq8 ? GROUP * ((long)inter + (long)inter / Q8_BLOCK * 4) : 0;
     uint8_t *act_q = dq8 ? malloc((size_t)threads * act_q_bytes) : NULL;
-    if (!done || (dq8 && !act_q)) {
-        free(done), free(act_q), free(buf);
+    const long widest = hidden > inter ? hidden : inter;  // per thread: a quantized row widened to fp32
+    float *rowbufs = gq || dq ? malloc(sizeof(float) * threads * widest) : NULL;
+    if (!done || (dq8 && !act_q) || ((gq || dq) && !rowbufs)) {
+        free(done), free(act_q), free(rowbufs), free(buf);
         return -1;
     }
     const double t0 = trace ? omp_get_wtime() : 0.0;
@@ -169,6 +220,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
         double first = -1.0, waited = 0.0;
         long mine = 0;
         int8_t *aq = dq8 ? (int8_t *)(act_q + omp_get_thread_num() * act_q_bytes) : NULL;  // [GROUP, I]
+        float *rowbuf = rowbufs ? rowbufs + omp_get_thread_num() * widest : NULL;        // [max(H, I)]
         float *ad = dq8 ? (float *)(aq + GROUP * (long)inter) : NULL;                      // [GROUP, I / 32]
         vecs_t v;
         for (;;) {
@@ -192,12 +244,12 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                         v.d[j] = xd + t * (hidden / Q8_BLOCK);
                     }
                     for (int i = i0; i < i1; i++) {
-                        dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d);
+                        dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d, rowbuf);
                         const long at = dq ? i : split_at(i, inter);
                         for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + at] = d[j];
                     }
                     for (int i = i0; i < i1; i++) {
-                        dots(gu_codec, gu + (inter + i) * gu_row, &v, cnt, hidden, d);
+                        dots(gu_codec, gu + (inter + i) * gu_row, &v, cnt, hidden, d, rowbuf);
                         const long at = dq ? i : split_at(i, inter);
                         for (int j = 0; j < cnt; j++) {
                             float *a = act + (n + j) * (long)inter + at;
@@ -225,7 +277,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                         }
                     }
                     for (int h = h0; h < h1; h++) {
-                        dots(dn_codec, dn + h * dn_row, &v, cnt, inter, d);
+                        dots(dn_codec, dn + h * dn_row, &v, cnt, inter, d, rowbuf);
                         for (int j = 0; j < cnt; j++) y[(long)(n + j) * hidden + h] = d[j];
                     }
                 }
@@ -249,6 +301,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     }
     free(done);
     free(act_q);
+    free(rowbufs);
     free(buf);
     return pairs;
 }

@@ -15,13 +15,27 @@
 #include <immintrin.h>
 #endif
 
-enum { FT_CODEC_BF16 = 0, FT_CODEC_Q8_0 = 1, FT_CODEC_Q8_0_ACT8 = 2 };
+enum { FT_CODEC_BF16 = 0, FT_CODEC_Q8_0 = 1, FT_CODEC_Q8_0_ACT8 = 2, FT_CODEC_Q4_K = 3, FT_CODEC_Q6_K = 4 };
 #define Q8_BLOCK 32
 #define Q8_0_BYTES 34
 
+// (elements, bytes) of one block of `codec`; (0, 0) for an id this build does not know.
+static inline void codec_block(int codec, int *elements, int *bytes) {
+    switch (codec) {
+        case FT_CODEC_BF16: *elements = 1, *bytes = 2; return;
+        case FT_CODEC_Q8_0:
+        case FT_CODEC_Q8_0_ACT8: *elements = Q8_BLOCK, *bytes = Q8_0_BYTES; return;
+        case FT_CODEC_Q4_K: *elements = 256, *bytes = 144; return;
+        case FT_CODEC_Q6_K: *elements = 256, *bytes = 210; return;
+        default: *elements = 0, *bytes = 0;
+    }
+}
+
 // Bytes of a row of n elements in `codec` (n a whole number of blocks; checked by the caller).
 static inline long codec_row_bytes(int codec, long n) {
-    return codec == FT_CODEC_Q8_0 || codec == FT_CODEC_Q8_0_ACT8 ? n / Q8_BLOCK * Q8_0_BYTES : 2 * n;
+    int elements, bytes;
+    codec_block(codec, &elements, &bytes);
+    return elements ? n / elements * bytes : 0;
 }
 
 static inline float fp16_f32(uint16_t h) {
@@ -139,6 +153,18 @@ static inline float dot_q8_0_f32(const uint8_t *restrict w, const float *restric
         s += fp16_f32(h) * sum;
     }
     return s;
+}
+
+// A Q8_0 row of n elements widened to fp32 (for several dots with the same row).
+static inline void dequant_q8_0(const uint8_t *restrict w, float *restrict out, int n) {
+    for (int b = 0; b < n / Q8_BLOCK; b++) {
+        const uint8_t *wb = w + (long)b * Q8_0_BYTES;
+        uint16_t h;
+        memcpy(&h, wb, 2);
+        const float d = fp16_f32(h);
+        const int8_t *q = (const int8_t *)(wb + 2);
+        for (int j = 0; j < Q8_BLOCK; j++) out[(long)b * Q8_BLOCK + j] = d * (float)q[j];
+    }
 }
 
 // out[j] = w . v[j] for `count` quantized activations (the row stays in L1 after the first).
