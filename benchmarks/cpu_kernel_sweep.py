@@ -27,7 +27,8 @@ from freetoken.runtime.measure.bandwidth import PRESETS, Bench
 from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, llc_bytes, read_bandwidth, run_kernel
 from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCES, declare, find_compiler, load_library
 
-# (accumulator lanes, KiB of weights per unit of work, prefetch distance in bf16 elements); first: shipped
+# (accumulator lanes, KiB of weights per unit of work, prefetch distance in bf16 elements); first: the
+# source defaults (the loader builds with PREFETCH 0 where more than 4 cores are allowed)
 VARIANTS = [(32, 256, 1024), (32, 256, 0), (32, 64, 1024), (32, 1024, 1024), (32, 256, 2048), (64, 256, 1024)]
 K = 8  # experts per call: a Qwen3 layer step with every routed expert on the CPU
 

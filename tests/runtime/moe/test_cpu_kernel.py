@@ -137,3 +137,23 @@ def test_broken_build_warns(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
 
 def test_read_bandwidth_is_positive() -> None:
     assert read_bandwidth(8 << 20, threads=1, reps=2) > 1e8
+
+
+def test_many_cores_build_without_software_prefetch(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Prefetch stays where at most 4 cores are allowed; a 16-core build drops it, and that variant still
+    builds and computes the reference (every dot header honours PREFETCH 0)."""
+    from freetoken.runtime.measure import cpu_share
+
+    monkeypatch.setattr(cpu_share, "allowed_cores", lambda: (0, 1))
+    assert loader.machine_defines() == ()
+    monkeypatch.setattr(cpu_share, "allowed_cores", lambda: tuple(range(16)))
+    assert loader.machine_defines() == ("-DPREFETCH=0",)
+    monkeypatch.setenv("FREETOKEN_HOME", str(tmp_path))
+    lib = loader.load_library()
+    assert lib is not None
+    gate_up, down = banks()
+    x, ids, w = routing(3, 2, gate_up.shape[0], seed=5)
+    want = grouped_experts(x, ids, w, gate_up.float(), down.float())
+    out = torch.empty(3, 256)
+    run_kernel(lib, x, ids, w, gate_up, down, out, threads=2)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)

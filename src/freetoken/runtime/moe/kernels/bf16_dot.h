@@ -14,8 +14,8 @@
 #endif
 // Software prefetch distance of a single dot, in bf16 elements (0: none); prefetches never fault, so
 // running past the end of a row or a unit is harmless. Measured A/B on a 2-core AVX2 host: 2 KiB ahead
-// took 0.87-0.95 x the time of a MoE layer step at one token (4 KiB: 1.15 x); the 16-core host of the
-// earlier sweep (benchmarks/cpu_kernel_sweep.py) saw no gain from it.
+// took 0.87-0.95 x the time of a MoE layer step at one token (4 KiB: 1.15 x); on a 16-core host it cost
+// more than half the speed, so the loader builds with 0 there (loader.py, machine_defines).
 #ifndef PREFETCH
 #define PREFETCH 1024
 #endif

@@ -53,7 +53,7 @@ static inline float dot_q4_k(const uint8_t *restrict w, const float *restrict x,
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
         const float *xb = x + (long)b * QK_K;
-        __builtin_prefetch(blk + 1024, 0, 0);
+        PREFETCH_ROW(blk);
         uint16_t h[2];
         memcpy(h, blk, 4);
         const float d = fp16_f32(h[0]), dmin = fp16_f32(h[1]);
@@ -81,7 +81,7 @@ static inline float dot_q6_k(const uint8_t *restrict w, const float *restrict x,
         uint16_t h;
         memcpy(&h, blk + 208, 2);
         const float d = fp16_f32(h);
-        __builtin_prefetch(blk + 1024, 0, 0);
+        PREFETCH_ROW(blk);
         for (int half = 0; half < 2; half++) {  // 128 weights: ql 64 bytes, qh 32 bytes, 8 scales
             const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
             const int8_t *s = sc + 8 * half;

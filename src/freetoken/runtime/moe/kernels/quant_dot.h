@@ -15,6 +15,14 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16_dot.h"  // PREFETCH: bf16 elements ahead, so 2 · PREFETCH bytes of a block row
+
+#if PREFETCH > 0
+#define PREFETCH_ROW(p) __builtin_prefetch((const uint8_t *)(p) + 2 * PREFETCH, 0, 0)
+#else
+#define PREFETCH_ROW(p) ((void)0)
+#endif
+
 enum { FT_CODEC_BF16 = 0, FT_CODEC_Q8_0 = 1, FT_CODEC_Q8_0_ACT8 = 2, FT_CODEC_Q4_K = 3, FT_CODEC_Q6_K = 4 };
 #define Q8_BLOCK 32
 #define Q8_0_BYTES 34
@@ -89,7 +97,7 @@ static inline float dot_q8_0(const uint8_t *restrict w, const int8_t *restrict x
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (; b + 2 <= nb; b += 2) {
         const uint8_t *w0 = w + (long)b * Q8_0_BYTES, *w1 = w0 + Q8_0_BYTES;
-        __builtin_prefetch(w0 + 1024, 0, 0);
+        PREFETCH_ROW(w0);
         uint16_t h0, h1;
         memcpy(&h0, w0, 2), memcpy(&h1, w1, 2);
         const __m256i p0 = q8_block_sums(_mm256_loadu_si256((const __m256i *)(w0 + 2)),
@@ -124,7 +132,7 @@ static inline float dot_q8_0_f32(const uint8_t *restrict w, const float *restric
     for (; b < nb; b++) {
         const uint8_t *wb = w + (long)b * Q8_0_BYTES;
         const float *xb = x + (long)b * Q8_BLOCK;
-        __builtin_prefetch(wb + 1024, 0, 0);
+        PREFETCH_ROW(wb);
         uint16_t h;
         memcpy(&h, wb, 2);
         __m256 part[4];
