@@ -56,6 +56,15 @@ def convert(
             help="Largest data shard, GiB.",
         ),
     ] = 4.0,
+    expert_dtype: Annotated[
+        str,
+        typer.Option(
+            "--expert-dtype",
+            help="Routed experts: 'stored' keeps a GGUF's quantized blocks as they are (the cpu backend "
+            "computes Q8_0, Q4_K and Q6_K in place); 'dtype' dequantises them to --dtype; 'q8_0' quantizes "
+            "them to Q8_0 (about half the bytes of bf16).",
+        ),
+    ] = "stored",
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
     verify: Annotated[
         bool, typer.Option("--verify", help="Check every checksum of the FTW folder SRC.")
@@ -87,6 +96,9 @@ def convert(
         raise FreeTokenError("convert needs SRC and OUT (or --verify FOLDER)")
     if dtype.lower() not in _DTYPES:
         raise flag_error("--dtype", f"expected one of bf16, fp16, fp32, got {dtype!r}")
+    experts = {"stored": "stored", "dtype": "dtype", "q8_0": "Q8_0"}.get(expert_dtype.lower())
+    if experts is None:
+        raise flag_error("--expert-dtype", f"expected one of stored, dtype, q8_0, got {expert_dtype!r}")
     from freetoken.runtime.loading.convert import convert_to_ftw
 
     bar, what = _progress_bar("converting", as_json)
@@ -99,6 +111,7 @@ def convert(
             int(shard_gib * 2**30),
             force,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
+            expert_dtype=experts,
         )
     if as_json:
         print(json.dumps(result.as_dict()))
@@ -106,5 +119,5 @@ def convert(
         d = result.as_dict()
         print(
             f"{out}: {d['tensors']} tensors in {d['shards']} shards, {result.nbytes / 2**30:.2f} GiB, "
-            f"{d['seconds']:.1f} s ({d['GBps']:.2f} GB/s)"
+            f"{d['seconds']:.1f} s ({d['GBps']:.2f} GB/s); experts in {', '.join(result.expert_dtypes)}"
         )

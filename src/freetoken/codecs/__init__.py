@@ -58,6 +58,21 @@ class Codec:
         assert self.ggml_type is not None
         return dequantize(data, GGMLQuantizationType(self.ggml_type)).astype(np.float32, copy=False)
 
+    def quantize(self, values: np.ndarray, name: str = "tensor") -> np.ndarray:
+        """float [..., n] -> uint8 [..., row_bytes(n)] blocks by the reference quantizer (gguf's, where it
+        has one for this codec: Q8_0, bf16, f16); `name` is the tensor's, for the errors."""
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import quantize
+
+        data = np.ascontiguousarray(values, dtype=np.float32)
+        self.row_bytes(data.shape[-1])  # a whole number of blocks, or a one-line error
+        assert self.ggml_type is not None
+        try:
+            out = quantize(data, GGMLQuantizationType(self.ggml_type))
+        except NotImplementedError:
+            raise FreeTokenError(f"{name}: no reference quantizer for {self.name}") from None
+        return np.ascontiguousarray(out).view(np.uint8).reshape(*data.shape[:-1], -1)
+
 
 def _ggml(name: str, type_id: int, block_elements: int, block_bytes: int) -> Codec:
     return Codec(name, block_elements, block_bytes, type_id)

@@ -2,7 +2,9 @@
 
 Folder: `ftw.json` (the manifest), `config.json` and the tokenizer files, `data-XXXXX-of-YYYYY.ftw`.
 Manifest tensors: {name, kind ("dense" | "gate_up" | "down"), layer, dtype, shape, shard, offset,
-nbytes, crc32}; expert banks are the pool's own layout (gate_up [E, 2I, H], down [E, H, I]).
+nbytes, crc32[, codec]}; expert banks are the pool's own layout (gate_up [E, 2I, H], down [E, H, I]). A
+bank kept in a codec's blocks (version 2: "codec": "Q8_0", ...) is dtype uint8 of shape
+[E, rows, row bytes], rows as the codec stores them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from freetoken.errors import FreeTokenError
 
 MANIFEST = "ftw.json"
 FORMAT = "freetoken-ftw"
-VERSION = 1
+VERSION = 2  # 2: expert banks may be codec blocks
+READABLE_VERSIONS = (1, 2)
 ALIGNMENT = 4096
 SIDE_FILES = (
     "config.json",
@@ -29,6 +32,7 @@ SIDE_FILES = (
     "freetoken_model.json",  # the random-weights marker of generated models
 )
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+STORED_DTYPES = {**DTYPES, "uint8": torch.uint8}  # uint8: a bank of codec blocks
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class TensorEntry:
     offset: int
     nbytes: int
     crc32: int
+    codec: str | None = None  # a bank of this codec's blocks (dtype uint8)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> TensorEntry:
@@ -55,9 +60,11 @@ class TensorEntry:
             raw["offset"],
             raw["nbytes"],
             raw["crc32"],
+            raw.get("codec"),
         )
 
     def as_json(self) -> dict[str, Any]:
+        codec = {"codec": self.codec} if self.codec is not None else {}
         return {
             "name": self.name,
             "kind": self.kind,
@@ -68,11 +75,14 @@ class TensorEntry:
             "offset": self.offset,
             "nbytes": self.nbytes,
             "crc32": self.crc32,
+            **codec,
         }
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        if self.dtype not in STORED_DTYPES:
+            raise FreeTokenError(f"tensor {self.name}: unknown dtype {self.dtype!r} in the FTW manifest")
+        return STORED_DTYPES[self.dtype]
 
 
 def shard_name(index: int, count: int) -> str:
@@ -126,8 +136,9 @@ def advise_hugepages(address: int, nbytes: int) -> bool:
 def check_manifest(raw: dict[str, Any], path: Path) -> None:
     if raw.get("format") != FORMAT:
         raise FreeTokenError(f"{path}: not an FTW manifest (format {raw.get('format')!r})")
-    if raw.get("version") != VERSION:
-        raise FreeTokenError(f"{path}: FTW version {raw.get('version')}, this FreeToken reads {VERSION}")
+    if raw.get("version") not in READABLE_VERSIONS:
+        versions = " and ".join(map(str, READABLE_VERSIONS))
+        raise FreeTokenError(f"{path}: FTW version {raw.get('version')}, this FreeToken reads {versions}")
     for key in ("shards", "tensors", "dtype", "alignment"):
         if key not in raw:
             raise FreeTokenError(f"{path}: manifest lacks {key!r}")

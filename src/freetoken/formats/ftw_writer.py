@@ -47,7 +47,15 @@ class FtwWriter:
         self._handle = open(path, "wb")  # noqa: SIM115 - kept open across add() calls
         self._offset = 0
 
-    def add(self, name: str, tensor: torch.Tensor, kind: str = "dense", layer: int | None = None) -> None:
+    def add(
+        self,
+        name: str,
+        tensor: torch.Tensor,
+        kind: str = "dense",
+        layer: int | None = None,
+        codec: str | None = None,
+    ) -> None:
+        """`codec`: `tensor` is a uint8 bank of that codec's blocks."""
         if self._finished:
             raise RuntimeError("FtwWriter.add after finish")
         data = tensor.detach().contiguous().view(torch.uint8).reshape(-1).numpy()  # a view, no copy
@@ -77,6 +85,7 @@ class FtwWriter:
                 self._offset,
                 len(data),
                 crc,
+                codec,
             )
         )
         self._offset += len(data) + pad

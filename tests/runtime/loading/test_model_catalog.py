@@ -293,6 +293,6 @@ def test_copied_constants_equal_their_originals() -> None:
     from freetoken.runtime.loading import demo
 
     assert model_catalog.FTW_MANIFEST == ftw.MANIFEST
-    assert (model_catalog.FTW_FORMAT, model_catalog.FTW_VERSION) == (ftw.FORMAT, ftw.VERSION)
+    assert (model_catalog.FTW_FORMAT, model_catalog.FTW_VERSIONS) == (ftw.FORMAT, ftw.READABLE_VERSIONS)
     assert model_catalog.DEMO_FOLDER == demo.DEMO_NAME
     assert model_catalog.GGUF_ARCHITECTURES == gguf_meta.ARCHITECTURES

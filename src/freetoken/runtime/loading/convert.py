@@ -1,4 +1,5 @@
-"""HF safetensors folder -> FTW folder. Assembled beside OUT in `.<name>.converting-<pid>`, fsynced, then
+"""HF safetensors folder or GGUF file -> FTW folder (routed experts kept as a GGUF stores them, dequantised,
+or quantized: `expert_dtype`). Assembled beside OUT in `.<name>.converting-<pid>`, fsynced, then
 renamed into place: an interrupted convert leaves only that temporary folder, never something that looks
 like a model. A failure removes it; one left by a killed convert is removed by the next convert into the
 same folder (only when its process is gone)."""
@@ -23,6 +24,9 @@ from freetoken.runtime.models import model_config_from
 
 ProgressFn = Callable[[int, int], None]
 STAGING = ".converting-"  # .<name>.converting-<pid>: the folder a convert assembles OUT in
+# How routed experts are written: "stored" keeps a GGUF's quantized blocks as they are (other sources:
+# the dtype), "dtype" dequantises them to --dtype, a codec name quantizes them into it
+EXPERT_DTYPES = ("stored", "dtype", "Q8_0")
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class ConvertResult:
     shards: int
     nbytes: int
     seconds: float
+    expert_dtypes: tuple[str, ...] = ()  # the routed experts' codecs (dtype names when not blocks)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -39,6 +44,7 @@ class ConvertResult:
             "tensors": self.tensors,
             "shards": self.shards,
             "bytes": self.nbytes,
+            "expert_dtypes": list(self.expert_dtypes),
             "seconds": round(self.seconds, 3),
             "GBps": round(self.nbytes / self.seconds / 1e9, 3),
         }
@@ -51,14 +57,18 @@ def convert_to_ftw(
     shard_bytes: int = 4 << 30,
     force: bool = False,
     progress: ProgressFn | None = None,
+    expert_dtype: str = "stored",
 ) -> ConvertResult:
-    from freetoken.runtime.loading.weights import check_filled, fill_experts, plan_checkpoint
+    from freetoken.codecs import CODECS
+    from freetoken.runtime.loading.weights import check_filled, fill_experts, plan_checkpoint, stored_codecs
     from freetoken.runtime.models import get_architecture
     from freetoken.runtime.moe.pool import HostExpertPool
 
     src, out = Path(src), Path(out)
     if dtype not in DTYPES:
         raise FreeTokenError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if expert_dtype not in EXPERT_DTYPES:
+        raise FreeTokenError(f"--expert-dtype {expert_dtype!r}: choose one of {', '.join(EXPERT_DTYPES)}")
     gguf = src.is_file() and src.suffix == ".gguf"
     if not gguf and not src.is_dir():
         raise FreeTokenError(f"{src}: not a model folder or a .gguf file")
@@ -102,12 +112,23 @@ def convert_to_ftw(
                 if progress is not None:
                     progress(done, total)
             e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+            keep = stored_codecs(ckpt, plan, frozenset(CODECS)) if expert_dtype == "stored" else {}
+            fill = torch.float32 if expert_dtype not in ("stored", "dtype") else target  # quantized from fp32
+            written: set[str] = set()
             for layer, items in plan.experts.items():
-                bank = HostExpertPool.allocate((layer,), e, h, i, target)  # one layer at a time
+                stored = {layer: keep[layer]} if layer in keep else None
+                bank = HostExpertPool.allocate((layer,), e, h, i, fill, stored=stored)  # one layer at a time
                 done += fill_experts(bank, ckpt, items)
                 check_filled(bank, src)
-                writer.add(f"experts.{layer}.gate_up", bank.gate_up[layer], kind="gate_up", layer=layer)
-                writer.add(f"experts.{layer}.down", bank.down[layer], kind="down", layer=layer)
+                names = bank.codec_names(layer) if stored else (expert_dtype, expert_dtype)
+                for kind, tensor, name in zip(
+                    ("gate_up", "down"), (bank.gate_up[layer], bank.down[layer]), names, strict=True
+                ):
+                    codec = name if stored or expert_dtype not in ("stored", "dtype") else None
+                    if codec is not None and not stored:
+                        tensor = torch.from_numpy(CODECS[codec].quantize(tensor.numpy(), f"experts.{layer}"))
+                    writer.add(f"experts.{layer}.{kind}", tensor, kind=kind, layer=layer, codec=codec)
+                    written.add(codec or dtype)
                 del bank
                 if progress is not None:
                     progress(done, total)
@@ -127,8 +148,9 @@ def convert_to_ftw(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     nbytes = sum(s["nbytes"] for s in manifest["shards"])
+    seconds = time.perf_counter() - started
     return ConvertResult(
-        out, len(manifest["tensors"]), len(manifest["shards"]), nbytes, time.perf_counter() - started
+        out, len(manifest["tensors"]), len(manifest["shards"]), nbytes, seconds, tuple(sorted(written))
     )
 
 

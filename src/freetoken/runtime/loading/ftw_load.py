@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from freetoken.codecs import get_codec
 from freetoken.errors import FreeTokenError
 from freetoken.formats.ftw import TensorEntry
 from freetoken.formats.ftw_reader import FtwCheckpoint
@@ -47,6 +48,23 @@ def _into(ftw: FtwCheckpoint, entry: TensorEntry, dest: torch.Tensor) -> torch.T
     return stored
 
 
+def _dequantized_into(
+    ftw: FtwCheckpoint, entry: TensorEntry, dest: torch.Tensor, folder: Path
+) -> torch.Tensor:
+    """A bank of codec blocks the runtime does not compute from, dequantised into `dest` (the pool dtype)
+    by the codec's reference. Returns the blocks as stored."""
+    codec = get_codec(entry.codec or "")
+    width = codec.row_bytes(dest.shape[-1])
+    if entry.shape != (*dest.shape[:-1], width):
+        raise FreeTokenError(
+            f"{folder}: bank {entry.name} has shape {list(entry.shape)}, expected "
+            f"{[*dest.shape[:-1], width]} ({codec.name} blocks)"
+        )
+    stored = ftw.read(entry)
+    dest.copy_(torch.from_numpy(codec.dequantize(stored.numpy(), dest.shape[-1], entry.name)))
+    return stored
+
+
 class Checksums:
     """The crc32 of each tensor's bytes as loaded, on worker threads; `check` waits and compares."""
 
@@ -68,15 +86,18 @@ class Checksums:
             )
 
 
-def ftw_weights(folder: Path, verify: bool | None = None) -> Callable[..., HostExpertPool]:
-    """`verify`: checksum every tensor as it loads (True), never (False), or where the cores allow (None)."""
+def ftw_weights(
+    folder: Path, verify: bool | None = None, keep_stored: frozenset[str] = frozenset()
+) -> Callable[..., HostExpertPool]:
+    """`verify`: checksum every tensor as it loads (True), never (False), or where the cores allow (None).
+    `keep_stored`: codecs whose banks the pool keeps as stored; banks of other codecs are dequantised."""
 
     def load(model: nn.Module, cfg: ModelConfig, dtype: torch.dtype, progress: ProgressFn | None = None):
         ftw = FtwCheckpoint(folder)  # the manifest and every shard's size are checked here
         checksum = checksums_by_default() if verify is None else verify
         checksums = Checksums() if checksum else None
         try:
-            return _load(ftw, folder, model, cfg, dtype, progress, checksums)
+            return _load(ftw, folder, model, cfg, dtype, progress, checksums, keep_stored)
         finally:
             if checksums is not None:
                 checksums.pool.shutdown(cancel_futures=True)
@@ -92,6 +113,7 @@ def _load(
     dtype: torch.dtype,
     progress: ProgressFn | None,
     checksums: Checksums | None,
+    keep_stored: frozenset[str],
 ) -> HostExpertPool:
     params = dict(model.named_parameters())
     dense = {e.name: e for e in ftw.entries if e.kind == "dense"}
@@ -111,8 +133,13 @@ def _load(
     ]
     if absent:
         raise FreeTokenError(f"{folder}: manifest lacks expert banks {absent[:4]}")
+    stored = {}
+    for layer in cfg.moe_layers:
+        names = (banks[(layer, "gate_up")].codec, banks[(layer, "down")].codec)
+        if names[0] is not None and names[1] is not None and set(names) <= keep_stored:
+            stored[layer] = (get_codec(names[0]), get_codec(names[1]))
     pool = HostExpertPool.allocate(
-        cfg.moe_layers, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype
+        cfg.moe_layers, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, stored=stored
     )
     total, done = ftw.nbytes, 0
     with torch.no_grad():
@@ -131,12 +158,15 @@ def _load(
         for layer in cfg.moe_layers:
             for kind, dest in (("gate_up", pool.gate_up[layer]), ("down", pool.down[layer])):
                 entry = banks[(layer, kind)]
-                if entry.shape != tuple(dest.shape):
-                    raise FreeTokenError(
-                        f"{folder}: bank {entry.name} has shape {list(entry.shape)}, "
-                        f"expected {list(dest.shape)}"
-                    )
-                stored = _into(ftw, entry, dest)
+                if entry.codec is not None and layer not in pool.stored:
+                    stored = _dequantized_into(ftw, entry, dest, folder)
+                else:
+                    if entry.shape != tuple(dest.shape):
+                        raise FreeTokenError(
+                            f"{folder}: bank {entry.name} has shape {list(entry.shape)}, "
+                            f"expected {list(dest.shape)}"
+                        )
+                    stored = _into(ftw, entry, dest)
                 if checksums is not None:
                     checksums.add(entry, stored)
                 done += entry.nbytes

@@ -82,13 +82,13 @@ def load_model(
         model = arch.build_model(model_config).to(dtype)
     materialise(model, device)
     model.tie_weights()
+    keep = stored_expert_codecs(config, backend, device)
     if weights is None and is_ftw(path):
-        weights = ftw_weights(path, verify=config.verify)
+        weights = ftw_weights(path, verify=config.verify, keep_stored=keep)
     if weights is not None:
         pool = weights(model, model_config, dtype, progress)
     else:
         with gguf or SafetensorsCheckpoint(path) as ckpt:
-            keep = stored_expert_codecs(config, backend, device)
             pool = load_weights(model, model_config, ckpt, arch.expert_naming, dtype, progress, keep)
     if device.type == "cuda":
         pool.pin()  # only now, once every bank is filled

@@ -22,7 +22,7 @@ from freetoken.runtime.models import ARCHITECTURES, supported_architectures
 
 # Copies of constants from modules that import torch; tests keep each equal to its original.
 FTW_MANIFEST = "ftw.json"  # formats.ftw.MANIFEST
-FTW_FORMAT, FTW_VERSION = "freetoken-ftw", 1  # formats.ftw.FORMAT, formats.ftw.VERSION
+FTW_FORMAT, FTW_VERSIONS = "freetoken-ftw", (1, 2)  # formats.ftw.FORMAT, formats.ftw.READABLE_VERSIONS
 DEMO_FOLDER = "demo-v1"  # runtime.demo.DEMO_NAME
 GGUF_ARCHITECTURES = {"qwen3moe": "qwen3_moe"}  # formats.gguf_meta.ARCHITECTURES
 DEMO = "demo"
@@ -103,8 +103,9 @@ def _ftw_expert_bytes(folder: Path) -> tuple[int | None, str | None]:
     path = folder / FTW_MANIFEST
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        if raw.get("format") != FTW_FORMAT or raw.get("version") != FTW_VERSION:
-            return None, f"{path}: not an FTW manifest this FreeToken reads (version {FTW_VERSION})"
+        if raw.get("format") != FTW_FORMAT or raw.get("version") not in FTW_VERSIONS:
+            versions = " or ".join(map(str, FTW_VERSIONS))
+            return None, f"{path}: not an FTW manifest this FreeToken reads (version {versions})"
         return sum(int(t["nbytes"]) for t in raw["tensors"] if t.get("kind") in ("gate_up", "down")), None
     except (OSError, ValueError, AttributeError, KeyError, TypeError) as exc:  # JSON and UTF-8 errors too
         return None, f"{path}: unreadable FTW manifest ({type(exc).__name__}: {exc})"
