@@ -13,6 +13,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from freetoken.codecs import Codec
@@ -114,8 +115,9 @@ class HostExpertPool:
         rows = slice(0, i) if target.part == "gate" else slice(i, 2 * i)
         return self.gate_up[target.layer][target.expert, rows]
 
-    def write(self, target: ExpertTensor, name: str, tensor: torch.Tensor) -> None:
-        """Copy one checkpoint tensor into its place in the banks (converting dtype on the way)."""
+    def write(self, target: ExpertTensor, name: str, tensor: torch.Tensor | np.ndarray) -> None:
+        """Copy one checkpoint tensor into its place in the banks (converting dtype on the way); codec
+        blocks may come as a numpy array (a read-only view of a file)."""
         if target.layer not in self.gate_up:
             raise FreeTokenError(f"unexpected tensor {name}: layer {target.layer} has no experts")
         if target.expert is not None and not 0 <= target.expert < self.num_experts:
@@ -125,12 +127,15 @@ class HostExpertPool:
             gu, dn = self.stored[target.layer]
             codec = dn if target.part == "down" else gu
             expected = (*expected[:-1], codec.row_bytes(expected[-1]))
-            if tensor.dtype != torch.uint8:
+            if tensor.dtype not in (torch.uint8, np.uint8):
                 kept = f"layer {target.layer} keeps {codec.name} blocks"
                 raise FreeTokenError(f"tensor {name}: {kept}, got {tensor.dtype}")
         if tuple(tensor.shape) != expected:
             raise FreeTokenError(f"tensor {name} has shape {list(tensor.shape)}, expected {list(expected)}")
-        self._destination(target).copy_(tensor)
+        if isinstance(tensor, np.ndarray):
+            np.copyto(self._destination(target).numpy(), tensor)
+        else:
+            self._destination(target).copy_(tensor)
         parts = ("gate", "up") if target.part == "gate_up" else (target.part,)
         for part in parts:
             mask = self._filled[(target.layer, part)]
