@@ -147,3 +147,30 @@ def test_cli_runs_a_gguf(tiny_model: tuple[Path, Any], tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["run", str(path), "-p", "hi", "-n", "4", "-t", "0", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["stats"]["completion_tokens"] >= 1
+
+
+def test_the_header_reader_agrees_with_the_gguf_package(tiny_model: tuple[Path, Any], tmp_path: Path) -> None:
+    """Every key/value (the vocabulary's string and integer arrays included) and every tensor's type,
+    shape, bytes and data as the package's own reader gives them; skipping arrays leaves them None."""
+    import gguf
+
+    from freetoken.formats.gguf_header import read_header
+
+    path = write_gguf(tiny_model[1], tiny_model[0], tmp_path / "q8.gguf", "Q8_0")
+    reader = gguf.GGUFReader(path)
+    header = read_header(path)
+    want = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert header.fields == want and isinstance(want["tokenizer.ggml.tokens"], list)
+    assert [t.name for t in header.tensors] == [t.name for t in reader.tensors]
+    ckpt = GgufCheckpoint(path)
+    for theirs in reader.tensors:
+        ours = next(t for t in ckpt.tensors.values() if t.name == theirs.name)
+        assert ours.tensor_type == theirs.tensor_type and ours.n_bytes == int(theirs.n_bytes)
+        assert tuple(ours.shape) == tuple(int(d) for d in theirs.shape)
+        assert np.array_equal(
+            np.asarray(ours.data).view(np.uint8).ravel(), np.asarray(theirs.data).view(np.uint8).ravel()
+        )
+    assert read_header(path, arrays=False).fields["tokenizer.ggml.tokens"] is None
+    (tmp_path / "cut.gguf").write_bytes(path.read_bytes()[:5000])
+    with pytest.raises(FreeTokenError, match="not a readable GGUF file"):
+        GgufCheckpoint(tmp_path / "cut.gguf")

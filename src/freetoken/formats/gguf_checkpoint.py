@@ -7,6 +7,7 @@ can dequantise) to float32. ggml orders dimensions innermost first: numpy shapes
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 
 from freetoken.codecs import Codec, codec_for_ggml
 from freetoken.errors import FreeTokenError
+from freetoken.formats.gguf_header import TensorInfo, read_header
 
 SHARD = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf$")
 
@@ -65,32 +67,51 @@ def shard_paths(path: Path) -> list[Path]:
     return paths
 
 
+class GgufTensor:
+    """One tensor of a mapped GGUF file: its GGUF name, type, bytes, and `data`, a read-only uint8 view
+    [*numpy shape[:-1], row bytes] of the file (what gguf.quants.dequantize takes for every type)."""
+
+    def __init__(self, info: TensorInfo, file: np.memmap) -> None:
+        from gguf.constants import GGMLQuantizationType
+
+        self.info, self._file = info, file
+        self.name, self.n_bytes = info.name, info.n_bytes
+        self.tensor_type = GGMLQuantizationType(info.ggml_type)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """ne: dims innermost first (as the gguf package's tensors give them)."""
+        return self.info.ne
+
+    @property
+    def data(self) -> np.ndarray:
+        raw = self._file[self.info.offset : self.info.offset + self.n_bytes]
+        rows = int(np.prod(self.info.ne[1:])) if len(self.info.ne) > 1 else 1
+        return raw.reshape(*tuple(reversed(self.info.ne))[:-1], self.n_bytes // max(rows, 1))
+
+
 class GgufCheckpoint:
     def __init__(self, path: Path) -> None:
-        from gguf import GGUFReader
-
         self.path = Path(path)
         self.model_dir = self.path
-        self.readers = []
+        self.fields: dict[str, Any] = {}
+        self.tensors: dict[str, GgufTensor] = {}
+        self.unknown: list[str] = []
+        self._files: list[np.memmap] = []
         for shard in shard_paths(self.path):
             try:
-                self.readers.append(GGUFReader(shard))
-            except (OSError, ValueError) as exc:
+                header = read_header(shard)
+                file = np.memmap(shard, dtype=np.uint8, mode="r")
+            except (OSError, ValueError, KeyError, struct.error) as exc:
                 raise FreeTokenError(f"{shard}: not a readable GGUF file ({exc})") from None
-        self.fields: dict[str, Any] = {}
-        for reader in self.readers:
-            for key, field in reader.fields.items():
-                if not key.startswith("GGUF.") and key not in self.fields:
-                    self.fields[key] = field.contents()
-        self.tensors: dict[str, Any] = {}
-        self.unknown: list[str] = []
-        for reader in self.readers:
-            for tensor in reader.tensors:
-                name = hf_name(tensor.name)
+            self._files.append(file)
+            self.fields = {**header.fields, **self.fields}  # the first shard's value wins
+            for info in header.tensors:
+                name = hf_name(info.name)
                 if name is None:
-                    self.unknown.append(tensor.name)
+                    self.unknown.append(info.name)
                 else:
-                    self.tensors[name] = tensor
+                    self.tensors[name] = GgufTensor(info, file)
         if self.unknown:
             raise FreeTokenError(f"{self.path}: unknown tensors {self.unknown[:5]}")
 
@@ -101,7 +122,7 @@ class GgufCheckpoint:
         return list(self.tensors)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
+        return tuple(reversed(self.tensors[name].info.ne))
 
     def nbytes(self, name: str) -> int:
         return int(self.tensors[name].n_bytes)
@@ -151,7 +172,7 @@ class GgufCheckpoint:
         return torch.from_numpy(array)
 
     def close(self) -> None:
-        self.readers.clear()
+        self._files.clear()
 
     def __enter__(self) -> GgufCheckpoint:
         return self

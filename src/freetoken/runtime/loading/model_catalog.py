@@ -6,8 +6,6 @@ imported. A broken entry is listed with its one-line reason, never raised."""
 from __future__ import annotations
 
 import json
-import math
-import mmap
 import re
 import shutil
 import struct
@@ -29,8 +27,6 @@ DEMO = "demo"
 BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
 GGUF_SHARD = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf$")
 GGUF_EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.weight")
-GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-GGUF_STRING, GGUF_ARRAY = 8, 9
 
 
 @dataclass(frozen=True)
@@ -136,51 +132,10 @@ def folder_meta(folder: Path, fmt: str) -> Meta:
 def gguf_header(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     """(scalar and string key/values, bytes of each tensor) of one GGUF file, parsed from its header:
     arrays are skipped, not built (the gguf package's reader takes seconds on a 150k-token vocabulary)."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from freetoken.formats.gguf_header import read_header
 
-    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if bytes(buf[:4]) != b"GGUF":
-            raise ValueError("no GGUF magic")
-        endian, pos = "<" if struct.unpack_from("<I", buf, 4)[0] & 0xFFFF else ">", 4
-
-        def take(fmt: str) -> Any:
-            nonlocal pos
-            pos += struct.calcsize(fmt)
-            return struct.unpack_from(endian + fmt, buf, pos - struct.calcsize(fmt))[0]
-
-        def value(kind: int) -> Any:
-            nonlocal pos
-            if kind in GGUF_SCALARS:
-                return take(GGUF_SCALARS[kind])
-            if kind == GGUF_STRING:
-                if (end := take("Q") + pos) > len(buf):
-                    raise ValueError("truncated")
-                pos, start = end, pos
-                return bytes(buf[start:end]).decode("utf-8", "replace")
-            if kind != GGUF_ARRAY:
-                raise ValueError(f"unknown value type {kind}")
-            item, count = take("I"), take("Q")
-            if item in GGUF_SCALARS:  # skipped whole
-                pos += count * struct.calcsize(GGUF_SCALARS[item])
-            else:
-                for _ in range(count):
-                    value(item)
-            return None
-
-        if (version := take("I")) not in (2, 3):
-            raise ValueError(f"GGUF version {version}")
-        tensors, kvs = take("Q"), take("Q")
-        fields = {value(GGUF_STRING): value(take("I")) for _ in range(kvs)}
-        sizes = {}
-        for _ in range(tensors):
-            name, dims = value(GGUF_STRING), take("I")
-            if dims > 8:
-                raise ValueError(f"tensor {name}: {dims} dimensions")
-            numel = math.prod(take("Q") for _ in range(dims))
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(take("I"))]
-            take("Q")  # the data offset
-            sizes[name] = numel // block * type_size
-        return fields, sizes
+    header = read_header(path, arrays=False)
+    return header.fields, {t.name: t.n_bytes for t in header.tensors}
 
 
 def gguf_meta(path: Path) -> Meta:
