@@ -19,7 +19,7 @@ from freetoken.runtime.moe.pool import HUGE_PAGES
 # codec name -> the id quant_dot.h knows it by: what the compiled kernel computes from in place (against
 # fp32 activations), and the ids of the codecs it can also take against int8 activation blocks
 CODEC_IDS = {"bf16": 0, "Q8_0": 1, "Q4_K": 3, "Q6_K": 4}
-INT8_ACT_IDS = {"Q8_0": 2}
+INT8_ACT_IDS = {"Q8_0": 2, "Q4_K": 5, "Q6_K": 6}
 BF16 = ("bf16", "bf16")
 
 

@@ -149,6 +149,10 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
         dots_f32(rowbuf, v->f, cnt, n, out);
     } else if (codec == FT_CODEC_Q8_0_ACT8)
         dots_q8_0(row, v->q, v->d, cnt, n, out);
+    else if (codec == FT_CODEC_Q4_K_ACT8)
+        for (int j = 0; j < cnt; j++) out[j] = dot_q4_k_q8(row, v->q[j], v->d[j], n);
+    else if (codec == FT_CODEC_Q6_K_ACT8)
+        for (int j = 0; j < cnt; j++) out[j] = dot_q6_k_q8(row, v->q[j], v->d[j], n);
     else if (codec == FT_CODEC_Q8_0)
         for (int j = 0; j < cnt; j++) out[j] = dot_q8_0_f32(row, v->f[j], n);
     else if (codec == FT_CODEC_Q4_K)
@@ -169,7 +173,7 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
 int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
            int inter, const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
            float *scratch, float *out, int threads, long unit_bytes, double *trace) {
-    const int gq8 = gu_codec == FT_CODEC_Q8_0_ACT8, dq8 = dn_codec == FT_CODEC_Q8_0_ACT8;  // int8 activations
+    const int gq8 = codec_act8(gu_codec), dq8 = codec_act8(dn_codec);  // against int8 activation blocks
     const int gq = gu_codec != FT_CODEC_BF16, dq = dn_codec != FT_CODEC_BF16;  // activations in natural order
     int g_block, d_block, unused;
     codec_block(gu_codec, &g_block, &unused);

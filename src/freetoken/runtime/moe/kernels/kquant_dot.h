@@ -38,6 +38,13 @@ static inline v8i bytes8(const uint8_t *p) {
 
 static inline v8f to_f32(v8i v) { return __builtin_convertvector(v, v8f); }
 
+// The fp16 value at p (any alignment).
+static inline float fp16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return fp16_f32(h);
+}
+
 // Scale and min of Q4_K sub-block j (0..7) from the 12 packed bytes.
 static inline void q4_k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
     if (j < 4) {
@@ -54,9 +61,7 @@ static inline float dot_q4_k(const uint8_t *restrict w, const float *restrict x,
         const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
         const float *xb = x + (long)b * QK_K;
         PREFETCH_ROW(blk);
-        uint16_t h[2];
-        memcpy(h, blk, 4);
-        const float d = fp16_f32(h[0]), dmin = fp16_f32(h[1]);
+        const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
         for (int j = 0; j < 4; j++) {  // 64 weights: sub-blocks 2j (low nibbles) and 2j + 1 (high)
             int s0, m0, s1, m1;
             q4_k_scale_min(2 * j, blk + 4, &s0, &m0);
@@ -78,9 +83,7 @@ static inline float dot_q6_k(const uint8_t *restrict w, const float *restrict x,
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * Q6_K_BYTES;
         const int8_t *sc = (const int8_t *)(blk + 192);
-        uint16_t h;
-        memcpy(&h, blk + 208, 2);
-        const float d = fp16_f32(h);
+        const float d = fp16_at(blk + 208);
         PREFETCH_ROW(blk);
         for (int half = 0; half < 2; half++) {  // 128 weights: ql 64 bytes, qh 32 bytes, 8 scales
             const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
@@ -101,14 +104,115 @@ static inline float dot_q6_k(const uint8_t *restrict w, const float *restrict x,
     return sum8(acc0 + acc1);
 }
 
+// Against activations quantized to int8 blocks of 32 (quant_dot.h's quantize_q8: xq values, xd scales):
+// the quants times the activation's in int32 per sub-block (the sign trick of q8_block_sums for Q6_K's
+// signed values, unsigned nibbles straight into maddubs for Q4_K), scaled in fp32 vector lanes.
+static inline float dot_q4_k_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
+                                int n) {
+    float s = 0.0f;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15), ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+#endif
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
+        PREFETCH_ROW(blk);
+        const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
+        for (int j = 0; j < 4; j++) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high), 32 weights each
+            int s0, m0, s1, m1;
+            q4_k_scale_min(2 * j, blk + 4, &s0, &m0);
+            q4_k_scale_min(2 * j + 1, blk + 4, &s1, &m1);
+            const long x0 = (long)b * QK_K + 64 * j, x1 = x0 + 32;
+            const float dx0 = xd[x0 / Q8_BLOCK], dx1 = xd[x1 / Q8_BLOCK];
+#if defined(__AVX2__)
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            const __m256i a0 = _mm256_loadu_si256((const __m256i *)(xq + x0));
+            const __m256i a1 = _mm256_loadu_si256((const __m256i *)(xq + x1));
+            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, low4), a0), ones16);
+            const __m256i p1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), a1), ones16);
+            const __m256i x0s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a0), ones16);  // sums of x
+            const __m256i x1s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a1), ones16);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * s0 * dx0), _mm256_cvtepi32_ps(p0), acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * s1 * dx1), _mm256_cvtepi32_ps(p1), acc);
+            mins = _mm256_fmadd_ps(_mm256_set1_ps(dmin * m0 * dx0), _mm256_cvtepi32_ps(x0s), mins);
+            mins = _mm256_fmadd_ps(_mm256_set1_ps(dmin * m1 * dx1), _mm256_cvtepi32_ps(x1s), mins);
+#else
+            int32_t p0 = 0, p1 = 0, x0s = 0, x1s = 0;
+            for (int l = 0; l < 32; l++) {
+                p0 += (qs[32 * j + l] & 15) * xq[x0 + l], x0s += xq[x0 + l];
+                p1 += (qs[32 * j + l] >> 4) * xq[x1 + l], x1s += xq[x1 + l];
+            }
+            s += dx0 * (d * s0 * p0 - dmin * m0 * x0s) + dx1 * (d * s1 * p1 - dmin * m1 * x1s);
+#endif
+        }
+    }
+#if defined(__AVX2__)
+    s = hsum256(_mm256_sub_ps(acc, mins));
+#endif
+    return s;
+}
+
+static inline float dot_q6_k_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
+                                int n) {
+    float s = 0.0f;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15), low2 = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
+#endif
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * Q6_K_BYTES;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        const float d = fp16_at(blk + 208);
+        PREFETCH_ROW(blk);
+        for (int half = 0; half < 2; half++) {  // 128 weights: four runs of 32, each two sub-blocks of 16
+            const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+            const int8_t *sh = sc + 8 * half;
+            const long x = (long)b * QK_K + 128 * half;
+#if defined(__AVX2__)
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(hb, low2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), low2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), low2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), low2), 4));
+            for (int g = 0; g < 4; g++) {
+                const __m256i sums = q8_block_sums(_mm256_sub_epi8(q[g], bias),
+                                                   _mm256_loadu_si256((const __m256i *)(xq + x + 32 * g)));
+                const float f = d * xd[(x + 32 * g) / Q8_BLOCK];
+                const float a = f * sh[2 * g], c = f * sh[2 * g + 1];  // lanes 0-3: weights 0-15, 4-7: 16-31
+                acc = _mm256_fmadd_ps(_mm256_setr_ps(a, a, a, a, c, c, c, c), _mm256_cvtepi32_ps(sums), acc);
+            }
+#else
+            for (int g = 0; g < 4; g++) {
+                const int shift = 2 * g, lo = g & 1 ? 32 : 0, nib = g >= 2 ? 4 : 0;
+                int32_t part[2] = {0, 0};
+                for (int l = 0; l < 32; l++) {
+                    const int v = (((ql[l + lo] >> nib) & 15) | (((qh[l] >> shift) & 3) << 4)) - 32;
+                    part[l / 16] += v * xq[x + 32 * g + l];
+                }
+                s += d * xd[(x + 32 * g) / Q8_BLOCK] * (sh[2 * g] * part[0] + sh[2 * g + 1] * part[1]);
+            }
+#endif
+        }
+    }
+#if defined(__AVX2__)
+    s = hsum256(acc);
+#endif
+    return s;
+}
+
 // Rows widened to fp32 (for several dots with the same row): the values gguf.quants.dequantize gives.
 static inline void dequant_q4_k(const uint8_t *restrict w, float *restrict out, int n) {
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
         float *y = out + (long)b * QK_K;
-        uint16_t h[2];
-        memcpy(h, blk, 4);
-        const float d = fp16_f32(h[0]), dmin = fp16_f32(h[1]);
+        const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
         for (int j = 0; j < 4; j++) {
             int s0, m0, s1, m1;
             q4_k_scale_min(2 * j, blk + 4, &s0, &m0);
@@ -126,9 +230,7 @@ static inline void dequant_q6_k(const uint8_t *restrict w, float *restrict out, 
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * Q6_K_BYTES;
         const int8_t *sc = (const int8_t *)(blk + 192);
-        uint16_t h;
-        memcpy(&h, blk + 208, 2);
-        const float d = fp16_f32(h);
+        const float d = fp16_at(blk + 208);
         for (int half = 0; half < 2; half++) {
             const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
             const int8_t *s = sc + 8 * half;

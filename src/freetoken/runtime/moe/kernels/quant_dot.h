@@ -23,7 +23,15 @@
 #define PREFETCH_ROW(p) ((void)0)
 #endif
 
-enum { FT_CODEC_BF16 = 0, FT_CODEC_Q8_0 = 1, FT_CODEC_Q8_0_ACT8 = 2, FT_CODEC_Q4_K = 3, FT_CODEC_Q6_K = 4 };
+enum {
+    FT_CODEC_BF16 = 0,
+    FT_CODEC_Q8_0 = 1,
+    FT_CODEC_Q8_0_ACT8 = 2,
+    FT_CODEC_Q4_K = 3,
+    FT_CODEC_Q6_K = 4,
+    FT_CODEC_Q4_K_ACT8 = 5,
+    FT_CODEC_Q6_K_ACT8 = 6
+};
 #define Q8_BLOCK 32
 #define Q8_0_BYTES 34
 
@@ -33,10 +41,17 @@ static inline void codec_block(int codec, int *elements, int *bytes) {
         case FT_CODEC_BF16: *elements = 1, *bytes = 2; return;
         case FT_CODEC_Q8_0:
         case FT_CODEC_Q8_0_ACT8: *elements = Q8_BLOCK, *bytes = Q8_0_BYTES; return;
-        case FT_CODEC_Q4_K: *elements = 256, *bytes = 144; return;
-        case FT_CODEC_Q6_K: *elements = 256, *bytes = 210; return;
+        case FT_CODEC_Q4_K:
+        case FT_CODEC_Q4_K_ACT8: *elements = 256, *bytes = 144; return;
+        case FT_CODEC_Q6_K:
+        case FT_CODEC_Q6_K_ACT8: *elements = 256, *bytes = 210; return;
         default: *elements = 0, *bytes = 0;
     }
+}
+
+// Whether `codec` is one of the ids taken against int8 activation blocks.
+static inline int codec_act8(int codec) {
+    return codec == FT_CODEC_Q8_0_ACT8 || codec == FT_CODEC_Q4_K_ACT8 || codec == FT_CODEC_Q6_K_ACT8;
 }
 
 // Bytes of a row of n elements in `codec` (n a whole number of blocks; checked by the caller).
