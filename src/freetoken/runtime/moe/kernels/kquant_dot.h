@@ -107,12 +107,13 @@ static inline float dot_q6_k(const uint8_t *restrict w, const float *restrict x,
 // Against activations quantized to int8 blocks of 32 (quant_dot.h's quantize_q8: xq values, xd scales):
 // the quants times the activation's in int32 per sub-block (the sign trick of q8_block_sums for Q6_K's
 // signed values, unsigned nibbles straight into maddubs for Q4_K), scaled in fp32 vector lanes.
+// xs: the activation blocks' sums (quantize_q8's), which Q4_K's mins multiply.
 static inline float dot_q4_k_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
-                                int n) {
-    float s = 0.0f;
+                                const int32_t *restrict xs, int n) {
+    float s = 0.0f, mins = 0.0f;
 #if defined(__AVX2__)
-    __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(15), ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15), ones16 = _mm256_set1_epi16(1);
 #endif
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
@@ -124,6 +125,7 @@ static inline float dot_q4_k_q8(const uint8_t *restrict w, const int8_t *restric
             q4_k_scale_min(2 * j + 1, blk + 4, &s1, &m1);
             const long x0 = (long)b * QK_K + 64 * j, x1 = x0 + 32;
             const float dx0 = xd[x0 / Q8_BLOCK], dx1 = xd[x1 / Q8_BLOCK];
+            mins += dmin * (m0 * dx0 * xs[x0 / Q8_BLOCK] + m1 * dx1 * xs[x1 / Q8_BLOCK]);
 #if defined(__AVX2__)
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             const __m256i a0 = _mm256_loadu_si256((const __m256i *)(xq + x0));
@@ -131,26 +133,22 @@ static inline float dot_q4_k_q8(const uint8_t *restrict w, const int8_t *restric
             const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, low4), a0), ones16);
             const __m256i p1 = _mm256_madd_epi16(
                 _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), a1), ones16);
-            const __m256i x0s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a0), ones16);  // sums of x
-            const __m256i x1s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a1), ones16);
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d * s0 * dx0), _mm256_cvtepi32_ps(p0), acc);
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d * s1 * dx1), _mm256_cvtepi32_ps(p1), acc);
-            mins = _mm256_fmadd_ps(_mm256_set1_ps(dmin * m0 * dx0), _mm256_cvtepi32_ps(x0s), mins);
-            mins = _mm256_fmadd_ps(_mm256_set1_ps(dmin * m1 * dx1), _mm256_cvtepi32_ps(x1s), mins);
 #else
-            int32_t p0 = 0, p1 = 0, x0s = 0, x1s = 0;
+            int32_t p0 = 0, p1 = 0;
             for (int l = 0; l < 32; l++) {
-                p0 += (qs[32 * j + l] & 15) * xq[x0 + l], x0s += xq[x0 + l];
-                p1 += (qs[32 * j + l] >> 4) * xq[x1 + l], x1s += xq[x1 + l];
+                p0 += (qs[32 * j + l] & 15) * xq[x0 + l];
+                p1 += (qs[32 * j + l] >> 4) * xq[x1 + l];
             }
-            s += dx0 * (d * s0 * p0 - dmin * m0 * x0s) + dx1 * (d * s1 * p1 - dmin * m1 * x1s);
+            s += dx0 * d * s0 * p0 + dx1 * d * s1 * p1;
 #endif
         }
     }
 #if defined(__AVX2__)
-    s = hsum256(_mm256_sub_ps(acc, mins));
+    s = hsum256(acc);
 #endif
-    return s;
+    return s - mins;
 }
 
 static inline float dot_q6_k_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,

@@ -73,16 +73,24 @@ static inline float fp16_f32(uint16_t h) {
 #endif
 }
 
-// x [n] fp32 -> q [n] int8, d [n / 32] fp32: per block d = max|x| / 127, q = x / d rounded half to even
-// (numpy's rounding, which the reference in cpu_experts.py uses).
-static inline void quantize_q8(const float *restrict x, int8_t *restrict q, float *restrict d, int n) {
+// x [n] fp32 -> q [n] int8, d [n / 32] fp32, sums [n / 32] int32: per block d = max|x| / 127, q = x / d
+// rounded half to even (numpy's rounding, which the tests' reference uses), and the sum of the block's q
+// (what Q4_K's mins multiply).
+static inline void quantize_q8(const float *restrict x, int8_t *restrict q, float *restrict d,
+                               int32_t *restrict sums, int n) {
     for (int b = 0; b < n / Q8_BLOCK; b++) {
         const float *xb = x + (long)b * Q8_BLOCK;
         float amax = 0.0f;
         for (int j = 0; j < Q8_BLOCK; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         d[b] = scale;
-        for (int j = 0; j < Q8_BLOCK; j++) q[(long)b * Q8_BLOCK + j] = (int8_t)nearbyintf(xb[j] * inv);
+        int32_t sum = 0;
+        for (int j = 0; j < Q8_BLOCK; j++) {
+            const int8_t v = (int8_t)nearbyintf(xb[j] * inv);
+            q[(long)b * Q8_BLOCK + j] = v;
+            sum += v;
+        }
+        sums[b] = sum;
     }
 }
 
