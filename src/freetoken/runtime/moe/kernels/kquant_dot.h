@@ -45,14 +45,17 @@ static inline float fp16_at(const uint8_t *p) {
     return fp16_f32(h);
 }
 
-// Scale and min of Q4_K sub-block j (0..7) from the 12 packed bytes.
-static inline void q4_k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63, *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
+// The eight 6-bit scales and mins of a Q4_K super-block from its 12 packed bytes, four at a time as 32-bit
+// words: sub-blocks 0-3 keep the low six bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 take
+// the nibbles of bytes 8-11 and, above them, the top two bits of bytes 0-3 (scales) and 4-7 (mins).
+static inline void q4_k_scales(const uint8_t *packed, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t u[3];
+    memcpy(u, packed, sizeof u);
+    const uint32_t six = 0x3f3f3f3fu, four = 0x0f0f0f0fu, two = 0x03030303u;
+    const uint32_t scales[2] = {u[0] & six, (u[2] & four) | (((u[0] >> 6) & two) << 4)};
+    const uint32_t mins[2] = {u[1] & six, ((u[2] >> 4) & four) | (((u[1] >> 6) & two) << 4)};
+    memcpy(sc, scales, sizeof scales);
+    memcpy(m, mins, sizeof mins);
 }
 
 static inline float dot_q4_k(const uint8_t *restrict w, const float *restrict x, int n) {
@@ -62,10 +65,10 @@ static inline float dot_q4_k(const uint8_t *restrict w, const float *restrict x,
         const float *xb = x + (long)b * QK_K;
         PREFETCH_ROW(blk);
         const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
+        uint8_t sc[8], mn[8];
+        q4_k_scales(blk + 4, sc, mn);
         for (int j = 0; j < 4; j++) {  // 64 weights: sub-blocks 2j (low nibbles) and 2j + 1 (high)
-            int s0, m0, s1, m1;
-            q4_k_scale_min(2 * j, blk + 4, &s0, &m0);
-            q4_k_scale_min(2 * j + 1, blk + 4, &s1, &m1);
+            const int s0 = sc[2 * j], m0 = mn[2 * j], s1 = sc[2 * j + 1], m1 = mn[2 * j + 1];
             const float a0 = d * s0, b0 = dmin * m0, a1 = d * s1, b1 = dmin * m1;
             for (int l = 0; l < 32; l += 8) {
                 const v8i q = bytes8(qs + 32 * j + l);
@@ -119,10 +122,10 @@ static inline float dot_q4_k_q8(const uint8_t *restrict w, const int8_t *restric
         const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
         PREFETCH_ROW(blk);
         const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
+        uint8_t sc[8], mn[8];
+        q4_k_scales(blk + 4, sc, mn);
         for (int j = 0; j < 4; j++) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high), 32 weights each
-            int s0, m0, s1, m1;
-            q4_k_scale_min(2 * j, blk + 4, &s0, &m0);
-            q4_k_scale_min(2 * j + 1, blk + 4, &s1, &m1);
+            const int s0 = sc[2 * j], m0 = mn[2 * j], s1 = sc[2 * j + 1], m1 = mn[2 * j + 1];
             const long x0 = (long)b * QK_K + 64 * j, x1 = x0 + 32;
             const float dx0 = xd[x0 / Q8_BLOCK], dx1 = xd[x1 / Q8_BLOCK];
             mins += dmin * (m0 * dx0 * xs[x0 / Q8_BLOCK] + m1 * dx1 * xs[x1 / Q8_BLOCK]);
@@ -211,10 +214,10 @@ static inline void dequant_q4_k(const uint8_t *restrict w, float *restrict out, 
         const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
         float *y = out + (long)b * QK_K;
         const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
+        uint8_t sc[8], mn[8];
+        q4_k_scales(blk + 4, sc, mn);
         for (int j = 0; j < 4; j++) {
-            int s0, m0, s1, m1;
-            q4_k_scale_min(2 * j, blk + 4, &s0, &m0);
-            q4_k_scale_min(2 * j + 1, blk + 4, &s1, &m1);
+            const int s0 = sc[2 * j], m0 = mn[2 * j], s1 = sc[2 * j + 1], m1 = mn[2 * j + 1];
             const float a0 = d * s0, b0 = dmin * m0, a1 = d * s1, b1 = dmin * m1;
             for (int l = 0; l < 32; l++) {
                 y[64 * j + l] = a0 * (float)(qs[32 * j + l] & 15) - b0;
