@@ -38,13 +38,6 @@ static inline v8i bytes8(const uint8_t *p) {
 
 static inline v8f to_f32(v8i v) { return __builtin_convertvector(v, v8f); }
 
-// The fp16 value at p (any alignment).
-static inline float fp16_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return fp16_f32(h);
-}
-
 // The eight 6-bit scales and mins of a Q4_K super-block from its 12 packed bytes, four at a time as 32-bit
 // words: sub-blocks 0-3 keep the low six bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 take
 // the nibbles of bytes 8-11 and, above them, the top two bits of bytes 0-3 (scales) and 4-7 (mins).

@@ -73,6 +73,13 @@ static inline float fp16_f32(uint16_t h) {
 #endif
 }
 
+// The fp16 value at p (any alignment).
+static inline float fp16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return fp16_f32(h);
+}
+
 // x [n] fp32 -> q [n] int8, d [n / 32] fp32, sums [n / 32] int32: per block d = max|x| / 127, q = x / d
 // rounded half to even (numpy's rounding, which the tests' reference uses), and the sum of the block's q
 // (what Q4_K's mins multiply).
@@ -121,25 +128,21 @@ static inline float dot_q8_0(const uint8_t *restrict w, const int8_t *restrict x
     for (; b + 2 <= nb; b += 2) {
         const uint8_t *w0 = w + (long)b * Q8_0_BYTES, *w1 = w0 + Q8_0_BYTES;
         PREFETCH_ROW(w0);
-        uint16_t h0, h1;
-        memcpy(&h0, w0, 2), memcpy(&h1, w1, 2);
         const __m256i p0 = q8_block_sums(_mm256_loadu_si256((const __m256i *)(w0 + 2)),
                                          _mm256_loadu_si256((const __m256i *)(xq + (long)b * Q8_BLOCK)));
         const __m256i p1 = q8_block_sums(_mm256_loadu_si256((const __m256i *)(w1 + 2)),
                                          _mm256_loadu_si256((const __m256i *)(xq + (long)(b + 1) * Q8_BLOCK)));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_f32(h0) * xd[b]), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_f32(h1) * xd[b + 1]), _mm256_cvtepi32_ps(p1), acc1);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(w0) * xd[b]), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(w1) * xd[b + 1]), _mm256_cvtepi32_ps(p1), acc1);
     }
     s = hsum256(_mm256_add_ps(acc0, acc1));
 #endif
     for (; b < nb; b++) {
         const uint8_t *wb = w + (long)b * Q8_0_BYTES;
-        uint16_t h;
-        memcpy(&h, wb, 2);
         const int8_t *q = (const int8_t *)(wb + 2), *x = xq + (long)b * Q8_BLOCK;
         int32_t sum = 0;
         for (int j = 0; j < Q8_BLOCK; j++) sum += (int32_t)q[j] * x[j];
-        s += fp16_f32(h) * xd[b] * (float)sum;
+        s += fp16_at(wb) * xd[b] * (float)sum;
     }
     return s;
 }
@@ -156,8 +159,6 @@ static inline float dot_q8_0_f32(const uint8_t *restrict w, const float *restric
         const uint8_t *wb = w + (long)b * Q8_0_BYTES;
         const float *xb = x + (long)b * Q8_BLOCK;
         PREFETCH_ROW(wb);
-        uint16_t h;
-        memcpy(&h, wb, 2);
         __m256 part[4];
         for (int j = 0; j < 4; j++) {
             long long eight;
@@ -167,21 +168,19 @@ static inline float dot_q8_0_f32(const uint8_t *restrict w, const float *restric
         }
         const __m256 sum = _mm256_add_ps(_mm256_add_ps(part[0], part[1]), _mm256_add_ps(part[2], part[3]));
         if (b & 1)
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_f32(h)), sum, acc1);
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(wb)), sum, acc1);
         else
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_f32(h)), sum, acc0);
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(wb)), sum, acc0);
     }
     s = hsum256(_mm256_add_ps(acc0, acc1));
 #endif
     for (; b < nb; b++) {
         const uint8_t *wb = w + (long)b * Q8_0_BYTES;
-        uint16_t h;
-        memcpy(&h, wb, 2);
         const int8_t *q = (const int8_t *)(wb + 2);
         const float *xb = x + (long)b * Q8_BLOCK;
         float sum = 0.0f;
         for (int j = 0; j < Q8_BLOCK; j++) sum += (float)q[j] * xb[j];
-        s += fp16_f32(h) * sum;
+        s += fp16_at(wb) * sum;
     }
     return s;
 }
@@ -190,9 +189,7 @@ static inline float dot_q8_0_f32(const uint8_t *restrict w, const float *restric
 static inline void dequant_q8_0(const uint8_t *restrict w, float *restrict out, int n) {
     for (int b = 0; b < n / Q8_BLOCK; b++) {
         const uint8_t *wb = w + (long)b * Q8_0_BYTES;
-        uint16_t h;
-        memcpy(&h, wb, 2);
-        const float d = fp16_f32(h);
+        const float d = fp16_at(wb);
         const int8_t *q = (const int8_t *)(wb + 2);
         for (int j = 0; j < Q8_BLOCK; j++) out[(long)b * Q8_BLOCK + j] = d * (float)q[j];
     }
