@@ -118,3 +118,10 @@ def test_bad_expert_dtype_is_one_line(tiny_model: tuple[Path, Any], tmp_path: Pa
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output.strip().splitlines()[-1])["expert_dtypes"] == ["Q8_0"]
+
+
+def test_float_experts_take_the_dtype(tiny_model: tuple[Path, Any], tmp_path: Path) -> None:
+    """An F32 GGUF's experts are written in --dtype, not kept as f32 blocks."""
+    path = write_gguf(tiny_model[1], tiny_model[0], tmp_path / "f32.gguf", "F32")
+    result = convert_to_ftw(path, tmp_path / "ftw")
+    assert result.expert_dtypes == ("bfloat16",) and bank_codecs(tmp_path / "ftw") == {None}

@@ -77,8 +77,8 @@ def plan_checkpoint(
 
 def stored_codecs(ckpt: object, plan: CheckpointPlan, keep: frozenset[str]) -> dict[int, tuple[Codec, Codec]]:
     """Layers whose experts stay in the blocks the file stores them in: whole-layer banks (GGUF), gate and
-    up in one codec, both codecs in `keep` (what the expert kernel computes from), not both bf16 (a bf16
-    pool holds those as they are). Other layers are dequantised to the pool dtype."""
+    up in one codec, both codecs in `keep` (what the expert kernel computes from), at least one of them
+    blocks (float experts take the pool dtype). Other layers are dequantised to the pool dtype."""
     codec_of = getattr(ckpt, "codec", None)
     if not keep or codec_of is None:
         return {}
@@ -91,7 +91,8 @@ def stored_codecs(ckpt: object, plan: CheckpointPlan, keep: frozenset[str]) -> d
             gate, up, down = (codec_of(parts[part]) for part in ("gate", "up", "down"))
         except FreeTokenError:  # a type no codec has: dequantised by the gguf package, if it can
             continue
-        if gate == up and {gate.name, down.name} <= keep and {gate.name, down.name} != {"bf16"}:
+        floats = gate.block_elements == down.block_elements == 1
+        if gate == up and {gate.name, down.name} <= keep and not floats:
             out[layer] = (gate, down)
     return out
 
