@@ -178,6 +178,7 @@ def test_metrics_and_stats(server: Server, openai_client: Any) -> None:
         "freetoken_experts_misses": "counter",
         "freetoken_experts_fills_per_layer_step": "gauge",
         "freetoken_experts_slots_occupied": "gauge",
+        "freetoken_memory_expert_pool_bytes": "gauge",
         "freetoken_prefix_cache_hit_tokens": "counter",
     }
     for name, kind in kinds.items():
@@ -186,3 +187,4 @@ def test_metrics_and_stats(server: Server, openai_client: Any) -> None:
     assert families["freetoken_requests_finished"].samples[0].value >= 1
     stats = server.stats()
     assert stats["requests"]["finished"] >= 1 and stats["tokens"]["generated"] >= 3
+    assert stats["experts"]["pool_dtypes"] and stats["memory"]["expert_pool_bytes"] > 0

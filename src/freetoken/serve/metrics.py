@@ -22,6 +22,7 @@ def snapshot(state: ServeState) -> dict[str, Any]:
     occupied = residency.resident_count() if residency is not None else 0
     layer_steps = engine.moe_counters.steps * max(len(engine.moe_counters.moe_layers), 1)
     prefix = batcher.prefix.stats
+    pool = engine.pool.describe() if engine.pool is not None else {"bytes": 0, "dtypes": []}
     return {
         "model": state.model_names[0],
         "uptime_s": round(uptime, 3),
@@ -55,8 +56,12 @@ def snapshot(state: ServeState) -> dict[str, Any]:
             "fills_per_layer_step": round(moe["fills"] / layer_steps, 4) if layer_steps else 0.0,
             "slots": engine.num_slots,
             "slots_occupied": occupied,
+            "pool_dtypes": pool["dtypes"],  # the codecs the host pool keeps experts in
         },
-        "memory": {k: v for k, v in engine.memory_report().items() if k != "vram_budget"},
+        "memory": {
+            **{k: v for k, v in engine.memory_report().items() if k != "vram_budget"},
+            "expert_pool_bytes": pool["bytes"],
+        },
         "prefix_cache": {
             "lookups": prefix.lookups,
             "hit_tokens": prefix.hit_tokens,
