@@ -30,18 +30,13 @@ from freetoken.runtime.moe.kernels.cpu_experts import (
     read_bandwidth,
 )
 
-SCALES = {"Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # byte offsets of a block's fp16 scales
-
 
 def random_bank(codec: str, experts: int, rows: int, n: int, rng: np.random.Generator) -> torch.Tensor:
     if codec == "bf16":
         return aligned_empty((experts, rows, n), torch.bfloat16, huge=True).normal_(0.0, 0.02)
     spec = get_codec(codec)
     bank = aligned_empty((experts, rows, spec.row_bytes(n)), torch.uint8, huge=True)
-    blocks = bank.numpy().reshape(-1, spec.block_bytes)
-    blocks[:] = rng.integers(0, 256, blocks.shape, dtype=np.uint8)
-    for at in SCALES[codec]:
-        blocks[:, at : at + 2] = np.frombuffer(np.float16(1e-4).tobytes(), np.uint8)
+    spec.random_blocks(bank.numpy(), rng, 1e-4)
     return bank
 
 

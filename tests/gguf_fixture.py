@@ -75,24 +75,18 @@ def _tokenizer_fields(folder: Path) -> dict[str, Any]:
     }
 
 
-# fp16 super-block scales of random raw blocks: (byte offsets in a block, value), so weights stay small
-BLOCK_SCALES = {"Q4_K": ((0, 2), 1e-3), "Q5_K": ((0, 2), 1e-3), "Q6_K": ((208,), 1e-4), "Q8_0": ((0,), 5e-3)}
+# the value of every fp16 super-block scale in random raw blocks, so weights stay small
+BLOCK_SCALE = {"Q4_K": 1e-3, "Q5_K": 1e-3, "Q6_K": 1e-4, "Q8_0": 5e-3}
 
 
 def random_blocks(qtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     """Random raw blocks of a GGML type for a weight of `shape` (last dim = row length): every bit pattern
     of the quants and packed sub-block scales, small finite super-block scales. -> uint8 [..., row bytes]"""
-    from gguf.constants import GGML_QUANT_SIZES
-    from gguf.constants import GGMLQuantizationType as Q
+    from freetoken.codecs import get_codec
 
-    elements, nbytes = GGML_QUANT_SIZES[Q[qtype]]
-    rng = np.random.default_rng(seed)
-    rows = rng.integers(0, 256, (*shape[:-1], shape[-1] // elements * nbytes), dtype=np.uint8)
-    blocks = rows.reshape(-1, nbytes)
-    offsets, value = BLOCK_SCALES[qtype]
-    for at in offsets:
-        blocks[:, at : at + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
-    return rows
+    codec = get_codec(qtype)
+    out = np.empty((*shape[:-1], codec.row_bytes(shape[-1])), dtype=np.uint8)
+    return codec.random_blocks(out, np.random.default_rng(seed), BLOCK_SCALE[qtype])
 
 
 def write_gguf(

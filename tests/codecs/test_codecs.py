@@ -66,3 +66,20 @@ def test_bad_rows_and_unknown_types_are_one_line_errors() -> None:
     with pytest.raises(FreeTokenError, match=r"^w: GGUF tensor type Q4_0 is not supported; supported: bf16"):
         codec_for_ggml(int(GGMLQuantizationType.Q4_0), "w")
     assert codec_for_ggml(14).name == "Q6_K"
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_random_blocks_keep_their_scales_small_and_finite(name: str) -> None:
+    """Every block's recorded fp16 scales hold the asked value (gguf's dequantisation stays finite and
+    bounded by it); a codec without recorded offsets refuses in one line."""
+    codec = get_codec(name)
+    out = np.empty((3, codec.row_bytes(512)), dtype=np.uint8)
+    codec.random_blocks(out, np.random.default_rng(0), 1e-3)
+    blocks = out.reshape(-1, codec.block_bytes)
+    for at in codec.scale_offsets:
+        assert (blocks[:, at : at + 2].copy().view(np.float16) == np.float16(1e-3)).all()
+    values = codec.dequantize(out, 512)
+    # at most scale x the largest sub-block scale x the largest quant (127 x 64 covers every one of these)
+    assert np.isfinite(values).all() and 0 < np.abs(values).max() < 1e-3 * 127 * 64
+    with pytest.raises(FreeTokenError, match="no random blocks for IQ3_S"):
+        get_codec("IQ3_S").random_blocks(out, np.random.default_rng(0), 1e-3)

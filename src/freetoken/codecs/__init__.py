@@ -22,6 +22,7 @@ class Codec:
     block_elements: int  # elements of a row per block
     block_bytes: int  # bytes per block
     ggml_type: int | None = None  # the GGUF tensor type, when the codec is one
+    scale_offsets: tuple[int, ...] = ()  # byte offsets of a block's fp16 (super-block) scales
 
     def row_bytes(self, elements: int) -> int:
         """Bytes of one stored row of `elements` weights (a whole number of blocks)."""
@@ -58,6 +59,17 @@ class Codec:
         assert self.ggml_type is not None
         return dequantize(data, GGMLQuantizationType(self.ggml_type)).astype(np.float32, copy=False)
 
+    def random_blocks(self, out: np.ndarray, rng: np.random.Generator, scale: float) -> np.ndarray:
+        """Fill `out` (uint8 [..., whole blocks]) with random blocks: every bit pattern of the quants and
+        packed sub-block scales, every fp16 scale set to `scale` (small and finite). Returns `out`."""
+        if not self.scale_offsets:
+            raise FreeTokenError(f"no random blocks for {self.name}: its scale offsets are not recorded")
+        blocks = out.reshape(-1, self.block_bytes)
+        blocks[:] = rng.integers(0, 256, blocks.shape, dtype=np.uint8)
+        for at in self.scale_offsets:
+            blocks[:, at : at + 2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+        return out
+
     def quantize(self, values: np.ndarray, name: str = "tensor") -> np.ndarray:
         """float [..., n] -> uint8 [..., row_bytes(n)] blocks by the reference quantizer (gguf's, where it
         has one for this codec: Q8_0, bf16, f16); `name` is the tensor's, for the errors."""
@@ -74,8 +86,10 @@ class Codec:
         return np.ascontiguousarray(out).view(np.uint8).reshape(*data.shape[:-1], -1)
 
 
-def _ggml(name: str, type_id: int, block_elements: int, block_bytes: int) -> Codec:
-    return Codec(name, block_elements, block_bytes, type_id)
+def _ggml(
+    name: str, type_id: int, block_elements: int, block_bytes: int, scale_offsets: tuple[int, ...] = ()
+) -> Codec:
+    return Codec(name, block_elements, block_bytes, type_id, scale_offsets)
 
 
 # name -> codec, in the order the issue that brings them lists them (GGML type ids and block sizes as
@@ -86,10 +100,10 @@ CODECS: dict[str, Codec] = {
         _ggml("bf16", 30, 1, 2),
         _ggml("f16", 1, 1, 2),
         _ggml("f32", 0, 1, 4),
-        _ggml("Q8_0", 8, 32, 34),
-        _ggml("Q4_K", 12, 256, 144),
-        _ggml("Q6_K", 14, 256, 210),
-        _ggml("Q5_K", 13, 256, 176),
+        _ggml("Q8_0", 8, 32, 34, (0,)),
+        _ggml("Q4_K", 12, 256, 144, (0, 2)),
+        _ggml("Q6_K", 14, 256, 210, (208,)),
+        _ggml("Q5_K", 13, 256, 176, (0, 2)),
         _ggml("IQ4_XS", 23, 256, 136),
         _ggml("MXFP4", 39, 32, 17),
         _ggml("IQ3_S", 21, 256, 110),

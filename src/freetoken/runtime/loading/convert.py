@@ -113,7 +113,8 @@ def convert_to_ftw(
                     progress(done, total)
             e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
             keep = stored_codecs(ckpt, plan, frozenset(CODECS)) if expert_dtype == "stored" else {}
-            fill = torch.float32 if expert_dtype not in ("stored", "dtype") else target  # quantized from fp32
+            quantize_to = None if expert_dtype in ("stored", "dtype") else expert_dtype  # a codec name
+            fill = torch.float32 if quantize_to else target  # quantized from fp32
             written: set[str] = set()
             for layer, items in plan.experts.items():
                 stored = {layer: keep[layer]} if layer in keep else None
@@ -124,8 +125,8 @@ def convert_to_ftw(
                 for kind, tensor, name in zip(
                     ("gate_up", "down"), (bank.gate_up[layer], bank.down[layer]), names, strict=True
                 ):
-                    codec = name if stored or expert_dtype not in ("stored", "dtype") else None
-                    if codec is not None and not stored:
+                    codec = name if stored or quantize_to else None
+                    if quantize_to and not stored:
                         tensor = torch.from_numpy(CODECS[codec].quantize(tensor.numpy(), f"experts.{layer}"))
                     writer.add(f"experts.{layer}.{kind}", tensor, kind=kind, layer=layer, codec=codec)
                     written.add(codec or dtype)
