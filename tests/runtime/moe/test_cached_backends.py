@@ -53,6 +53,9 @@ def test_batch_of_one_matches_fused(
     engine = cached(tiny_model[0], backend, size)
     try:
         assert greedy(engine) == greedy(fused)
+        if backend != "offload":  # decode steps handed their CPU pairs over inside the step
+            branch = engine.executor.stream_branch
+            assert branch is not None and branch.served() > 0 and engine.executor.stream_off is None
         seq, ref_seq = engine.new_sequence(), fused.new_sequence()
         assert (
             rel_err(

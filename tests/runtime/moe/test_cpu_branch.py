@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from expert_banks import pool, step
 from freetoken.runtime.moe.cpu_branch import CpuBranch
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels import loader
 from freetoken.runtime.moe.kernels.cpu_experts import KernelWorker
-from freetoken.runtime.moe.pool import HostExpertPool
 
 
 @pytest.fixture(autouse=True)
@@ -17,24 +17,6 @@ def _fresh_loader():
     loader.load_library.cache_clear()
     yield
     loader.load_library.cache_clear()
-
-
-def pool(dtype: torch.dtype, e: int = 6, h: int = 128, i: int = 48) -> HostExpertPool:
-    gen = torch.Generator().manual_seed(3)
-    p = HostExpertPool.allocate((0, 1), e, h, i, dtype)
-    for layer in (0, 1):
-        p.gate_up[layer].copy_(torch.randn(p.gate_up[layer].shape, generator=gen) * 0.1)
-        p.down[layer].copy_(torch.randn(p.down[layer].shape, generator=gen) * 0.1)
-    p.mark_filled()
-    return p
-
-
-def step(seed: int, t: int = 5, k: int = 3, e: int = 6, h: int = 128):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(t, h, generator=gen)
-    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
-    ids[1, 0] = -1
-    return x, ids, torch.rand(t, k, generator=gen)
 
 
 @pytest.mark.parametrize("inline", [False, True])

@@ -10,6 +10,7 @@ from freetoken.runtime.moe.kernels import loader
 from freetoken.runtime.moe.kernels.cpu_experts import (
     cpu_experts,
     kernel_available,
+    kernel_takes,
     read_bandwidth,
     run_kernel,
 )
@@ -52,6 +53,19 @@ def test_kernel_equals_reference(t: int, k: int, threads: int) -> None:
     ref = grouped_experts(x, ids, w, gate_up.float(), down.float())  # fp32 math on the same bf16 weights
     out = cpu_experts(x, ids, w, gate_up, down, threads=threads)
     assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("t", "k"), [(1, 8), (5, 3)])
+def test_f32_banks_equal_reference(t: int, k: int) -> None:
+    """fp32 banks (the f32 codec: an fp32 pool, as --dtype float32 keeps) through the kernel, not torch."""
+    gate_up, down = (bank.float() for bank in banks(seed=4))
+    gate_up = gate_up + torch.randn_like(gate_up) * 1e-3  # values bf16 cannot hold
+    x, ids, w = routing(t, k, 12, seed=t)
+    ref = grouped_experts(x, ids, w, gate_up, down)
+    assert kernel_takes(gate_up, down, ("f32", "f32")) and not kernel_takes(gate_up, down)
+    out = torch.empty_like(x)
+    assert run_kernel(loader.load_library(), x, ids, w, gate_up, down, out, 2, codecs=("f32", "f32")) == t * k
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 

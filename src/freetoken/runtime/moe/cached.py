@@ -9,11 +9,14 @@ step's experts:
             hybrid   fetch q = clamp(round(m·B_P/B_H), 1, min(m, max_fetch)), the CPU takes m − q
 A decode step that fetches all its misses runs on the device alone: the policy's fill plan is carried
 out by a gather kernel reading the pinned host pool (kernels/expert_fill.py), then the experts compute
-from their slots — so it is captured in the decode step's CUDA graph. A step with a CPU share reads the
-policy's answer back once: the CPU branch is launched first; fills run on the transfer stream (DMA)
-while the hits compute; the fetched experts compute after the fills land; partial sums are added (an
-exact merge: each pair counted once). A prefill pass where streaming whole layers wins (prefill_plan)
-runs every layer from a LayerStreamer's double buffers instead, with no routing read-back.
+from their slots — so it is captured in the decode step's CUDA graph. A decode step with a CPU share
+hands the CPU's pairs over inside the stream (stream_branch.py: staged, flagged, computed by a native
+coordinator, waited for and added), with the fills and the slots' pairs in between — captured too. Where
+that branch is unavailable, and for larger steps, the step reads the policy's answer back once: the CPU
+branch is launched first; fills run on the transfer stream (DMA) while the hits compute; the fetched
+experts compute after the fills land; partial sums are added (an exact merge: each pair counted once).
+A prefill pass where streaming whole layers wins (prefill_plan) runs every layer from a LayerStreamer's
+double buffers instead, with no routing read-back.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS
 from freetoken.runtime.moe.layer_stream import LayerStreamer
 from freetoken.runtime.moe.policy import fetch_fraction
 from freetoken.runtime.moe.prefill_plan import PrefillCosts
-from freetoken.runtime.moe.residency import ExpertResidency
+from freetoken.runtime.moe.residency import COUNTER_NAMES, ExpertResidency
 from freetoken.runtime.moe.slot_bank import SlotBank
+from freetoken.runtime.moe.stream_branch import StreamBranch
 
 
 class CachedExecutor(ExpertExecutor):
@@ -56,8 +60,36 @@ class CachedExecutor(ExpertExecutor):
         self._fill = fill_slots if ctx.device.type == "cuda" else fill_slots_reference
         self.counters.attach(self.residency.read_counters)
         self._set_fetch()
+        self.stream_branch: StreamBranch | None = None
+        self.stream_off: str | None = None  # why decode steps with CPU work read routing back instead
+        self._start_stream_branch()
         if warm:
             self._warm_up()
+
+    def _start_stream_branch(self) -> None:
+        """The stream branch, once a decode step can leave pairs to the CPU."""
+        if self.stream_branch is not None or self.stream_off is not None or not self._needs_stream_branch():
+            return
+        try:
+            self.stream_branch = StreamBranch(
+                self.pool, self.device, self.ctx.num_experts_per_tok, MAX_DECODE_TOKENS, self.cpu.threads,
+                self.ctx.moe.cpu_int8_act,
+            )  # fmt: skip
+        except RuntimeError as exc:
+            self.stream_off = str(exc)
+
+    def _needs_stream_branch(self) -> bool:
+        """Whether a decode step can leave pairs to the CPU (the cpu device with no slot has its native
+        step and the inline path instead)."""
+        if self.residency.num_slots == 0:
+            return self.device.type == "cuda"
+        pairs = MAX_DECODE_TOKENS * self.ctx.num_experts_per_tok
+        return any(not self._device_alone(layer, pairs) for layer in self.pool.layers)
+
+    def _in_stream(self, rows: int) -> bool:
+        """Whether a step of `rows` hands its CPU pairs over inside the stream."""
+        branch = self.stream_branch
+        return branch is not None and self.stream_off is None and rows <= branch.max_rows
 
     def _warm_up(self) -> None:
         """Start with an equal share of every MoE layer resident (lowest expert ids), oldest first."""
@@ -78,9 +110,12 @@ class CachedExecutor(ExpertExecutor):
         self.bank.reallocate(num_slots + 1)  # the last slot is the probes' own
         self.ctx.num_slots = num_slots
         self._fill_placed(placed)
+        self._start_stream_branch()  # fewer slots than a step's pairs: overflow goes to the CPU
 
     def set_cpu_threads(self, threads: int) -> None:
         self.cpu.threads = max(1, min(self._branch_threads, threads))
+        if self.stream_branch is not None:
+            self.stream_branch.set_threads(self.cpu.threads)
 
     def fetches_all(self, layer: int) -> bool:
         """Whether every miss of `layer` is fetched (no CPU share: the step needs no read-back)."""
@@ -107,6 +142,10 @@ class CachedExecutor(ExpertExecutor):
         return self.fetches_all(layer) and small and pairs <= self.residency.num_slots
 
     def graph_blocker(self, rows: int) -> str | None:
+        if self._in_stream(rows):
+            return None
+        if self.stream_off is not None:
+            return f"the CPU branch cannot run inside the step ({self.stream_off})"
         if self.mode != "offload":
             return f"the {self.mode} backend computes misses on the CPU"
         if self.ctx.cpu_layers:
@@ -149,12 +188,23 @@ class CachedExecutor(ExpertExecutor):
         self.streamer.stage(self.pool.layers[0])  # behind the embedding and the first attention
 
     def end_pass(self) -> None:
+        self._check_stream_branch()
         streamer, self.streamer = self.streamer, None
         if streamer is None:
             return
         streamer.finish(self._compute_stream())
         for layer, (pcie, d2d) in streamer.copies.items():
             self.counters.add(self.residency.row_of[layer], streamed=pcie, d2d=d2d)
+
+    def _check_stream_branch(self) -> None:
+        """After a pass: a CPU branch that died in it voids the pass (its hand-overs were answered with
+        no result); later steps read routing back."""
+        if self.stream_branch is None or self.stream_off is not None:
+            return
+        why = self.stream_branch.failure()
+        if why is not None:
+            self.stream_off = why
+            raise RuntimeError(f"{why}: this step's results are void; later steps read routing back")
 
     def _compute_stream(self) -> torch.cuda.Stream | None:
         return torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
@@ -173,14 +223,38 @@ class CachedExecutor(ExpertExecutor):
     ) -> torch.Tensor:
         if self.streamer is not None:
             return self._forward_streamed(layer, x, topk_ids, topk_weights)
+        in_stream = self._in_stream(x.shape[0])
         if self.residency.num_slots == 0:
+            if in_stream:
+                return self._forward_all_handed_over(layer, x, topk_ids, topk_weights)
             return self._forward_from_pool(layer, x, topk_ids, topk_weights)
         slot_ids, plan, count = self.residency.ensure(layer, topk_ids, topk_weights)
+        pool, bank = self.pool, self.bank
         if self._device_alone(layer, topk_ids.numel()):
-            pool, bank = self.pool, self.bank
             self._fill(plan, count, pool.gate_up[layer], pool.down[layer], bank.gate_up, bank.down)
             return self._from_bank(x, slot_ids, topk_weights)
+        if in_stream:  # CPU pairs handed over, fills and the slots' pairs meanwhile, then the merge
+            assert self.stream_branch is not None
+            cpu_ids = torch.where(slot_ids < 0, topk_ids, torch.full_like(topk_ids, -1))
+            self.stream_branch.submit(layer, x, cpu_ids, topk_weights)
+            self._fill(plan, count, pool.gate_up[layer], pool.down[layer], bank.gate_up, bank.down)
+            return self.stream_branch.merge(self._from_bank(x, slot_ids, topk_weights))
         return self._forward_read_back(layer, x, topk_ids, topk_weights, slot_ids, plan[: int(count.item())])
+
+    def _forward_all_handed_over(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """No slot: every pair handed over to the CPU inside the stream; misses counted on the device."""
+        assert self.stream_branch is not None
+        self.stream_branch.submit(layer, x, topk_ids, topk_weights)
+        e = self.pool.num_experts
+        seen = torch.zeros(e + 1, dtype=torch.int64, device=x.device)  # [E + 1]: slot 0 for "no pair"
+        seen.scatter_(0, (topk_ids.reshape(-1) + 1).clamp(0, e), 1)
+        distinct = seen[1:].sum()
+        row = self.residency.counters[self.residency.row_of[layer]]
+        row[COUNTER_NAMES.index("misses")] += distinct
+        row[COUNTER_NAMES.index("cpu")] += distinct
+        return self.stream_branch.merge(torch.zeros_like(x))
 
     def _forward_from_pool(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
@@ -295,6 +369,8 @@ class CachedExecutor(ExpertExecutor):
 
     def close(self) -> None:
         self.cpu.close()
+        if self.stream_branch is not None:
+            self.stream_branch.close()
 
 
 def _smooth(old: float | None, new: float, weight: float = 0.2) -> float:

@@ -18,9 +18,10 @@ from freetoken.runtime.moe.pool import HUGE_PAGES
 
 # codec name -> the id quant_dot.h knows it by: what the compiled kernel computes from in place (against
 # fp32 activations), and the ids of the codecs it can also take against int8 activation blocks
-CODEC_IDS = {"bf16": 0, "Q8_0": 1, "Q4_K": 3, "Q6_K": 4}
+CODEC_IDS = {"bf16": 0, "Q8_0": 1, "Q4_K": 3, "Q6_K": 4, "f32": 7}
 INT8_ACT_IDS = {"Q8_0": 2, "Q4_K": 5, "Q6_K": 6}
 BF16 = ("bf16", "bf16")
+BANK_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}  # codecs held as plain tensors; others as bytes
 
 
 def kernel_available() -> bool:
@@ -42,12 +43,16 @@ def branch_threads() -> int:
 
 
 def kernel_takes(gate_up_bank: torch.Tensor, down_bank: torch.Tensor, codecs: tuple[str, str] = BF16) -> bool:
-    """Whether the compiled kernel computes from these banks: contiguous, bf16 or blocks of its codecs."""
+    """Whether the compiled kernel computes from these banks: contiguous, in its codecs (`codecs` names
+    them; plain bf16/f32 tensors, or uint8 blocks)."""
     if not (gate_up_bank.is_contiguous() and down_bank.is_contiguous()):
         return False
-    if codecs == BF16:
-        return gate_up_bank.dtype == torch.bfloat16 and down_bank.dtype == torch.bfloat16
-    return all(c in CODEC_IDS for c in codecs) and gate_up_bank.dtype == down_bank.dtype == torch.uint8
+    if any(c not in CODEC_IDS for c in codecs):
+        return False
+    if gate_up_bank.dtype == down_bank.dtype == torch.uint8:
+        return True  # blocks, or plain values as bytes
+    banks = (gate_up_bank, down_bank)
+    return all(bank.dtype == BANK_DTYPES.get(c) for bank, c in zip(banks, codecs, strict=True))
 
 
 def codec_ids(codecs: tuple[str, str], int8_act: bool = False) -> tuple[int, int]:

@@ -97,7 +97,7 @@ static inline int unit_at(const units_t *s, int n_experts, long u, int *k, int *
 }
 
 // One G or D unit's dots: out[j] = row . vector j for `cnt` vectors, in the row's codec (bf16 against
-// split fp32 vectors, Q4_K, Q6_K and Q8_0 against fp32 vectors, Q8_0_ACT8 against int8 blocks).
+// split fp32 vectors, f32, Q4_K, Q6_K and Q8_0 against fp32 vectors, Q8_0_ACT8 against int8 blocks).
 typedef struct {
     const float *f[GROUP];
     const int8_t *q[GROUP];
@@ -160,6 +160,8 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
         for (int j = 0; j < cnt; j++) out[j] = dot_q4_k(row, v->f[j], n);
     else if (codec == FT_CODEC_Q6_K)
         for (int j = 0; j < cnt; j++) out[j] = dot_q6_k(row, v->f[j], n);
+    else if (codec == FT_CODEC_F32)
+        dots_f32((const float *)row, v->f, cnt, n, out);
     else
         dots_bf16((const uint16_t *)row, v->f, cnt, n, out);
 }

@@ -20,7 +20,7 @@ from freetoken.env import c_compiler, cpu_kernel_choice, kernels_dir
 
 HERE = Path(__file__).parent
 # the expert kernel, the thread that runs it, the dense layers' GEMV, the decode attention block and norm,
-# the whole CPU decode step over them
+# the whole CPU decode step over them, the coordinator of the CPU branch inside a GPU step
 SOURCES = tuple(
     HERE / name
     for name in (
@@ -30,6 +30,7 @@ SOURCES = tuple(
         "attention_decode.c",
         "norm_cpu.c",
         "decode_step_cpu.c",
+        "branch_coordinator.c",
     )
 )
 HEADERS = (HERE / "bf16_dot.h", HERE / "quant_dot.h", HERE / "kquant_dot.h")
@@ -148,5 +149,17 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.ft_decode_step_scratch.argtypes, lib.ft_decode_step_scratch.restype = [vp, i32], ctypes.c_long
     # logits, element size, rows, vocab, out [rows, 2] int64 (argmax, finite)
     lib.ft_greedy_rows.argtypes, lib.ft_greedy_rows.restype = [vp, i32, i32, ctypes.c_long, vp], None
+    # the stream branch: flags, stage, out, per-layer gate_up/down pointers and codec ids, layers, bank
+    # experts, hidden, inter, top_k, max rows, threads, stall seconds
+    lib.ft_branch_new.argtypes = [vp, vp, vp, vp, vp, vp, vp, *[i32] * 7, ctypes.c_double]
+    lib.ft_branch_new.restype = vp
+    lib.ft_branch_set_threads.argtypes, lib.ft_branch_set_threads.restype = [vp, i32], None
+    lib.ft_branch_failed.argtypes, lib.ft_branch_failed.restype = [vp, ctypes.POINTER(i32)], i32
+    lib.ft_branch_served.argtypes, lib.ft_branch_served.restype = [vp], ctypes.c_long
+    lib.ft_branch_signal.argtypes, lib.ft_branch_signal.restype = [vp], None
+    lib.ft_branch_wait_done.argtypes, lib.ft_branch_wait_done.restype = [vp], i32
+    lib.ft_branch_hold.argtypes, lib.ft_branch_hold.restype = [vp, ctypes.c_double], None
+    lib.ft_branch_stop_coordinator.argtypes, lib.ft_branch_stop_coordinator.restype = [vp], None
+    lib.ft_branch_free.argtypes, lib.ft_branch_free.restype = [vp], None
     lib.ft_read_f32.argtypes = [f32p, ctypes.c_long, i32]
     lib.ft_read_f32.restype = ctypes.c_double

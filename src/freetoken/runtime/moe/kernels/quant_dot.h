@@ -30,7 +30,8 @@ enum {
     FT_CODEC_Q4_K = 3,
     FT_CODEC_Q6_K = 4,
     FT_CODEC_Q4_K_ACT8 = 5,
-    FT_CODEC_Q6_K_ACT8 = 6
+    FT_CODEC_Q6_K_ACT8 = 6,
+    FT_CODEC_F32 = 7
 };
 #define Q8_BLOCK 32
 #define Q8_0_BYTES 34
@@ -39,6 +40,7 @@ enum {
 static inline void codec_block(int codec, int *elements, int *bytes) {
     switch (codec) {
         case FT_CODEC_BF16: *elements = 1, *bytes = 2; return;
+        case FT_CODEC_F32: *elements = 1, *bytes = 4; return;
         case FT_CODEC_Q8_0:
         case FT_CODEC_Q8_0_ACT8: *elements = Q8_BLOCK, *bytes = Q8_0_BYTES; return;
         case FT_CODEC_Q4_K:

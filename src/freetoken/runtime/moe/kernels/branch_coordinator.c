@@ -1,0 +1,246 @@
+// The CPU branch of a decode step that runs on the GPU without the host: the GPU stages the pairs it
+// leaves to the CPU in pinned memory and raises a flag (a stream write, which a captured graph replays);
+// a native coordinator thread sees the flag, runs ft_moe over the pool's banks, writes the result to
+// pinned memory and raises the done flag the GPU's stream waits on. One layer is in flight at a time: the
+// GPU hands over layer l+1 only after it has waited for layer l.
+//
+// Flags [2] int32 in mapped pinned memory: submit (the GPU sets 1, the coordinator takes it back to 0),
+// done (the coordinator sets 1, the GPU's stream sets it back to 0 after its wait).
+// Stage (pinned): int64 header [2] (rows, layer row), then x fp32 [rows, H], ids int64 [rows, K] (-1: not
+// the CPU's), weights fp32 [rows, K], packed in that order with no gaps (H even keeps ids 8-aligned).
+// Out (pinned): fp32 [rows, H], written whole.
+//
+// A watchdog thread turns a failed or stuck branch into an error, never a hang: once the coordinator
+// fails (the kernel returns an error) or stays in one layer longer than `stall_s`, the branch is dead:
+// every submission from then on is acknowledged at once (done = 1, out untouched), so the GPU finishes
+// its step, and the host reads `failed` after the step and raises.
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define relax() _mm_pause()
+#else
+#define relax() ((void)0)
+#endif
+
+int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
+           int inter, const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
+           float *scratch, float *out, int threads, long unit_bytes, double *trace);
+
+enum { SUBMIT = 0, DONE = 1 };
+enum { FAIL_NONE = 0, FAIL_KERNEL = 1, FAIL_STALL = 2, FAIL_STOPPED = 3, FAIL_HEADER = 4 };
+#define SPIN_NS 2000000L  // after this long without work the coordinator naps between looks
+#define DOZE_NS 100000000L  // after this long it naps longer (an idle engine)
+#define DOZE_NAP_NS 1000000L
+#define WAIT_SPIN_NS 20000L  // the host's wait (cpu device) spins this long, then naps
+#define NAP_NS 20000L
+#define WATCH_NS 1000000L  // the watchdog's look interval while the branch is alive
+
+typedef struct {
+    const void *gate_up, *down;
+    int gu_codec, dn_codec;
+} layer_banks;
+
+typedef struct {
+    int32_t *flags;
+    const unsigned char *stage;
+    float *out;
+    layer_banks *layers;
+    int n_layers, bank_experts, hidden, inter, top_k, max_rows;
+    int threads;  // read per layer: the host may change it between steps
+    double stall_s;
+    float *scratch;
+    int stop;          // the host asks the threads to end
+    int failed;        // FAIL_*: the branch is dead
+    int error;         // the kernel's result when FAIL_KERNEL
+    long served;       // layers served (computed or acknowledged)
+    long busy_since;   // ns, monotonic: when the coordinator took the layer it is computing; 0 when idle
+    pthread_t coordinator, watchdog;
+    int running;       // threads started
+    int joined;        // the coordinator has been joined
+    long hold_ns;      // tests: the next layer first sleeps this long (a stuck branch)
+} ft_branch;
+
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static void nap(long ns) {
+    struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+}
+
+// Takes a pending submission (exactly one thread wins it).
+static int take(ft_branch *b) {
+    if (__atomic_load_n(&b->flags[SUBMIT], __ATOMIC_ACQUIRE) != 1) return 0;
+    return __atomic_exchange_n(&b->flags[SUBMIT], 0, __ATOMIC_ACQ_REL) == 1;
+}
+
+static void answer(ft_branch *b) {
+    __atomic_store_n(&b->flags[DONE], 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&b->served, 1, __ATOMIC_ACQ_REL);
+}
+
+static void fail(ft_branch *b, int why, int error) {
+    int none = FAIL_NONE;
+    if (__atomic_compare_exchange_n(&b->failed, &none, why, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        b->error = error;
+}
+
+static int serve(ft_branch *b) {
+    const int64_t *header = (const int64_t *)b->stage;
+    const long rows = header[0], row = header[1];
+    if (rows < 0 || rows > b->max_rows || row < 0 || row >= b->n_layers) return -100;
+    const long h = b->hidden, k = b->top_k;
+    const float *x = (const float *)(b->stage + 16);
+    const int64_t *ids = (const int64_t *)(x + rows * h);
+    const float *weights = (const float *)(ids + rows * k);
+    const layer_banks *l = &b->layers[row];
+    const long hold = __atomic_exchange_n(&b->hold_ns, 0L, __ATOMIC_ACQ_REL);
+    if (hold > 0) {
+        struct timespec ts = {hold / 1000000000L, hold % 1000000000L};
+        nanosleep(&ts, NULL);
+    }
+    const int threads = __atomic_load_n(&b->threads, __ATOMIC_RELAXED);
+    return ft_moe(l->gate_up, l->gu_codec, l->down, l->dn_codec, b->bank_experts, b->hidden, b->inter, x, ids,
+                  weights, (int)rows, b->top_k, b->scratch, b->out, threads, 0, NULL);
+}
+
+static void *coordinator_loop(void *arg) {
+    ft_branch *b = arg;
+    long last = now_ns();
+    unsigned spins = 0;
+    while (!__atomic_load_n(&b->stop, __ATOMIC_ACQUIRE)) {
+        if (__atomic_load_n(&b->failed, __ATOMIC_ACQUIRE)) break;  // the watchdog answers from now on
+        if (take(b)) {
+            __atomic_store_n(&b->busy_since, now_ns(), __ATOMIC_RELEASE);
+            const int result = serve(b);
+            __atomic_store_n(&b->busy_since, 0L, __ATOMIC_RELEASE);
+            if (result < 0) fail(b, result == -100 ? FAIL_HEADER : FAIL_KERNEL, result);
+            if (__atomic_load_n(&b->failed, __ATOMIC_ACQUIRE) != FAIL_STALL) answer(b);  // else answered
+            last = now_ns();
+            continue;
+        }
+        if ((++spins & 63) == 0) {
+            const long idle = now_ns() - last;
+            if (idle > SPIN_NS) nap(idle > DOZE_NS ? DOZE_NAP_NS : NAP_NS);
+        } else {
+            relax();
+        }
+    }
+    return NULL;
+}
+
+static void *watchdog_loop(void *arg) {
+    ft_branch *b = arg;
+    while (!__atomic_load_n(&b->stop, __ATOMIC_ACQUIRE)) {
+        if (__atomic_load_n(&b->failed, __ATOMIC_ACQUIRE)) {
+            if (take(b)) answer(b);
+            nap(NAP_NS);
+            continue;
+        }
+        const long since = __atomic_load_n(&b->busy_since, __ATOMIC_ACQUIRE);
+        if (since && now_ns() - since > (long)(b->stall_s * 1e9)) {
+            fail(b, FAIL_STALL, 0);
+            answer(b);  // the layer the coordinator is stuck in
+        }
+        nap(WATCH_NS);
+    }
+    return NULL;
+}
+
+// flags, stage, out: pinned host memory laid out as above, valid until ft_branch_free. gate_up, down,
+// codecs: [n_layers] banks per layer row and their codec ids. Returns NULL when out of memory or a thread
+// cannot start.
+ft_branch *ft_branch_new(int32_t *flags, const unsigned char *stage, float *out, const void **gate_up,
+                         const void **down, const int *gu_codecs, const int *dn_codecs, int n_layers,
+                         int bank_experts, int hidden, int inter, int top_k, int max_rows, int threads,
+                         double stall_s) {
+    ft_branch *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->layers = calloc((size_t)n_layers, sizeof *b->layers);
+    // ft_moe's scratch at max_rows (the int8 activation blocks fit in the x part)
+    b->scratch = malloc(sizeof(float) * ((size_t)max_rows * top_k * (inter + hidden) + (size_t)max_rows * hidden));
+    if (!b->layers || !b->scratch) goto fail;
+    for (int i = 0; i < n_layers; i++)
+        b->layers[i] = (layer_banks){gate_up[i], down[i], gu_codecs[i], dn_codecs[i]};
+    b->flags = flags, b->stage = stage, b->out = out;
+    b->n_layers = n_layers, b->bank_experts = bank_experts, b->hidden = hidden, b->inter = inter;
+    b->top_k = top_k, b->max_rows = max_rows, b->threads = threads, b->stall_s = stall_s;
+    if (pthread_create(&b->coordinator, NULL, coordinator_loop, b) != 0) goto fail;
+    if (pthread_create(&b->watchdog, NULL, watchdog_loop, b) != 0) {
+        __atomic_store_n(&b->stop, 1, __ATOMIC_RELEASE);
+        pthread_join(b->coordinator, NULL);
+        goto fail;
+    }
+    b->running = 1;
+    return b;
+fail:
+    free(b->layers);
+    free(b->scratch);
+    free(b);
+    return NULL;
+}
+
+void ft_branch_set_threads(ft_branch *b, int threads) { __atomic_store_n(&b->threads, threads, __ATOMIC_RELAXED); }
+
+// FAIL_* (0 while the branch is alive); *error receives the kernel's result when FAIL_KERNEL.
+int ft_branch_failed(ft_branch *b, int *error) {
+    const int why = __atomic_load_n(&b->failed, __ATOMIC_ACQUIRE);
+    if (error) *error = b->error;
+    return why;
+}
+
+long ft_branch_served(ft_branch *b) { return __atomic_load_n(&b->served, __ATOMIC_ACQUIRE); }
+
+// Stops the coordinator alone (tests: a branch whose thread is gone); the watchdog answers from then on.
+void ft_branch_stop_coordinator(ft_branch *b) {
+    fail(b, FAIL_STOPPED, 0);
+    if (!b->joined) pthread_join(b->coordinator, NULL);
+    b->joined = 1;
+}
+
+// The host's side of the submit flag where no GPU stream writes it (the cpu device standing in).
+void ft_branch_signal(ft_branch *b) { __atomic_store_n(&b->flags[SUBMIT], 1, __ATOMIC_RELEASE); }
+
+// Tests: the next layer served first sleeps `seconds` (a branch stuck in the kernel).
+void ft_branch_hold(ft_branch *b, double seconds) {
+    __atomic_store_n(&b->hold_ns, (long)(seconds * 1e9), __ATOMIC_RELEASE);
+}
+
+// The host's side of the done flag where no GPU stream waits (the cpu device standing in): blocks until
+// done is 1 and sets it back to 0. Returns 0, or FAIL_* when the branch died (done is still consumed, as the
+// watchdog answers).
+int ft_branch_wait_done(ft_branch *b) {
+    unsigned spins = 0;
+    const long start = now_ns();
+    while (__atomic_load_n(&b->flags[DONE], __ATOMIC_ACQUIRE) != 1) {
+        if ((++spins & 63) == 0 && now_ns() - start > WAIT_SPIN_NS) nap(NAP_NS); else relax();
+    }
+    __atomic_store_n(&b->flags[DONE], 0, __ATOMIC_RELEASE);
+    return __atomic_load_n(&b->failed, __ATOMIC_ACQUIRE);
+}
+
+// Ends both threads (a layer in flight finishes first) and frees the branch. A coordinator still stuck in a
+// layer is left to itself: detached, with the branch's memory, which it may still use.
+void ft_branch_free(ft_branch *b) {
+    if (!b) return;
+    __atomic_store_n(&b->stop, 1, __ATOMIC_RELEASE);
+    if (b->running) {
+        pthread_join(b->watchdog, NULL);
+        if (!b->joined && __atomic_load_n(&b->busy_since, __ATOMIC_ACQUIRE) &&
+            __atomic_load_n(&b->failed, __ATOMIC_ACQUIRE) == FAIL_STALL) {
+            pthread_detach(b->coordinator);
+            return;
+        }
+        if (!b->joined) pthread_join(b->coordinator, NULL);
+    }
+    free(b->layers);
+    free(b->scratch);
+    free(b);
+}

@@ -1,0 +1,140 @@
+"""The CPU branch handed over inside the device's stream: a decode step with CPU work and no host in it.
+
+Per MoE layer step of at most `max_rows` rows (kernels/branch_coordinator.c holds the protocol):
+  submit  the rows' CPU pairs (ids -1 elsewhere), their weights and x are packed into one device buffer,
+          copied to pinned staging in one transfer, and the submit flag is raised — all stream work
+  (the GPU computes its own pairs meanwhile; the coordinator thread runs the C kernel on the pool)
+  merge   the stream waits for the done flag, copies the result [T, H] fp32 back and adds it
+On CUDA the four stream operations go through the driver (kernels/stream_ops.py), so the decode step is
+captured in a CUDA graph with its CPU branch; on the cpu device the calling thread does them, which runs
+this same path in CI. A dead or stuck branch answers every hand-over at once (the GPU never hangs) and
+`failure()` says why; the executor raises it after the step and falls back to the read-back path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from freetoken.runtime.moe.kernels.cpu_experts import bank_sizes, codec_ids, kernel_takes
+from freetoken.runtime.moe.kernels.loader import load_library
+from freetoken.runtime.moe.kernels.stream_ops import DriverStreamOps, HostStreamOps
+from freetoken.runtime.moe.pool import HostExpertPool
+
+HEADER_BYTES = 16  # int64 rows, int64 layer row
+FAILURES = {
+    1: "the CPU expert kernel failed (code {error})",
+    2: "the CPU expert branch was stuck in one layer for over {stall:g} s",
+    3: "the CPU expert branch's thread stopped",
+    4: "the CPU expert branch received a malformed hand-over",
+}
+
+
+def stage_bytes(rows: int, hidden: int, top_k: int) -> int:
+    """Bytes of one hand-over: header, x fp32 [rows, H], ids int64 [rows, K], weights fp32 [rows, K]."""
+    return HEADER_BYTES + rows * (4 * hidden + 12 * top_k)
+
+
+class StreamBranch:
+    def __init__(
+        self,
+        pool: HostExpertPool,
+        device: torch.device,
+        top_k: int,
+        max_rows: int,
+        threads: int,
+        int8_act: bool = False,
+        stall_s: float = 1.0,
+    ) -> None:
+        lib = load_library()
+        if lib is None:
+            raise RuntimeError("the CPU expert kernel is not available")
+        layers = list(pool.layers)
+        codecs = [pool.codec_names(layer) for layer in layers]
+        for layer, names in zip(layers, codecs, strict=True):
+            if not kernel_takes(pool.gate_up[layer], pool.down[layer], names):
+                raise RuntimeError(f"the CPU expert kernel does not take layer {layer}'s banks")
+        assert pool.hidden_size % 2 == 0, "ids are packed 8-aligned after x"
+        self.lib, self.device, self.pool = lib, device, pool
+        self.row_of = {layer: row for row, layer in enumerate(layers)}
+        self.hidden, self.top_k, self.max_rows, self.stall_s = pool.hidden_size, top_k, max_rows, stall_s
+        pin = device.type == "cuda"
+        size = stage_bytes(max_rows, self.hidden, top_k)
+        self.flags = torch.zeros(2, dtype=torch.int32, pin_memory=pin)  # submit, done
+        self.stage = torch.zeros(size, dtype=torch.uint8, pin_memory=pin)
+        self.out_host = torch.zeros(max_rows, self.hidden, dtype=torch.float32, pin_memory=pin)
+        self.pack = torch.zeros(size, dtype=torch.uint8, device=device)  # the stage, built on the device
+        self.result = torch.zeros(max_rows, self.hidden, dtype=torch.float32, device=device)
+        ids = [codec_ids(names, int8_act) for names in codecs]
+        n = len(layers)
+        pointers = ctypes.c_void_p * n
+        ints = ctypes.c_int * n
+        inter = bank_sizes(pool.gate_up[layers[0]], pool.down[layers[0]])[1]
+        # every (rows, layer row) header, so a hand-over copies a view (no host value enters the stream)
+        rows_col = torch.arange(max_rows + 1)[:, None].expand(max_rows + 1, n)
+        rows_row = torch.arange(n)[None, :].expand(max_rows + 1, n)
+        self._headers = torch.stack((rows_col, rows_row), dim=-1).to(device)  # [max_rows + 1, n, 2] int64
+        self.handle = lib.ft_branch_new(
+            self.flags.data_ptr(), self.stage.data_ptr(), self.out_host.data_ptr(),
+            pointers(*(pool.gate_up[layer].data_ptr() for layer in layers)),
+            pointers(*(pool.down[layer].data_ptr() for layer in layers)),
+            ints(*(gu for gu, _ in ids)), ints(*(dn for _, dn in ids)),
+            n, pool.num_experts, self.hidden, inter, top_k, max_rows, threads, stall_s,
+        )  # fmt: skip
+        if not self.handle:
+            raise RuntimeError("could not start the CPU expert branch's threads")
+        self.ops: DriverStreamOps | HostStreamOps = (
+            DriverStreamOps(device) if device.type == "cuda" else HostStreamOps(lib, self.handle)
+        )
+        try:
+            self._submit_flag = self.ops.device_address(self.flags.data_ptr())
+            self._done_flag = self._submit_flag + 4
+        except RuntimeError:
+            self.close()
+            raise
+
+    def set_threads(self, threads: int) -> None:
+        self.lib.ft_branch_set_threads(self.handle, threads)
+
+    def submit(self, layer: int, x: torch.Tensor, cpu_ids: torch.Tensor, weights: torch.Tensor) -> None:
+        """Hand over x [T, H]'s pairs `cpu_ids` [T, K] (-1: not the CPU's) with `weights` [T, K]."""
+        t, h, k = x.shape[0], self.hidden, self.top_k
+        assert t <= self.max_rows, f"a hand-over takes at most {self.max_rows} rows"
+        pack = self.pack
+        pack[:HEADER_BYTES].view(torch.int64).copy_(self._headers[t, self.row_of[layer]])
+        a = HEADER_BYTES
+        pack[a : a + 4 * t * h].view(torch.float32).view(t, h).copy_(x)
+        a += 4 * t * h
+        pack[a : a + 8 * t * k].view(torch.int64).view(t, k).copy_(cpu_ids)
+        a += 8 * t * k
+        pack[a : a + 4 * t * k].view(torch.float32).view(t, k).copy_(weights)
+        self.ops.d2h(self.stage.data_ptr(), pack, stage_bytes(t, h, k))
+        self.ops.signal(self._submit_flag)
+
+    def merge(self, out: torch.Tensor) -> torch.Tensor:
+        """out [T, H] + the CPU's result for the layer handed over last."""
+        t = out.shape[0]
+        self.ops.wait(self._done_flag)
+        self.ops.h2d(self.result, self.out_host.data_ptr(), 4 * t * self.hidden)
+        return out + self.result[:t].to(out.dtype)
+
+    def failure(self) -> str | None:
+        """Why the branch died (it answers every hand-over at once from then on), or None."""
+        error = ctypes.c_int(0)
+        why = self.lib.ft_branch_failed(self.handle, ctypes.byref(error))
+        if not why:
+            return None
+        return FAILURES.get(why, "the CPU expert branch failed").format(error=error.value, stall=self.stall_s)
+
+    def served(self) -> int:
+        return int(self.lib.ft_branch_served(self.handle))
+
+    def close(self) -> None:
+        """Ends the threads; the staging they use may be freed from then on."""
+        if getattr(self, "handle", None):
+            self.lib.ft_branch_free(self.handle)
+            self.handle = None
+
+    def __del__(self) -> None:  # the threads must never outlive the pinned memory they watch
+        self.close()
