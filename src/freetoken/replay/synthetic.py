@@ -50,9 +50,14 @@ def uniform_routing(engine: Engine, seed: int = 0) -> None:
     """Replace every router with uniformly random top-k choices: no locality, an LRU's worst case.
 
     Random-weight models route very unevenly in deep layers (their hidden states align), which would
-    flatter the cache; real locality is what routing traces measure.
+    flatter the cache; real locality is what routing traces measure. On CUDA the draws come from the
+    default generator (seeded here), which CUDA graphs replay with fresh numbers each step.
     """
-    gen = torch.Generator(device=engine.device).manual_seed(seed)
+    gen = None
+    if engine.device.type == "cuda":
+        torch.cuda.manual_seed(seed)
+    else:
+        gen = torch.Generator(device=engine.device).manual_seed(seed)
     top_k = engine.config.num_experts_per_tok
     for block in engine.model.moe_blocks():
 
@@ -76,14 +81,14 @@ def trace_routing(engine: Engine, trace: RoutingTrace) -> None:
     blocks = engine.model.moe_blocks()
     table = torch.from_numpy(trace.experts).to(engine.device)  # [N, L, K]
     k = trace.top_k
-    cursor = [0]
+    cursor = torch.zeros(1, dtype=torch.int64, device=engine.device)  # on the device: graphs advance it
 
     for index, block in enumerate(blocks):
 
         def route(x: torch.Tensor, index: int = index) -> tuple[torch.Tensor, torch.Tensor]:
-            rows = (cursor[0] + torch.arange(x.shape[0], device=x.device)) % table.shape[0]
+            rows = (cursor + torch.arange(x.shape[0], device=x.device)) % table.shape[0]
             if index == len(blocks) - 1:
-                cursor[0] += x.shape[0]  # the pass is through its last MoE layer
+                cursor.add_(x.shape[0])  # the pass is through its last MoE layer
             ids = table[rows, index]
             return ids, torch.full(ids.shape, 1.0 / k, dtype=x.dtype, device=x.device)
 
@@ -98,12 +103,12 @@ def decode_steps(engine: Engine, warm: int, tokens: int, seed: int = 0) -> float
     )
     seq = engine.new_sequence()
     engine.forward(seq, list(range(16)))
-    for token in stream[:warm].tolist():
-        engine.forward(seq, [token])
+    for token in stream[:warm].tolist():  # as serving decodes: a graph replay where the step allows one
+        engine.decode_batch([seq], [token])
     engine.moe_counters.reset()
     sync_device(engine.device)
     t0 = time.perf_counter()
     for token in stream[warm:].tolist():
-        int(engine.forward(seq, [token])[-1].argmax())  # the sampler's read-back, as in real decoding
+        int(engine.decode_batch([seq], [token])[-1].argmax())  # the sampler's read-back, as in decoding
     sync_device(engine.device)
     return (time.perf_counter() - t0) / tokens
