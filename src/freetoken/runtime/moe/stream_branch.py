@@ -87,12 +87,8 @@ class StreamBranch:
         self.ops: DriverStreamOps | HostStreamOps = (
             DriverStreamOps(device) if device.type == "cuda" else HostStreamOps(lib, self.handle)
         )
-        try:
-            self._submit_flag = self.ops.device_address(self.flags.data_ptr())
-            self._done_flag = self._submit_flag + 4
-        except RuntimeError:
-            self.close()
-            raise
+        self._submit_flag = self.ops.device_address(self.flags.data_ptr())
+        self._done_flag = self._submit_flag + 4
 
     def set_threads(self, threads: int) -> None:
         self.lib.ft_branch_set_threads(self.handle, threads)

@@ -69,7 +69,8 @@ class DriverStreamOps:
     def device_address(self, host_ptr: int) -> int:
         """The device's address of pinned host memory (the host's own under unified addressing)."""
         out = ctypes.c_uint64()
-        self._check("cuMemHostGetDevicePointer", self._mapped(ctypes.byref(out), host_ptr, 0))
+        if self._mapped(ctypes.byref(out), host_ptr, 0) != 0:
+            return host_ptr  # not mapped by that call's rules: unified addressing shares the address
         return out.value
 
     def d2h(self, dst_ptr: int, src: torch.Tensor, nbytes: int) -> None:
