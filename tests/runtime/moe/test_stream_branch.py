@@ -105,3 +105,25 @@ def test_a_stopped_coordinator_is_answered_by_the_watchdog() -> None:
         assert "stopped" in (branch.failure() or "")
     finally:
         branch.close()
+
+
+def test_a_branch_that_fails_its_check_is_not_used(tiny_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executor runs one hand-over before trusting the branch; a wrong result keeps the read-back path,
+    which still decodes the reference's tokens."""
+    from freetoken.runtime.engine import build_engine
+    from freetoken.runtime.sampling import SamplingParams
+
+    def greedy(engine) -> list[int]:
+        params = SamplingParams(max_tokens=12, ignore_eos=True)
+        return [e.token_id for e in engine.generate([5, 77, 301, 12], params)]
+
+    want = greedy(build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused"))
+    monkeypatch.setattr(StreamBranch, "merge", lambda self, out: out)  # the CPU's result never added
+    engine = build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="cpu", cache_size=2)
+    try:
+        assert engine.executor.stream_branch is None
+        assert "an eager hand-over gave" in (engine.executor.stream_off or "")
+        assert "cannot run inside the step" in (engine.executor.graph_blocker(1) or "")
+        assert greedy(engine) == want
+    finally:
+        engine.close()

@@ -70,13 +70,19 @@ class CachedExecutor(ExpertExecutor):
         """The stream branch, once a decode step can leave pairs to the CPU."""
         if self.stream_branch is not None or self.stream_off is not None or not self._needs_stream_branch():
             return
+        branch = None
         try:
-            self.stream_branch = StreamBranch(
+            branch = StreamBranch(
                 self.pool, self.device, self.ctx.num_experts_per_tok, MAX_DECODE_TOKENS, self.cpu.threads,
                 self.ctx.moe.cpu_int8_act,
             )  # fmt: skip
+            branch.check()
         except RuntimeError as exc:
             self.stream_off = str(exc)
+            if branch is not None:
+                branch.close()
+            return
+        self.stream_branch = branch
 
     def _needs_stream_branch(self) -> bool:
         """Whether a decode step can leave pairs to the CPU (the cpu device with no slot has its native

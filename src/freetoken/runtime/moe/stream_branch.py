@@ -14,10 +14,11 @@ this same path in CI. A dead or stuck branch answers every hand-over at once (th
 from __future__ import annotations
 
 import ctypes
+import time
 
 import torch
 
-from freetoken.runtime.moe.kernels.cpu_experts import bank_sizes, codec_ids, kernel_takes
+from freetoken.runtime.moe.kernels.cpu_experts import bank_sizes, codec_ids, cpu_experts, kernel_takes
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.kernels.stream_ops import DriverStreamOps, HostStreamOps
 from freetoken.runtime.moe.pool import HostExpertPool
@@ -56,14 +57,10 @@ class StreamBranch:
             if not kernel_takes(pool.gate_up[layer], pool.down[layer], names):
                 raise RuntimeError(f"the CPU expert kernel does not take layer {layer}'s banks")
         assert pool.hidden_size % 2 == 0, "ids are packed 8-aligned after x"
-        self.lib, self.device, self.pool = lib, device, pool
+        self.lib, self.device, self.pool, self.int8_act = lib, device, pool, int8_act
         self.row_of = {layer: row for row, layer in enumerate(layers)}
         self.hidden, self.top_k, self.max_rows, self.stall_s = pool.hidden_size, top_k, max_rows, stall_s
-        pin = device.type == "cuda"
         size = stage_bytes(max_rows, self.hidden, top_k)
-        self.flags = torch.zeros(2, dtype=torch.int32, pin_memory=pin)  # submit, done
-        self.stage = torch.zeros(size, dtype=torch.uint8, pin_memory=pin)
-        self.out_host = torch.zeros(max_rows, self.hidden, dtype=torch.float32, pin_memory=pin)
         self.pack = torch.zeros(size, dtype=torch.uint8, device=device)  # the stage, built on the device
         self.result = torch.zeros(max_rows, self.hidden, dtype=torch.float32, device=device)
         ids = [codec_ids(names, int8_act) for names in codecs]
@@ -76,7 +73,6 @@ class StreamBranch:
         rows_row = torch.arange(n)[None, :].expand(max_rows + 1, n)
         self._headers = torch.stack((rows_col, rows_row), dim=-1).to(device)  # [max_rows + 1, n, 2] int64
         self.handle = lib.ft_branch_new(
-            self.flags.data_ptr(), self.stage.data_ptr(), self.out_host.data_ptr(),
             pointers(*(pool.gate_up[layer].data_ptr() for layer in layers)),
             pointers(*(pool.down[layer].data_ptr() for layer in layers)),
             ints(*(gu for gu, _ in ids)), ints(*(dn for _, dn in ids)),
@@ -84,6 +80,24 @@ class StreamBranch:
         )  # fmt: skip
         if not self.handle:
             raise RuntimeError("could not start the CPU expert branch's threads")
+        # The branch's own memory (it outlives a coordinator stuck in a layer): flags, stage, out.
+        nbytes, offsets = ctypes.c_long(), (ctypes.c_long * 3)()
+        self._region = lib.ft_branch_region(self.handle, ctypes.byref(nbytes), offsets)
+        self._registered = False
+        if device.type == "cuda":
+            if int(torch.cuda.cudart().cudaHostRegister(self._region, nbytes.value, 0)) != 0:
+                self.close()
+                raise RuntimeError("could not page-lock the CPU branch's staging")
+            self._registered = True
+        region = torch.frombuffer(
+            (ctypes.c_uint8 * nbytes.value).from_address(self._region), dtype=torch.uint8
+        )
+        f, st, o = offsets
+        self.flags = region[f : f + 8].view(torch.int32)  # submit, done
+        self.stage = region[st : st + size]
+        self.out_host = (
+            region[o : o + 4 * max_rows * self.hidden].view(torch.float32).view(max_rows, self.hidden)
+        )
         self.ops: DriverStreamOps | HostStreamOps = (
             DriverStreamOps(device) if device.type == "cuda" else HostStreamOps(lib, self.handle)
         )
@@ -115,6 +129,58 @@ class StreamBranch:
         self.ops.h2d(self.result, self.out_host.data_ptr(), 4 * t * self.hidden)
         return out + self.result[:t].to(out.dtype)
 
+    def check(self, timeout_s: float = 2.0) -> None:
+        """One hand-over for real before the branch is trusted: eagerly and, on CUDA, replayed from a
+        captured graph; each must finish within `timeout_s` with the kernel's result. Raises RuntimeError
+        saying what failed (the executor then reads routing back instead)."""
+        layer = next(iter(self.row_of))
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(1, self.hidden, generator=gen)
+        ids = torch.full((1, self.top_k), -1, dtype=torch.int64)
+        ids[0, 0] = 0
+        w = torch.ones(1, self.top_k)
+        pool = self.pool
+        want = cpu_experts(
+            x, ids, w, pool.gate_up[layer], pool.down[layer], 1, codecs=pool.codec_names(layer),
+            int8_act=self.int8_act,
+        )  # fmt: skip
+        dev = [t.to(self.device) for t in (x, ids, w)]
+
+        def once() -> torch.Tensor:
+            self.submit(layer, *dev)
+            return self.merge(torch.zeros_like(dev[0]))
+
+        self._expect(once(), want, timeout_s, "an eager hand-over")
+        if self.device.type != "cuda":
+            return
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                out = once()
+        except Exception as exc:  # e.g. stream memory operations this driver cannot capture
+            raise RuntimeError(f"capturing a hand-over failed: {type(exc).__name__}: {exc}") from None
+        graph.replay()
+        self._expect(out, want, timeout_s, "a hand-over replayed from a CUDA graph")
+
+    def _expect(self, out: torch.Tensor, want: torch.Tensor, timeout_s: float, what: str) -> None:
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            deadline = time.monotonic() + timeout_s
+            while not done.query():
+                if time.monotonic() > deadline:
+                    while not done.query():  # release the stream's waits, then give up on the branch
+                        self.flags[1] = 1
+                        time.sleep(1e-3)
+                    raise RuntimeError(f"{what} did not finish within {timeout_s:g} s")
+                time.sleep(1e-4)
+        why = self.failure()
+        if why is not None:
+            raise RuntimeError(f"{what}: {why}")
+        got = out.float().cpu()
+        if not torch.allclose(got, want, rtol=1e-3, atol=1e-4):
+            raise RuntimeError(f"{what} gave {got[0, :3].tolist()}..., the kernel {want[0, :3].tolist()}...")
+
     def failure(self) -> str | None:
         """Why the branch died (it answers every hand-over at once from then on), or None."""
         error = ctypes.c_int(0)
@@ -127,10 +193,15 @@ class StreamBranch:
         return int(self.lib.ft_branch_served(self.handle))
 
     def close(self) -> None:
-        """Ends the threads; the staging they use may be freed from then on."""
-        if getattr(self, "handle", None):
+        """Ends the threads and frees the branch's memory (kept, with a thread stuck in a layer)."""
+        if not getattr(self, "handle", None):
+            return
+        stuck = self.lib.ft_branch_stop(self.handle)
+        if not stuck:
+            if getattr(self, "_registered", False):
+                torch.cuda.cudart().cudaHostUnregister(self._region)
             self.lib.ft_branch_free(self.handle)
-            self.handle = None
+        self.handle = None
 
-    def __del__(self) -> None:  # the threads must never outlive the pinned memory they watch
+    def __del__(self) -> None:  # threads that outlive their owner would spin forever
         self.close()

@@ -4,6 +4,8 @@
 // pinned memory and raises the done flag the GPU's stream waits on. One layer is in flight at a time: the
 // GPU hands over layer l+1 only after it has waited for layer l.
 //
+// The branch owns one region (page-aligned, the caller page-locks it for the GPU): flags, then the stage,
+// then out, each 64-byte aligned; it outlives a coordinator stuck in a layer (see ft_branch_stop).
 // Flags [2] int32 in mapped pinned memory: submit (the GPU sets 1, the coordinator takes it back to 0),
 // done (the coordinator sets 1, the GPU's stream sets it back to 0 after its wait).
 // Stage (pinned): int64 header [2] (rows, layer row), then x fp32 [rows, H], ids int64 [rows, K] (-1: not
@@ -48,6 +50,8 @@ typedef struct {
     int32_t *flags;
     const unsigned char *stage;
     float *out;
+    unsigned char *region;  // flags, stage and out
+    long region_bytes;
     layer_banks *layers;
     int n_layers, bank_experts, hidden, inter, top_k, max_rows;
     int threads;  // read per layer: the host may change it between steps
@@ -154,22 +158,29 @@ static void *watchdog_loop(void *arg) {
     return NULL;
 }
 
-// flags, stage, out: pinned host memory laid out as above, valid until ft_branch_free. gate_up, down,
-// codecs: [n_layers] banks per layer row and their codec ids. Returns NULL when out of memory or a thread
-// cannot start.
-ft_branch *ft_branch_new(int32_t *flags, const unsigned char *stage, float *out, const void **gate_up,
-                         const void **down, const int *gu_codecs, const int *dn_codecs, int n_layers,
-                         int bank_experts, int hidden, int inter, int top_k, int max_rows, int threads,
-                         double stall_s) {
+static long align64(long n) { return (n + 63) / 64 * 64; }
+
+// gate_up, down, codecs: [n_layers] banks per layer row and their codec ids (valid while the branch runs).
+// Returns NULL when out of memory or a thread cannot start.
+ft_branch *ft_branch_new(const void **gate_up, const void **down, const int *gu_codecs, const int *dn_codecs,
+                         int n_layers, int bank_experts, int hidden, int inter, int top_k, int max_rows,
+                         int threads, double stall_s) {
     ft_branch *b = calloc(1, sizeof *b);
     if (!b) return NULL;
     b->layers = calloc((size_t)n_layers, sizeof *b->layers);
     // ft_moe's scratch at max_rows (the int8 activation blocks fit in the x part)
     b->scratch = malloc(sizeof(float) * ((size_t)max_rows * top_k * (inter + hidden) + (size_t)max_rows * hidden));
-    if (!b->layers || !b->scratch) goto fail;
+    const long stage_bytes = 16 + (long)max_rows * (4L * hidden + 12L * top_k);
+    const long out_bytes = 4L * max_rows * hidden;
+    b->region_bytes = (64 + align64(stage_bytes) + align64(out_bytes) + 4095) / 4096 * 4096;
+    b->region = aligned_alloc(4096, (size_t)b->region_bytes);
+    if (!b->layers || !b->scratch || !b->region) goto fail;
+    memset(b->region, 0, (size_t)b->region_bytes);
     for (int i = 0; i < n_layers; i++)
         b->layers[i] = (layer_banks){gate_up[i], down[i], gu_codecs[i], dn_codecs[i]};
-    b->flags = flags, b->stage = stage, b->out = out;
+    b->flags = (int32_t *)b->region;
+    b->stage = b->region + 64;
+    b->out = (float *)(b->region + 64 + align64(stage_bytes));
     b->n_layers = n_layers, b->bank_experts = bank_experts, b->hidden = hidden, b->inter = inter;
     b->top_k = top_k, b->max_rows = max_rows, b->threads = threads, b->stall_s = stall_s;
     if (pthread_create(&b->coordinator, NULL, coordinator_loop, b) != 0) goto fail;
@@ -183,8 +194,18 @@ ft_branch *ft_branch_new(int32_t *flags, const unsigned char *stage, float *out,
 fail:
     free(b->layers);
     free(b->scratch);
+    free(b->region);
     free(b);
     return NULL;
+}
+
+// The region's address and bytes, and the offsets of the flags, the stage and out in it.
+void *ft_branch_region(ft_branch *b, long *bytes, long offsets[3]) {
+    *bytes = b->region_bytes;
+    offsets[0] = 0;
+    offsets[1] = (long)(b->stage - b->region);
+    offsets[2] = (long)((unsigned char *)b->out - b->region);
+    return b->region;
 }
 
 void ft_branch_set_threads(ft_branch *b, int threads) { __atomic_store_n(&b->threads, threads, __ATOMIC_RELAXED); }
@@ -226,21 +247,29 @@ int ft_branch_wait_done(ft_branch *b) {
     return __atomic_load_n(&b->failed, __ATOMIC_ACQUIRE);
 }
 
-// Ends both threads (a layer in flight finishes first) and frees the branch. A coordinator still stuck in a
-// layer is left to itself: detached, with the branch's memory, which it may still use.
+// Ends both threads (a layer in flight finishes first). Returns 1 when the coordinator is still stuck in a
+// layer: it is left to itself, detached, and the branch (its memory) must never be freed; else 0.
+int ft_branch_stop(ft_branch *b) {
+    __atomic_store_n(&b->stop, 1, __ATOMIC_RELEASE);
+    if (!b->running) return 0;
+    b->running = 0;
+    pthread_join(b->watchdog, NULL);
+    if (!b->joined && __atomic_load_n(&b->busy_since, __ATOMIC_ACQUIRE) &&
+        __atomic_load_n(&b->failed, __ATOMIC_ACQUIRE) == FAIL_STALL) {
+        pthread_detach(b->coordinator);
+        b->joined = 1;
+        return 1;
+    }
+    if (!b->joined) pthread_join(b->coordinator, NULL);
+    b->joined = 1;
+    return 0;
+}
+
+// Frees a stopped branch (ft_branch_stop returned 0).
 void ft_branch_free(ft_branch *b) {
     if (!b) return;
-    __atomic_store_n(&b->stop, 1, __ATOMIC_RELEASE);
-    if (b->running) {
-        pthread_join(b->watchdog, NULL);
-        if (!b->joined && __atomic_load_n(&b->busy_since, __ATOMIC_ACQUIRE) &&
-            __atomic_load_n(&b->failed, __ATOMIC_ACQUIRE) == FAIL_STALL) {
-            pthread_detach(b->coordinator);
-            return;
-        }
-        if (!b->joined) pthread_join(b->coordinator, NULL);
-    }
     free(b->layers);
     free(b->scratch);
+    free(b->region);
     free(b);
 }

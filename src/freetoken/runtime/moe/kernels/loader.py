@@ -149,10 +149,13 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.ft_decode_step_scratch.argtypes, lib.ft_decode_step_scratch.restype = [vp, i32], ctypes.c_long
     # logits, element size, rows, vocab, out [rows, 2] int64 (argmax, finite)
     lib.ft_greedy_rows.argtypes, lib.ft_greedy_rows.restype = [vp, i32, i32, ctypes.c_long, vp], None
-    # the stream branch: flags, stage, out, per-layer gate_up/down pointers and codec ids, layers, bank
-    # experts, hidden, inter, top_k, max rows, threads, stall seconds
-    lib.ft_branch_new.argtypes = [vp, vp, vp, vp, vp, vp, vp, *[i32] * 7, ctypes.c_double]
+    # the stream branch: per-layer gate_up/down pointers and codec ids, layers, bank experts, hidden,
+    # inter, top_k, max rows, threads, stall seconds; its region (bytes, offsets [3] out); stop, free
+    lib.ft_branch_new.argtypes = [vp, vp, vp, vp, *[i32] * 7, ctypes.c_double]
     lib.ft_branch_new.restype = vp
+    lp = ctypes.POINTER(ctypes.c_long)
+    lib.ft_branch_region.argtypes, lib.ft_branch_region.restype = [vp, lp, lp], vp
+    lib.ft_branch_stop.argtypes, lib.ft_branch_stop.restype = [vp], i32
     lib.ft_branch_set_threads.argtypes, lib.ft_branch_set_threads.restype = [vp, i32], None
     lib.ft_branch_failed.argtypes, lib.ft_branch_failed.restype = [vp, ctypes.POINTER(i32)], i32
     lib.ft_branch_served.argtypes, lib.ft_branch_served.restype = [vp], ctypes.c_long
