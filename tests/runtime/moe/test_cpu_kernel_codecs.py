@@ -25,10 +25,10 @@ from oracle import rel_err
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="needs the compiled CPU kernel")
 
 
-def q8_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [..., n] -> its Q8 blocks dequantised: per 32, scale max|x| / 127, values rounded half to even
-    (quant_dot.h's quantize_q8, in the same fp32 steps)."""
-    blocks = x.float().reshape(*x.shape[:-1], -1, 32)
+def q8_activations(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x [..., n] -> its Q8 blocks dequantised: per `block` (32; 256 for the K-quants), scale max|x| / 127,
+    values rounded half to even (quant_dot.h's quantize_q8, in the same fp32 steps)."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, block)
     amax = blocks.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
     return (torch.round(blocks * inv) * (amax / 127.0)).reshape(x.shape)
@@ -41,12 +41,13 @@ def quantized_activation_reference(
     gate_up: torch.Tensor,
     down: torch.Tensor,
     quantize_down: bool = True,
+    blocks: tuple[int, int] = (32, 32),
 ) -> torch.Tensor:
-    """fp32 experts with x (and, for a Q8_0 down bank, each pair's down input) quantized as the kernel
-    quantizes them."""
+    """fp32 experts with x (and, for a quantized down bank, each pair's down input) quantized as the
+    kernel quantizes them, in activation blocks of `blocks` (gate/up's, down's)."""
     inter = down.shape[2]
     out = torch.zeros(x.shape[0], down.shape[1])
-    xq = q8_activations(x)
+    xq = q8_activations(x, blocks[0])
     for t in range(x.shape[0]):
         for k in range(ids.shape[1]):
             e = int(ids[t, k])
@@ -54,7 +55,7 @@ def quantized_activation_reference(
                 continue
             gu = gate_up[e] @ xq[t]
             a = w[t, k] * torch.nn.functional.silu(gu[:inter]) * gu[inter:]
-            out[t] += down[e] @ (q8_activations(a) if quantize_down else a)
+            out[t] += down[e] @ (q8_activations(a, blocks[1]) if quantize_down else a)
     return out
 
 
@@ -163,10 +164,11 @@ def test_k_quants_match_the_dequantised_reference(codecs: tuple[str, str], token
         torch.from_numpy(get_codec(c).dequantize(b.numpy(), n))
         for c, b, n in zip(codecs, (gate_up, down), (h, i), strict=True)
     )
-    assert rel_err(act8, quantized_activation_reference(x, ids, w, gu_f, dn_f)) < 1e-3
+    assert rel_err(act8, quantized_activation_reference(x, ids, w, gu_f, dn_f, blocks=(256, 256))) < 1e-3
     # random bytes give Q4_K sub-blocks far-from-zero means (random mins), which multiply the activations'
-    # rounding: up to ~6% here, where quantized weights of a real model stay near 1e-2
-    assert rel_err(act8, plain) < 1e-1
+    # rounding at one scale per 256 (llama.cpp's Q8_K): up to ~13% here, where quantized weights of a real
+    # model stay near 1e-2
+    assert rel_err(act8, plain) < 0.2
 
 
 def test_banks_the_kernel_does_not_take_go_the_plain_way() -> None:

@@ -102,7 +102,7 @@ typedef struct {
     const float *f[GROUP];
     const int8_t *q[GROUP];
     const float *d[GROUP];
-    const int32_t *s[GROUP];  // int8 blocks' sums
+    const int16_t *s[GROUP];  // int8 values' sums per 16
 } vecs_t;
 
 // Pairs from which a quantized row is widened to fp32 once for all of them rather than per dot.
@@ -153,7 +153,7 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
     else if (codec == FT_CODEC_Q4_K_ACT8)
         for (int j = 0; j < cnt; j++) out[j] = dot_q4_k_q8(row, v->q[j], v->d[j], v->s[j], n);
     else if (codec == FT_CODEC_Q6_K_ACT8)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q6_k_q8(row, v->q[j], v->d[j], n);
+        for (int j = 0; j < cnt; j++) out[j] = dot_q6_k_q8(row, v->q[j], v->d[j], v->s[j], n);
     else if (codec == FT_CODEC_Q8_0)
         for (int j = 0; j < cnt; j++) out[j] = dot_q8_0_f32(row, v->f[j], n);
     else if (codec == FT_CODEC_Q4_K)
@@ -191,15 +191,15 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     const long gu_row = codec_row_bytes(gu_codec, hidden), dn_row = codec_row_bytes(dn_codec, inter);
     float *act = scratch;                         // [pairs, I]: gate values, then activations (split for bf16)
     float *y = act + (long)pairs * inter;          // [pairs, H]: each pair's down projection
-    float *xs = y + (long)pairs * hidden;  // [T, H]: x split (bf16); int8 [T, H], scales and sums [T, H/32]
+    float *xs = y + (long)pairs * hidden;  // [T, H]: x split (bf16); int8 [T, H], scales [T, H/32], sums [T, H/16]
     int8_t *xq = (int8_t *)xs;
     float *xd = (float *)(xq + (long)tokens * hidden);
-    int32_t *xsum = (int32_t *)(xd + (long)tokens * (hidden / Q8_BLOCK));
+    int16_t *xsum = (int16_t *)(xd + (long)tokens * (hidden / Q8_BLOCK));  // [T, H / 16]
 #pragma omp parallel for num_threads(threads) if (tokens > 16)
     for (int t = 0; t < tokens; t++) {
         if (gq8)
             quantize_q8(x + (long)t * hidden, xq + (long)t * hidden, xd + (long)t * (hidden / Q8_BLOCK),
-                        xsum + (long)t * (hidden / Q8_BLOCK), hidden);
+                        xsum + (long)t * (hidden / SUM_BLOCK), hidden, act8_block(gu_codec));
         else if (gq)
             memcpy(xs + (long)t * hidden, x + (long)t * hidden, sizeof(float) * hidden);
         else
@@ -215,7 +215,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     long next = 0;                                // the shared counter
     int *done = calloc((size_t)(ne > 0 ? ne : 1) * 16, sizeof(int));  // G units finished, a line each
     // per thread: a group of pairs' activations quantized for a Q8_0 down bank
-    const long act_q_bytes = dq8 ? GROUP * ((long)inter + (long)inter / Q8_BLOCK * 8) : 0;
+    const long act_q_bytes = dq8 ? GROUP * (inter + inter / Q8_BLOCK * 4L + inter / SUM_BLOCK * 4L) : 0;
     uint8_t *act_q = dq8 ? malloc((size_t)threads * act_q_bytes) : NULL;
     const long widest = hidden > inter ? hidden : inter;  // per thread: a quantized row widened to fp32
     float *rowbufs = gq || dq ? malloc(sizeof(float) * threads * widest) : NULL;
@@ -231,7 +231,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
         int8_t *aq = dq8 ? (int8_t *)(act_q + omp_get_thread_num() * act_q_bytes) : NULL;  // [GROUP, I]
         float *rowbuf = rowbufs ? rowbufs + omp_get_thread_num() * widest : NULL;        // [max(H, I)]
         float *ad = dq8 ? (float *)(aq + GROUP * (long)inter) : NULL;                      // [GROUP, I / 32]
-        int32_t *as = dq8 ? (int32_t *)(ad + GROUP * (long)(inter / Q8_BLOCK)) : NULL;     // [GROUP, I / 32]
+        int16_t *as = dq8 ? (int16_t *)(ad + GROUP * (long)(inter / Q8_BLOCK)) : NULL;     // [GROUP, I / 16]
         vecs_t v;
         for (;;) {
             const long u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
@@ -252,7 +252,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                         v.f[j] = xs + t * hidden;
                         v.q[j] = xq + t * hidden;
                         v.d[j] = xd + t * (hidden / Q8_BLOCK);
-                        v.s[j] = xsum + t * (hidden / Q8_BLOCK);
+                        v.s[j] = xsum + t * (hidden / SUM_BLOCK);
                     }
                     for (int i = i0; i < i1; i++) {
                         dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d, rowbuf);
@@ -283,9 +283,10 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                     for (int j = 0; j < cnt; j++) {
                         v.f[j] = act + (long)(n + j) * inter;
                         if (dq8) {
-                            const long blocks = inter / Q8_BLOCK;
-                            v.q[j] = aq + (long)j * inter, v.d[j] = ad + j * blocks, v.s[j] = as + j * blocks;
-                            quantize_q8(v.f[j], (int8_t *)v.q[j], (float *)v.d[j], (int32_t *)v.s[j], inter);
+                            const long blocks = inter / Q8_BLOCK, sums = inter / SUM_BLOCK;
+                            v.q[j] = aq + (long)j * inter, v.d[j] = ad + j * blocks, v.s[j] = as + j * sums;
+                            quantize_q8(v.f[j], (int8_t *)v.q[j], (float *)v.d[j], (int16_t *)v.s[j], inter,
+                                        act8_block(dn_codec));
                         }
                     }
                     for (int h = h0; h < h1; h++) {

@@ -100,74 +100,103 @@ static inline float dot_q6_k(const uint8_t *restrict w, const float *restrict x,
     return sum8(acc0 + acc1);
 }
 
-// Against activations quantized to int8 blocks of 32 (quant_dot.h's quantize_q8: xq values, xd scales):
-// the quants times the activation's in int32 per sub-block (the sign trick of q8_block_sums for Q6_K's
-// signed values, unsigned nibbles straight into maddubs for Q4_K), scaled in fp32 vector lanes.
-// xs: the activation blocks' sums (quantize_q8's), which Q4_K's mins multiply.
+// Against activations quantized to int8 in blocks of 256 (quantize_q8 at act8_block: xq values, one scale xd
+// per super-block, xs int16 sums per 16), llama.cpp's Q8_K scheme: a super-block's products are summed in
+// int32, the sub-block scales applied as 16-bit integers (maddubs of unsigned quants by the signed
+// activations, then madd by the scale, spread over the lanes by a byte shuffle), Q4_K's mins and Q6_K's
+// offset of 32 taken from the activation sums by one madd, and one fp32 multiply per super-block.
+#if defined(__AVX2__)
+// A shuffle control giving every 16-bit lane of a 128-bit lane that lane's 16-bit word k (k < 8).
+static inline __m256i spread16(int lo, int hi) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)(((2 * hi + 1) << 8) | (2 * hi))),
+                            _mm_set1_epi16((short)(((2 * lo + 1) << 8) | (2 * lo))));
+}
+
+static inline float hsum128(__m128 v) {
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+#endif
+
 static inline float dot_q4_k_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
-                                const int32_t *restrict xs, int n) {
-    float s = 0.0f, mins = 0.0f;
+                                const int16_t *restrict xs, int n) {
 #if defined(__AVX2__)
     __m256 acc = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(15), ones16 = _mm256_set1_epi16(1);
-#endif
+    __m128 acc_m = _mm_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15);
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
+        const int8_t *a = xq + (long)b * QK_K;
         PREFETCH_ROW(blk);
-        const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
+        const float d = fp16_at(blk), dmin = fp16_at(blk + 2), dx = xd[b];
+        uint8_t scm[16];  // the eight scales, then the eight mins
+        q4_k_scales(blk + 4, scm, scm + 8);
+        const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scm));
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)(xs + (long)b * (QK_K / SUM_BLOCK)));
+        const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs32);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin * dx), _mm_cvtepi32_ps(mins), acc_m);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high), 32 weights each
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            const __m256i a0 = _mm256_loadu_si256((const __m256i *)(a + 64 * j));
+            const __m256i a1 = _mm256_loadu_si256((const __m256i *)(a + 64 * j + 32));
+            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, low4), a0),
+                                                 _mm256_shuffle_epi8(scales, spread16(2 * j, 2 * j)));
+            const __m256i p1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), a1),
+                _mm256_shuffle_epi8(scales, spread16(2 * j + 1, 2 * j + 1)));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum256(acc) - hsum128(acc_m);
+#else
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
+        const int8_t *a = xq + (long)b * QK_K;
+        const int16_t *bs = xs + (long)b * (QK_K / SUM_BLOCK);
+        const float d = fp16_at(blk), dmin = fp16_at(blk + 2), dx = xd[b];
         uint8_t sc[8], mn[8];
         q4_k_scales(blk + 4, sc, mn);
-        for (int j = 0; j < 4; j++) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high), 32 weights each
-            const int s0 = sc[2 * j], m0 = mn[2 * j], s1 = sc[2 * j + 1], m1 = mn[2 * j + 1];
-            const long x0 = (long)b * QK_K + 64 * j, x1 = x0 + 32;
-            const float dx0 = xd[x0 / Q8_BLOCK], dx1 = xd[x1 / Q8_BLOCK];
-            mins += dmin * (m0 * dx0 * xs[x0 / Q8_BLOCK] + m1 * dx1 * xs[x1 / Q8_BLOCK]);
-#if defined(__AVX2__)
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            const __m256i a0 = _mm256_loadu_si256((const __m256i *)(xq + x0));
-            const __m256i a1 = _mm256_loadu_si256((const __m256i *)(xq + x1));
-            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, low4), a0), ones16);
-            const __m256i p1 = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), a1), ones16);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * s0 * dx0), _mm256_cvtepi32_ps(p0), acc);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * s1 * dx1), _mm256_cvtepi32_ps(p1), acc);
-#else
-            int32_t p0 = 0, p1 = 0;
-            for (int l = 0; l < 32; l++) {
-                p0 += (qs[32 * j + l] & 15) * xq[x0 + l];
-                p1 += (qs[32 * j + l] >> 4) * xq[x1 + l];
-            }
-            s += dx0 * d * s0 * p0 + dx1 * d * s1 * p1;
-#endif
-        }
+        int32_t sumi = 0, msum = 0;
+        for (int k = 0; k < 8; k++) msum += mn[k] * (bs[2 * k] + bs[2 * k + 1]);
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++)
+                sumi += sc[2 * j] * (qs[32 * j + l] & 15) * a[64 * j + l] +
+                        sc[2 * j + 1] * (qs[32 * j + l] >> 4) * a[64 * j + 32 + l];
+        s += d * dx * (float)sumi - dmin * dx * (float)msum;
     }
-#if defined(__AVX2__)
-    s = hsum256(acc);
+    return s;
 #endif
-    return s - mins;
 }
 
 static inline float dot_q6_k_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
-                                int n) {
-    float s = 0.0f;
+                                const int16_t *restrict xs, int n) {
 #if defined(__AVX2__)
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(15), low2 = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
-#endif
+    __m256 acc = _mm256_setzero_ps(), acc_b = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15), low2 = _mm256_set1_epi8(3);
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * Q6_K_BYTES;
-        const int8_t *sc = (const int8_t *)(blk + 192);
-        const float d = fp16_at(blk + 208);
+        const int8_t *a = xq + (long)b * QK_K;
+        const float d = fp16_at(blk + 208), dx = xd[b];
         PREFETCH_ROW(blk);
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));  // 16 scales
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)(xs + (long)b * (QK_K / SUM_BLOCK)));
+        // the quants' offset of 32, times each sub-block's scale and activation sum
+        acc_b = _mm256_fmadd_ps(_mm256_set1_ps(32.0f * d * dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(sc, bs)), acc_b);
+        __m256i sumi = _mm256_setzero_si256();
         for (int half = 0; half < 2; half++) {  // 128 weights: four runs of 32, each two sub-blocks of 16
             const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
-            const int8_t *sh = sc + 8 * half;
-            const long x = (long)b * QK_K + 128 * half;
-#if defined(__AVX2__)
+            const int8_t *ah = a + 128 * half;
+            const __m256i sh = _mm256_broadcastsi128_si256(half ? _mm256_extracti128_si256(sc, 1)
+                                                                : _mm256_castsi256_si128(sc));
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
             const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-            __m256i q[4];
+            __m256i q[4];  // unsigned 6-bit quants, 0..63
             q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(hb, low2), 4));
             q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), low2), 4));
@@ -175,30 +204,38 @@ static inline float dot_q6_k_q8(const uint8_t *restrict w, const int8_t *restric
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), low2), 4));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), low2), 4));
-            for (int g = 0; g < 4; g++) {
-                const __m256i sums = q8_block_sums(_mm256_sub_epi8(q[g], bias),
-                                                   _mm256_loadu_si256((const __m256i *)(xq + x + 32 * g)));
-                const float f = d * xd[(x + 32 * g) / Q8_BLOCK];
-                const float a = f * sh[2 * g], c = f * sh[2 * g + 1];  // lanes 0-3: weights 0-15, 4-7: 16-31
-                acc = _mm256_fmadd_ps(_mm256_setr_ps(a, a, a, a, c, c, c, c), _mm256_cvtepi32_ps(sums), acc);
+            for (int g = 0; g < 4; g++) {  // bytes 0-15 (the 128-bit low lane) are sub-block 2g, 16-31 2g + 1
+                const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *)(ah + 32 * g)));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sh, spread16(2 * g, 2 * g + 1))));
             }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum256(_mm256_sub_ps(acc, acc_b));
 #else
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * Q6_K_BYTES;
+        const int8_t *sc = (const int8_t *)(blk + 192), *a = xq + (long)b * QK_K;
+        const int16_t *bs = xs + (long)b * (QK_K / SUM_BLOCK);
+        const float d = fp16_at(blk + 208), dx = xd[b];
+        int32_t sumi = 0, bias = 0;
+        for (int k = 0; k < 16; k++) bias += sc[k] * bs[k];
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+            const int8_t *sh = sc + 8 * half, *ah = a + 128 * half;
             for (int g = 0; g < 4; g++) {
                 const int shift = 2 * g, lo = g & 1 ? 32 : 0, nib = g >= 2 ? 4 : 0;
-                int32_t part[2] = {0, 0};
                 for (int l = 0; l < 32; l++) {
-                    const int v = (((ql[l + lo] >> nib) & 15) | (((qh[l] >> shift) & 3) << 4)) - 32;
-                    part[l / 16] += v * xq[x + 32 * g + l];
+                    const int v = ((ql[l + lo] >> nib) & 15) | (((qh[l] >> shift) & 3) << 4);
+                    sumi += sh[2 * g + l / 16] * v * ah[32 * g + l];
                 }
-                s += d * xd[(x + 32 * g) / Q8_BLOCK] * (sh[2 * g] * part[0] + sh[2 * g + 1] * part[1]);
             }
-#endif
         }
+        s += d * dx * (float)(sumi - 32 * bias);
     }
-#if defined(__AVX2__)
-    s = hsum256(acc);
-#endif
     return s;
+#endif
 }
 
 // Rows widened to fp32 (for several dots with the same row): the values gguf.quants.dequantize gives.

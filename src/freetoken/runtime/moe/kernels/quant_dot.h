@@ -82,24 +82,31 @@ static inline float fp16_at(const uint8_t *p) {
     return fp16_f32(h);
 }
 
-// x [n] fp32 -> q [n] int8, d [n / 32] fp32, sums [n / 32] int32: per block d = max|x| / 127, q = x / d
-// rounded half to even (numpy's rounding, which the tests' reference uses), and the sum of the block's q
-// (what Q4_K's mins multiply).
+#define SUM_BLOCK 16  // activation sums are kept per 16 values (Q6_K's sub-blocks; Q4_K's are two of them)
+
+// The activation block a codec's int8 dots take: 256 for the K-quants (one scale per super-block, so a
+// super-block's integer sums need no rescaling inside it, as llama.cpp's Q8_K), 32 otherwise.
+static inline int act8_block(int codec) {
+    return codec == FT_CODEC_Q4_K_ACT8 || codec == FT_CODEC_Q6_K_ACT8 ? 256 : Q8_BLOCK;
+}
+
+// x [n] fp32 -> q [n] int8, d [n / block] fp32, sums [n / 16] int16 (|sum| <= 16 · 127): per block of `block` d = max|x| / 127,
+// q = x / d rounded half to even (numpy's rounding, which the tests' reference uses); the sum of every 16
+// consecutive q (what Q4_K's mins and Q6_K's offset of 32 multiply).
 static inline void quantize_q8(const float *restrict x, int8_t *restrict q, float *restrict d,
-                               int32_t *restrict sums, int n) {
-    for (int b = 0; b < n / Q8_BLOCK; b++) {
-        const float *xb = x + (long)b * Q8_BLOCK;
+                               int16_t *restrict sums, int n, int block) {
+    for (int b = 0; b < n / block; b++) {
+        const float *xb = x + (long)b * block;
         float amax = 0.0f;
-        for (int j = 0; j < Q8_BLOCK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        for (int j = 0; j < block; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         d[b] = scale;
+        for (int j = 0; j < block; j++) q[(long)b * block + j] = (int8_t)nearbyintf(xb[j] * inv);
+    }
+    for (int s = 0; s < n / SUM_BLOCK; s++) {
         int32_t sum = 0;
-        for (int j = 0; j < Q8_BLOCK; j++) {
-            const int8_t v = (int8_t)nearbyintf(xb[j] * inv);
-            q[(long)b * Q8_BLOCK + j] = v;
-            sum += v;
-        }
-        sums[b] = sum;
+        for (int j = 0; j < SUM_BLOCK; j++) sum += q[(long)s * SUM_BLOCK + j];
+        sums[s] = (int16_t)sum;
     }
 }
 
