@@ -1,7 +1,7 @@
 """B_H per expert codec: the CPU expert kernel at batch 1 on banks kept as stored, in stored bytes per second,
 beside the host read ceiling measured in the same round.
 
-    python benchmarks/codec_bandwidth.py [--threads N] [--rounds 3] [--codecs bf16,Q8_0,Q4_K,Q6_K] [--json]
+    python benchmarks/codec_bandwidth.py [--threads N] [--rounds 3] [--codecs bf16,Q8_0,Q4_K,...] [--json]
 
 Each codec's bank holds more experts than the last-level cache (random raw blocks with small finite fp16
 scales; bf16: random values), and every call takes the next top-k experts in turn, so no call finds its
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=12, help="kernel calls per round (the best is kept)")
-    ap.add_argument("--codecs", default="bf16,Q8_0,Q4_K,Q6_K")
+    ap.add_argument("--codecs", default="bf16,Q8_0,Q4_K,Q5_K,Q6_K,IQ4_XS,MXFP4")
     ap.add_argument("--preset", default="qwen3-30b-a3b", choices=sorted(PRESETS))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

@@ -68,7 +68,7 @@ def test_bad_rows_and_unknown_types_are_one_line_errors() -> None:
     assert codec_for_ggml(14).name == "Q6_K"
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ3_S"])
 def test_random_blocks_keep_their_scales_small_and_finite(name: str) -> None:
     """Every block's recorded fp16 scales hold the asked value (gguf's dequantisation stays finite and
     bounded by it); a codec without recorded offsets refuses in one line."""
@@ -81,5 +81,14 @@ def test_random_blocks_keep_their_scales_small_and_finite(name: str) -> None:
     values = codec.dequantize(out, 512)
     # at most scale x the largest sub-block scale x the largest quant (127 x 64 covers every one of these)
     assert np.isfinite(values).all() and 0 < np.abs(values).max() < 1e-3 * 127 * 64
-    with pytest.raises(FreeTokenError, match="no random blocks for IQ3_S"):
-        get_codec("IQ3_S").random_blocks(out, np.random.default_rng(0), 1e-3)
+    with pytest.raises(FreeTokenError, match="no random blocks for IQ3_XXS"):
+        get_codec("IQ3_XXS").random_blocks(out, np.random.default_rng(0), 1e-3)
+
+
+def test_random_mxfp4_blocks_take_the_nearest_power_of_two() -> None:
+    codec = get_codec("MXFP4")
+    out = np.empty((2, codec.row_bytes(64)), dtype=np.uint8)
+    codec.random_blocks(out, np.random.default_rng(0), 2**-4)
+    assert (out.reshape(-1, 17)[:, 0] == 124).all()  # 2^(124 - 128)
+    values = codec.dequantize(out, 64)
+    assert np.abs(values).max() <= 12 * 2**-4 and np.abs(values).max() > 0

@@ -61,7 +61,8 @@ def convert(
         typer.Option(
             "--expert-dtype",
             help="Routed experts: 'stored' keeps a GGUF's quantized blocks as they are (the cpu backend "
-            "computes Q8_0, Q4_K and Q6_K in place); 'dtype' dequantises them to --dtype; 'q8_0' quantizes "
+            "computes Q8_0, the K-quants, IQ4_XS and MXFP4 in place); 'dtype' dequantises them to --dtype; "
+            "'q8_0' quantizes "
             "them to Q8_0 (about half the bytes of bf16).",
         ),
     ] = "stored",

@@ -23,6 +23,7 @@ class Codec:
     block_bytes: int  # bytes per block
     ggml_type: int | None = None  # the GGUF tensor type, when the codec is one
     scale_offsets: tuple[int, ...] = ()  # byte offsets of a block's fp16 (super-block) scales
+    e8m0_offsets: tuple[int, ...] = ()  # byte offsets of a block's e8m0 scales (2^(e − 128), MXFP4's)
 
     def row_bytes(self, elements: int) -> int:
         """Bytes of one stored row of `elements` weights (a whole number of blocks)."""
@@ -62,12 +63,14 @@ class Codec:
     def random_blocks(self, out: np.ndarray, rng: np.random.Generator, scale: float) -> np.ndarray:
         """Fill `out` (uint8 [..., whole blocks]) with random blocks: every bit pattern of the quants and
         packed sub-block scales, every fp16 scale set to `scale` (small and finite). Returns `out`."""
-        if not self.scale_offsets:
+        if not self.scale_offsets and not self.e8m0_offsets:
             raise FreeTokenError(f"no random blocks for {self.name}: its scale offsets are not recorded")
         blocks = out.reshape(-1, self.block_bytes)
         blocks[:] = rng.integers(0, 256, blocks.shape, dtype=np.uint8)
         for at in self.scale_offsets:
             blocks[:, at : at + 2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+        for at in self.e8m0_offsets:  # the power of two nearest `scale`
+            blocks[:, at] = np.uint8(128 + round(float(np.log2(scale))))
         return out
 
     def quantize(self, values: np.ndarray, name: str = "tensor") -> np.ndarray:
@@ -87,9 +90,14 @@ class Codec:
 
 
 def _ggml(
-    name: str, type_id: int, block_elements: int, block_bytes: int, scale_offsets: tuple[int, ...] = ()
+    name: str,
+    type_id: int,
+    block_elements: int,
+    block_bytes: int,
+    scale_offsets: tuple[int, ...] = (),
+    e8m0_offsets: tuple[int, ...] = (),
 ) -> Codec:
-    return Codec(name, block_elements, block_bytes, type_id, scale_offsets)
+    return Codec(name, block_elements, block_bytes, type_id, scale_offsets, e8m0_offsets)
 
 
 # name -> codec, in the order the issue that brings them lists them (GGML type ids and block sizes as
@@ -104,9 +112,9 @@ CODECS: dict[str, Codec] = {
         _ggml("Q4_K", 12, 256, 144, (0, 2)),
         _ggml("Q6_K", 14, 256, 210, (208,)),
         _ggml("Q5_K", 13, 256, 176, (0, 2)),
-        _ggml("IQ4_XS", 23, 256, 136),
-        _ggml("MXFP4", 39, 32, 17),
-        _ggml("IQ3_S", 21, 256, 110),
+        _ggml("IQ4_XS", 23, 256, 136, (0,)),
+        _ggml("MXFP4", 39, 32, 17, e8m0_offsets=(0,)),
+        _ggml("IQ3_S", 21, 256, 110, (0,)),
         _ggml("IQ3_XXS", 18, 256, 98),
     )
 }

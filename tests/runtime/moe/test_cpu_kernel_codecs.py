@@ -139,13 +139,24 @@ def random_blocks(codec_name: str, *shape: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(gguf_fixture.random_blocks(codec_name, shape, seed))
 
 
-@pytest.mark.parametrize(
-    "codecs", [("Q4_K", "Q4_K"), ("Q6_K", "Q6_K"), ("Q4_K", "Q6_K")], ids=["Q4_K", "Q6_K", "Q4_K_M-like"]
-)
+CODEC_PAIRS = {
+    "Q4_K": ("Q4_K", "Q4_K"),
+    "Q6_K": ("Q6_K", "Q6_K"),
+    "Q4_K_M-like": ("Q4_K", "Q6_K"),
+    "Q5_K": ("Q5_K", "Q5_K"),
+    "IQ4_XS": ("IQ4_XS", "IQ4_XS"),
+    "MXFP4": ("MXFP4", "MXFP4"),
+    "mixed": ("IQ4_XS", "Q5_K"),
+}
+ACT8_BLOCK = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256, "MXFP4": 32}
+
+
+@pytest.mark.parametrize("codecs", CODEC_PAIRS.values(), ids=CODEC_PAIRS.keys())
 @pytest.mark.parametrize("tokens", [1, 12])
 def test_k_quants_match_the_dequantised_reference(codecs: tuple[str, str], tokens: int) -> None:
-    """Weight-only K-quant dots (every sub-block scale pattern, both nibble halves, Q6_K's high bits) over
-    rows of two and three super-blocks, against gguf's dequantisation in fp32."""
+    """Weight-only dots of the K-quants and the codebook codecs (every sub-block scale pattern, both
+    nibble halves, the high bits of Q5_K/Q6_K) over rows of two and three super-blocks, against gguf's
+    dequantisation in fp32; with int8 activations, against the same quantization of the activations."""
     e, h, i, k = 6, 512, 768, 3
     gate_up = random_blocks(codecs[0], e, 2 * i, h, seed=1)
     down = random_blocks(codecs[1], e, h, i, seed=2)
@@ -164,7 +175,8 @@ def test_k_quants_match_the_dequantised_reference(codecs: tuple[str, str], token
         torch.from_numpy(get_codec(c).dequantize(b.numpy(), n))
         for c, b, n in zip(codecs, (gate_up, down), (h, i), strict=True)
     )
-    assert rel_err(act8, quantized_activation_reference(x, ids, w, gu_f, dn_f, blocks=(256, 256))) < 1e-3
+    blocks = (ACT8_BLOCK[codecs[0]], ACT8_BLOCK[codecs[1]])
+    assert rel_err(act8, quantized_activation_reference(x, ids, w, gu_f, dn_f, blocks=blocks)) < 1e-3
     # random bytes give Q4_K sub-blocks far-from-zero means (random mins), which multiply the activations'
     # rounding at one scale per 256 (llama.cpp's Q8_K): up to ~13% here, where quantized weights of a real
     # model stay near 1e-2
@@ -172,13 +184,13 @@ def test_k_quants_match_the_dequantised_reference(codecs: tuple[str, str], token
 
 
 def test_banks_the_kernel_does_not_take_go_the_plain_way() -> None:
-    """A codec the kernel has no dot for (Q5_K here) is computed by the reference path, not misread."""
+    """A codec the kernel has no dot for (IQ3_S here) is computed by the reference path, not misread."""
     e, h, i = 2, 256, 256
-    gate_up, down = random_blocks("Q5_K", e, 2 * i, h), random_blocks("Q5_K", e, h, i, seed=1)
-    assert not kernel_takes(gate_up, down, ("Q5_K", "Q5_K"))
+    gate_up, down = random_blocks("IQ3_S", e, 2 * i, h), random_blocks("IQ3_S", e, h, i, seed=1)
+    assert not kernel_takes(gate_up, down, ("IQ3_S", "IQ3_S"))
     x, ids, w = torch.randn(1, h), torch.tensor([[1, 0]]), torch.tensor([[0.5, 0.5]])
-    ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=("Q5_K", "Q5_K"))
-    codec = get_codec("Q5_K")
+    ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=("IQ3_S", "IQ3_S"))
+    codec = get_codec("IQ3_S")
     gu_f = torch.from_numpy(codec.dequantize(gate_up.numpy(), h))
     dn_f = torch.from_numpy(codec.dequantize(down.numpy(), i))
     assert rel_err(ours, grouped_experts(x, ids, w, gu_f, dn_f)) < 1e-6

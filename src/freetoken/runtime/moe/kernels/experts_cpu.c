@@ -22,6 +22,7 @@
 #include "bf16_dot.h"
 #include "kquant_dot.h"
 #include "quant_dot.h"
+#include "table_dot.h"
 
 // Bytes of weights per unit of work: small enough that the threads finish within a unit of each other,
 // large enough that the counter is touched rarely and the hardware prefetcher stays on its stream.
@@ -136,19 +137,33 @@ static inline void dots_f32(const float *restrict w, const float *const *v, int 
     }
 }
 
+// A weight-only row widened to fp32 (for several dots with the same row).
+static inline void dequant_row(int codec, const uint8_t *row, float *out, int n) {
+    switch (codec) {
+        case FT_CODEC_Q8_0: dequant_q8_0(row, out, n); return;
+        case FT_CODEC_Q4_K: dequant_q4_k(row, out, n); return;
+        case FT_CODEC_Q5_K: dequant_q5_k(row, out, n); return;
+        case FT_CODEC_Q6_K: dequant_q6_k(row, out, n); return;
+        case FT_CODEC_IQ4_XS: dequant_iq4_xs(row, out, n); return;
+        default: dequant_mxfp4(row, out, n); return;
+    }
+}
+
 // rowbuf: n floats of the calling thread's, for a widened row.
 static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt, int n, float *out,
                         float *rowbuf) {
     const int widen = cnt >= WIDEN_PAIRS;
-    if (widen && (codec == FT_CODEC_Q8_0 || codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q6_K)) {
-        if (codec == FT_CODEC_Q8_0)
-            dequant_q8_0(row, rowbuf, n);
-        else if (codec == FT_CODEC_Q4_K)
-            dequant_q4_k(row, rowbuf, n);
-        else
-            dequant_q6_k(row, rowbuf, n);
+    if (widen && (codec == FT_CODEC_Q8_0 || codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q6_K ||
+                  codec == FT_CODEC_Q5_K || codec == FT_CODEC_IQ4_XS || codec == FT_CODEC_MXFP4)) {
+        dequant_row(codec, row, rowbuf, n);
         dots_f32(rowbuf, v->f, cnt, n, out);
-    } else if (codec == FT_CODEC_Q8_0_ACT8)
+    } else if (codec == FT_CODEC_Q5_K_ACT8)
+        for (int j = 0; j < cnt; j++) out[j] = dot_q5_k_q8(row, v->q[j], v->d[j], v->s[j], n);
+    else if (codec == FT_CODEC_IQ4_XS_ACT8)
+        for (int j = 0; j < cnt; j++) out[j] = dot_iq4_xs_q8(row, v->q[j], v->d[j], n);
+    else if (codec == FT_CODEC_MXFP4_ACT8)
+        for (int j = 0; j < cnt; j++) out[j] = dot_mxfp4_q8(row, v->q[j], v->d[j], n);
+    else if (codec == FT_CODEC_Q8_0_ACT8)
         dots_q8_0(row, v->q, v->d, cnt, n, out);
     else if (codec == FT_CODEC_Q4_K_ACT8)
         for (int j = 0; j < cnt; j++) out[j] = dot_q4_k_q8(row, v->q[j], v->d[j], v->s[j], n);
@@ -160,6 +175,12 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
         for (int j = 0; j < cnt; j++) out[j] = dot_q4_k(row, v->f[j], n);
     else if (codec == FT_CODEC_Q6_K)
         for (int j = 0; j < cnt; j++) out[j] = dot_q6_k(row, v->f[j], n);
+    else if (codec == FT_CODEC_Q5_K)
+        for (int j = 0; j < cnt; j++) out[j] = dot_q5_k(row, v->f[j], n);
+    else if (codec == FT_CODEC_IQ4_XS)
+        for (int j = 0; j < cnt; j++) out[j] = dot_iq4_xs(row, v->f[j], n);
+    else if (codec == FT_CODEC_MXFP4)
+        for (int j = 0; j < cnt; j++) out[j] = dot_mxfp4(row, v->f[j], n);
     else if (codec == FT_CODEC_F32)
         dots_f32((const float *)row, v->f, cnt, n, out);
     else

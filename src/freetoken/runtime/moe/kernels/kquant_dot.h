@@ -7,6 +7,8 @@
 //        w = d·sc[s]·q − dmin·m[s] for sub-block s of 32.
 //   Q6_K, 210 bytes: ql[128] (low 4 bits), qh[64] (high 2 bits), scales[16] int8, d fp16;
 //        w = d·scales[s]·(q − 32) for sub-block s of 16.
+//   Q5_K, 176 bytes: d, dmin, scales[12] as Q4_K's, qh[32], qs[128]: Q4_K's nibbles with a fifth bit, for
+//        the 64 weights j bit 2j of qh[l] (low nibbles) and bit 2j + 1 (high ones).
 #ifndef FT_KQUANT_DOT_H
 #define FT_KQUANT_DOT_H
 #include <stdint.h>
@@ -18,6 +20,7 @@
 #define QK_K 256
 #define Q4_K_BYTES 144
 #define Q6_K_BYTES 210
+#define Q5_K_BYTES 176
 
 typedef int32_t v8i __attribute__((vector_size(32)));
 
@@ -68,6 +71,29 @@ static inline float dot_q4_k(const uint8_t *restrict w, const float *restrict x,
                 const v8f x0 = load8f(xb + 64 * j + l), x1 = load8f(xb + 64 * j + 32 + l);
                 acc0 += a0 * (to_f32(q & 15) * x0) - b0 * x0;
                 acc1 += a1 * (to_f32(q >> 4) * x1) - b1 * x1;
+            }
+        }
+    }
+    return sum8(acc0 + acc1);
+}
+
+static inline float dot_q5_k(const uint8_t *restrict w, const float *restrict x, int n) {
+    v8f acc0 = {0}, acc1 = {0};
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * Q5_K_BYTES, *qh = blk + 16, *qs = blk + 48;
+        const float *xb = x + (long)b * QK_K;
+        PREFETCH_ROW(blk);
+        const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
+        uint8_t sc[8], mn[8];
+        q4_k_scales(blk + 4, sc, mn);
+        for (int j = 0; j < 4; j++) {  // 64 weights: sub-blocks 2j (low nibbles, bit 2j) and 2j + 1
+            const float a0 = d * sc[2 * j], b0 = dmin * mn[2 * j], a1 = d * sc[2 * j + 1], b1 = dmin * mn[2 * j + 1];
+            for (int l = 0; l < 32; l += 8) {
+                const v8i q = bytes8(qs + 32 * j + l), h = bytes8(qh + l);
+                const v8f x0 = load8f(xb + 64 * j + l), x1 = load8f(xb + 64 * j + 32 + l);
+                const v8i q0 = (q & 15) | (((h >> (2 * j)) & 1) << 4), q1 = (q >> 4) | (((h >> (2 * j + 1)) & 1) << 4);
+                acc0 += a0 * (to_f32(q0) * x0) - b0 * x0;
+                acc1 += a1 * (to_f32(q1) * x1) - b1 * x1;
             }
         }
     }
@@ -173,6 +199,67 @@ static inline float dot_q4_k_q8(const uint8_t *restrict w, const int8_t *restric
 #endif
 }
 
+static inline float dot_q5_k_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
+                                const int16_t *restrict xs, int n) {
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    __m128 acc_m = _mm_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * Q5_K_BYTES, *qh = blk + 16, *qs = blk + 48;
+        const int8_t *a = xq + (long)b * QK_K;
+        PREFETCH_ROW(blk);
+        const float d = fp16_at(blk), dmin = fp16_at(blk + 2), dx = xd[b];
+        uint8_t scm[16];
+        q4_k_scales(blk + 4, scm, scm + 8);
+        const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scm));
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)(xs + (long)b * (QK_K / SUM_BLOCK)));
+        const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs32);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin * dx), _mm_cvtepi32_ps(mins), acc_m);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+        const __m256i hbits = _mm256_loadu_si256((const __m256i *)qh);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4);
+            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4);
+            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(q, low4), h0);
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), h1);
+            const __m256i p0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)(a + 64 * j))),
+                _mm256_shuffle_epi8(scales, spread16(2 * j, 2 * j)));
+            const __m256i p1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(q1, _mm256_loadu_si256((const __m256i *)(a + 64 * j + 32))),
+                _mm256_shuffle_epi8(scales, spread16(2 * j + 1, 2 * j + 1)));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum256(acc) - hsum128(acc_m);
+#else
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * Q5_K_BYTES, *qh = blk + 16, *qs = blk + 48;
+        const int8_t *a = xq + (long)b * QK_K;
+        const int16_t *bs = xs + (long)b * (QK_K / SUM_BLOCK);
+        const float d = fp16_at(blk), dmin = fp16_at(blk + 2), dx = xd[b];
+        uint8_t sc[8], mn[8];
+        q4_k_scales(blk + 4, sc, mn);
+        int32_t sumi = 0, msum = 0;
+        for (int k = 0; k < 8; k++) msum += mn[k] * (bs[2 * k] + bs[2 * k + 1]);
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                const int q0 = (qs[32 * j + l] & 15) | (((qh[l] >> (2 * j)) & 1) << 4);
+                const int q1 = (qs[32 * j + l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4);
+                sumi += sc[2 * j] * q0 * a[64 * j + l] + sc[2 * j + 1] * q1 * a[64 * j + 32 + l];
+            }
+        s += d * dx * (float)sumi - dmin * dx * (float)msum;
+    }
+    return s;
+#endif
+}
+
 static inline float dot_q6_k_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
                                 const int16_t *restrict xs, int n) {
 #if defined(__AVX2__)
@@ -252,6 +339,23 @@ static inline void dequant_q4_k(const uint8_t *restrict w, float *restrict out, 
             for (int l = 0; l < 32; l++) {
                 y[64 * j + l] = a0 * (float)(qs[32 * j + l] & 15) - b0;
                 y[64 * j + 32 + l] = a1 * (float)(qs[32 * j + l] >> 4) - b1;
+            }
+        }
+    }
+}
+
+static inline void dequant_q5_k(const uint8_t *restrict w, float *restrict out, int n) {
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * Q5_K_BYTES, *qh = blk + 16, *qs = blk + 48;
+        float *y = out + (long)b * QK_K;
+        const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
+        uint8_t sc[8], mn[8];
+        q4_k_scales(blk + 4, sc, mn);
+        for (int j = 0; j < 4; j++) {
+            const float a0 = d * sc[2 * j], b0 = dmin * mn[2 * j], a1 = d * sc[2 * j + 1], b1 = dmin * mn[2 * j + 1];
+            for (int l = 0; l < 32; l++) {
+                y[64 * j + l] = a0 * (float)((qs[32 * j + l] & 15) | (((qh[l] >> (2 * j)) & 1) << 4)) - b0;
+                y[64 * j + 32 + l] = a1 * (float)((qs[32 * j + l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4)) - b1;
             }
         }
     }

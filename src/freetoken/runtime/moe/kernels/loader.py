@@ -33,7 +33,7 @@ SOURCES = tuple(
         "branch_coordinator.c",
     )
 )
-HEADERS = (HERE / "bf16_dot.h", HERE / "quant_dot.h", HERE / "kquant_dot.h")
+HEADERS = (HERE / "bf16_dot.h", HERE / "quant_dot.h", HERE / "kquant_dot.h", HERE / "table_dot.h")
 # FMAs contracted from the kernel's multiply-adds; on x86, full-width vectors where the CPU has them
 # (compilers otherwise stop at 256 bits on AVX-512 machines).
 X86_FLAGS = ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ()

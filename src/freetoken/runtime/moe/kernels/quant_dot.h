@@ -31,7 +31,13 @@ enum {
     FT_CODEC_Q6_K = 4,
     FT_CODEC_Q4_K_ACT8 = 5,
     FT_CODEC_Q6_K_ACT8 = 6,
-    FT_CODEC_F32 = 7
+    FT_CODEC_F32 = 7,
+    FT_CODEC_Q5_K = 8,
+    FT_CODEC_Q5_K_ACT8 = 9,
+    FT_CODEC_IQ4_XS = 10,
+    FT_CODEC_IQ4_XS_ACT8 = 11,
+    FT_CODEC_MXFP4 = 12,
+    FT_CODEC_MXFP4_ACT8 = 13
 };
 #define Q8_BLOCK 32
 #define Q8_0_BYTES 34
@@ -47,13 +53,20 @@ static inline void codec_block(int codec, int *elements, int *bytes) {
         case FT_CODEC_Q4_K_ACT8: *elements = 256, *bytes = 144; return;
         case FT_CODEC_Q6_K:
         case FT_CODEC_Q6_K_ACT8: *elements = 256, *bytes = 210; return;
+        case FT_CODEC_Q5_K:
+        case FT_CODEC_Q5_K_ACT8: *elements = 256, *bytes = 176; return;
+        case FT_CODEC_IQ4_XS:
+        case FT_CODEC_IQ4_XS_ACT8: *elements = 256, *bytes = 136; return;
+        case FT_CODEC_MXFP4:
+        case FT_CODEC_MXFP4_ACT8: *elements = 32, *bytes = 17; return;
         default: *elements = 0, *bytes = 0;
     }
 }
 
 // Whether `codec` is one of the ids taken against int8 activation blocks.
 static inline int codec_act8(int codec) {
-    return codec == FT_CODEC_Q8_0_ACT8 || codec == FT_CODEC_Q4_K_ACT8 || codec == FT_CODEC_Q6_K_ACT8;
+    return codec == FT_CODEC_Q8_0_ACT8 || codec == FT_CODEC_Q4_K_ACT8 || codec == FT_CODEC_Q6_K_ACT8 ||
+           codec == FT_CODEC_Q5_K_ACT8 || codec == FT_CODEC_IQ4_XS_ACT8 || codec == FT_CODEC_MXFP4_ACT8;
 }
 
 // Bytes of a row of n elements in `codec` (n a whole number of blocks; checked by the caller).
@@ -87,7 +100,10 @@ static inline float fp16_at(const uint8_t *p) {
 // The activation block a codec's int8 dots take: 256 for the K-quants (one scale per super-block, so a
 // super-block's integer sums need no rescaling inside it, as llama.cpp's Q8_K), 32 otherwise.
 static inline int act8_block(int codec) {
-    return codec == FT_CODEC_Q4_K_ACT8 || codec == FT_CODEC_Q6_K_ACT8 ? 256 : Q8_BLOCK;
+    return codec == FT_CODEC_Q4_K_ACT8 || codec == FT_CODEC_Q5_K_ACT8 || codec == FT_CODEC_Q6_K_ACT8 ||
+                   codec == FT_CODEC_IQ4_XS_ACT8
+               ? 256
+               : Q8_BLOCK;
 }
 
 // x [n] fp32 -> q [n] int8, d [n / block] fp32, sums [n / 16] int16 (|sum| <= 16 · 127): per block of `block` d = max|x| / 127,

@@ -1,0 +1,182 @@
+// Dots of rows in codebook codecs, whose 4-bit indices pick int8 values from a 16-entry table (a byte
+// shuffle does the lookup, 32 at a time), and the rows widened to fp32. Layouts (ggml's, what
+// gguf.quants.dequantize reads):
+//   IQ4_XS, 136 bytes per 256: d fp16, scales_h uint16, scales_l[4], qs[128]; sub-block s of 32 has the
+//        6-bit scale ls = (scales_l nibble s) | (scales_h bits 2s, 2s+1) << 4 and weights
+//        d·(ls − 32)·IQ4_NL[q], its 16 bytes' low nibbles the first 16 weights, high nibbles the next 16.
+//   MXFP4, 17 bytes per 32: e (e8m0), qs[16]; w = 2^(e − 128)·MXFP4[q] (the table holds twice the FP4
+//        values, the scale half the block's), low nibbles the first 16 weights, high nibbles the next 16.
+#ifndef FT_TABLE_DOT_H
+#define FT_TABLE_DOT_H
+#include <stdint.h>
+#include <string.h>
+
+#include "kquant_dot.h"
+#include "quant_dot.h"
+
+#define IQ4_XS_BYTES 136
+#define MXFP4_BYTES 17
+
+static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// 2^(e - 128): ggml's e8m0 scale, halved (subnormal for e < 2).
+static inline float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+static inline int iq4_xs_scale(const uint8_t *blk, int s) {
+    uint16_t high;
+    memcpy(&high, blk + 2, sizeof high);
+    return (((blk[4 + s / 2] >> (4 * (s % 2))) & 15) | (((high >> (2 * s)) & 3) << 4)) - 32;
+}
+
+static inline void dequant_iq4_xs(const uint8_t *restrict w, float *restrict out, int n) {
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * IQ4_XS_BYTES, *qs = blk + 8;
+        const float d = fp16_at(blk);
+        for (int s = 0; s < 8; s++) {
+            const float dl = d * (float)iq4_xs_scale(blk, s);
+            float *y = out + (long)b * QK_K + 32 * s;
+            for (int j = 0; j < 16; j++) {
+                y[j] = dl * IQ4_NL_VALUES[qs[16 * s + j] & 15];
+                y[j + 16] = dl * IQ4_NL_VALUES[qs[16 * s + j] >> 4];
+            }
+        }
+    }
+}
+
+static inline void dequant_mxfp4(const uint8_t *restrict w, float *restrict out, int n) {
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *blk = w + (long)b * MXFP4_BYTES;
+        const float d = e8m0_half(blk[0]);
+        for (int j = 0; j < 16; j++) {
+            out[32L * b + j] = d * MXFP4_VALUES[blk[1 + j] & 15];
+            out[32L * b + j + 16] = d * MXFP4_VALUES[blk[1 + j] >> 4];
+        }
+    }
+}
+
+// Weight-only: the 32 looked-up int8 values of a sub-block times fp32 activations, summed, then scaled.
+static inline float table_block_f32(const uint8_t *restrict qs, const int8_t *table, const float *restrict x) {
+#if defined(__AVX2__)
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs), low4 = _mm_set1_epi8(15);
+    const __m128i t = _mm_loadu_si128((const __m128i *)table);
+    const __m128i lo = _mm_shuffle_epi8(t, _mm_and_si128(q, low4));
+    const __m128i hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(q, 4), low4));
+    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_loadu_ps(x + 16), s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(x + 24), s);
+    return hsum256(s);
+#else
+    float s = 0.0f;
+    for (int j = 0; j < 16; j++) s += table[qs[j] & 15] * x[j] + table[qs[j] >> 4] * x[j + 16];
+    return s;
+#endif
+}
+
+static inline float dot_iq4_xs(const uint8_t *restrict w, const float *restrict x, int n) {
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * IQ4_XS_BYTES;
+        PREFETCH_ROW(blk);
+        float part = 0.0f;
+        for (int sb = 0; sb < 8; sb++)
+            part += (float)iq4_xs_scale(blk, sb) * table_block_f32(blk + 8 + 16 * sb, IQ4_NL_VALUES, x + (long)b * QK_K + 32 * sb);
+        s += fp16_at(blk) * part;
+    }
+    return s;
+}
+
+static inline float dot_mxfp4(const uint8_t *restrict w, const float *restrict x, int n) {
+    float s = 0.0f;
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *blk = w + (long)b * MXFP4_BYTES;
+        PREFETCH_ROW(blk);
+        s += e8m0_half(blk[0]) * table_block_f32(blk + 1, MXFP4_VALUES, x + 32L * b);
+    }
+    return s;
+}
+
+// Against activations quantized to int8 in blocks of 256 with one scale (IQ4_XS: the sub-block scales
+// applied as 16-bit integers, one fp32 multiply per super-block) or of 32 (MXFP4: its e8m0 scales span
+// too far for integers, so each block is scaled in fp32).
+static inline float dot_iq4_xs_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
+                                  int n) {
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES));
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * IQ4_XS_BYTES, *qs = blk + 8;
+        const int8_t *a = xq + (long)b * QK_K;
+        PREFETCH_ROW(blk);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {  // sub-blocks 2p (bytes 0-15) and 2p + 1 (bytes 16-31)
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
+            const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, low4));  // weights 0-15 of each
+            const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+            const __m256i a0 = _mm256_loadu_si256((const __m256i *)(a + 64 * p));
+            const __m256i a1 = _mm256_loadu_si256((const __m256i *)(a + 64 * p + 32));
+            const __m256i alo = _mm256_permute2x128_si256(a0, a1, 0x20), ahi = _mm256_permute2x128_si256(a0, a1, 0x31);
+            const __m256i scale = _mm256_set_m128i(_mm_set1_epi16((short)iq4_xs_scale(blk, 2 * p + 1)),
+                                                   _mm_set1_epi16((short)iq4_xs_scale(blk, 2 * p)));
+            const __m256i plo = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(alo, lo));
+            const __m256i phi = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(ahi, hi));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(plo, scale), _mm256_madd_epi16(phi, scale)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(blk) * xd[b]), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum256(acc);
+#else
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * IQ4_XS_BYTES, *qs = blk + 8;
+        const int8_t *a = xq + (long)b * QK_K;
+        int32_t sumi = 0;
+        for (int sb = 0; sb < 8; sb++) {
+            int32_t part = 0;
+            for (int j = 0; j < 16; j++)
+                part += IQ4_NL_VALUES[qs[16 * sb + j] & 15] * a[32 * sb + j] +
+                        IQ4_NL_VALUES[qs[16 * sb + j] >> 4] * a[32 * sb + j + 16];
+            sumi += iq4_xs_scale(blk, sb) * part;
+        }
+        s += fp16_at(blk) * xd[b] * (float)sumi;
+    }
+    return s;
+#endif
+}
+
+static inline float dot_mxfp4_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
+                                 int n) {
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    const __m128i low4 = _mm_set1_epi8(15), table = _mm_loadu_si128((const __m128i *)MXFP4_VALUES);
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *blk = w + (long)b * MXFP4_BYTES;
+        PREFETCH_ROW(blk);
+        const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 1));
+        const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(q, low4));
+        const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), low4));
+        const __m256i sums = q8_block_sums(_mm256_set_m128i(hi, lo), _mm256_loadu_si256((const __m256i *)(xq + 32L * b)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(e8m0_half(blk[0]) * xd[b]), _mm256_cvtepi32_ps(sums), acc);
+    }
+    return hsum256(acc);
+#else
+    float s = 0.0f;
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *blk = w + (long)b * MXFP4_BYTES;
+        int32_t sum = 0;
+        for (int j = 0; j < 16; j++)
+            sum += MXFP4_VALUES[blk[1 + j] & 15] * xq[32L * b + j] + MXFP4_VALUES[blk[1 + j] >> 4] * xq[32L * b + j + 16];
+        s += e8m0_half(blk[0]) * xd[b] * (float)sum;
+    }
+    return s;
+#endif
+}
+
+#endif
