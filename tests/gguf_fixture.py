@@ -77,7 +77,13 @@ def _tokenizer_fields(folder: Path) -> dict[str, Any]:
 
 # the value of every fp16 super-block scale in random raw blocks, so weights stay small
 BLOCK_SCALE = {
-    "Q4_K": 1e-3, "Q5_K": 1e-3, "Q6_K": 1e-4, "Q8_0": 5e-3, "IQ4_XS": 2e-4, "MXFP4": 2**-4, "IQ3_S": 1e-3
+    "Q4_K": 1e-3,
+    "Q5_K": 1e-3,
+    "Q6_K": 1e-4,
+    "Q8_0": 5e-3,
+    "IQ4_XS": 2e-4,
+    "MXFP4": 2**-4,
+    "IQ3_S": 1e-3,
 }  # MXFP4: the power of two nearest, as its e8m0 scales hold
 
 

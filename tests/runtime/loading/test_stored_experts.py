@@ -34,9 +34,13 @@ def q8_file(tiny_model: tuple[Path, Any], tmp_path_factory: pytest.TempPathFacto
 @pytest.mark.parametrize(
     "expert_types",
     [
-        ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K"), ("Q8_0", "Q6_K"), ("Q5_K", "Q6_K"), ("IQ4_XS", "Q5_K"),
+        ("Q4_K", "Q6_K"),
+        ("Q6_K", "Q4_K"),
+        ("Q8_0", "Q6_K"),
+        ("Q5_K", "Q6_K"),
+        ("IQ4_XS", "Q5_K"),
         ("MXFP4", "MXFP4"),
-    ],  # fmt: skip
+    ],
     ids=["Q4_K_M-like", "swapped", "Q8_0+Q6_K", "Q5_K_M-like", "IQ4_XS+Q5_K", "MXFP4"],
 )
 def test_k_quant_experts_decode_the_reference_tokens(
