@@ -3,8 +3,8 @@ plain reference dequantiser. The layer below `formats/` and `runtime/` (both wil
 neither): a pool or a file only needs a codec's bytes per row to place experts, whatever the format.
 
 For GGUF types the truth is `gguf.quants.dequantize` (llama.cpp's own reference, in numpy), which each
-GGUF codec's `dequantize` calls; bf16/f16/f32 are exact widenings. Codecs without a GGUF type (FP8
-block-scaled, NVFP4) and the kernels that read codecs in place come with later steps.
+GGUF codec's `dequantize` calls; bf16/f16/f32 are exact widenings. FP8 (block-scaled e4m3, from
+safetensors checkpoints) has no GGUF type: `fp8.py` holds its layout and reference.
 """
 
 from __future__ import annotations
@@ -54,6 +54,10 @@ class Codec:
             return data.view(np.float16).astype(np.float32)
         if self.name == "f32":
             return data.view(np.float32).copy()
+        if self.name == "FP8":
+            from freetoken.codecs.fp8 import dequantize_rows
+
+            return dequantize_rows(data)
         from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize
 
@@ -116,6 +120,7 @@ CODECS: dict[str, Codec] = {
         _ggml("MXFP4", 39, 32, 17, e8m0_offsets=(0,)),
         _ggml("IQ3_S", 21, 256, 110, (0,)),
         _ggml("IQ3_XXS", 18, 256, 98),
+        Codec("FP8", 128, 132),  # block-scaled e4m3 rows: fp32 scale + 128 values (codecs/fp8.py)
     )
 }
 

@@ -194,3 +194,28 @@ def test_banks_the_kernel_does_not_take_go_the_plain_way() -> None:
     gu_f = torch.from_numpy(codec.dequantize(gate_up.numpy(), h))
     dn_f = torch.from_numpy(codec.dequantize(down.numpy(), i))
     assert rel_err(ours, grouped_experts(x, ids, w, gu_f, dn_f)) < 1e-6
+
+
+@pytest.mark.parametrize("tokens", [1, 12])
+def test_fp8_block_rows_match_the_dequantised_reference(tokens: int) -> None:
+    """FP8 rows (fp32 tile scale + 128 e4m3 values, every code but NaN) against the codec's reference."""
+    from freetoken.codecs import fp8
+
+    e, h, i, k = 4, 256, 384, 2
+    gen = np.random.default_rng(tokens)
+
+    def bank(rows: int, cols: int) -> torch.Tensor:
+        experts = []
+        for _ in range(e):
+            codes, scale = fp8.quantize_tiles(gen.standard_normal((rows, cols)).astype(np.float32) * 0.05)
+            codes[0, :126] = np.arange(126)  # every positive non-NaN code, subnormals included
+            experts.append(fp8.block_rows(codes, scale))
+        return torch.from_numpy(np.stack(experts))
+
+    gate_up, down = bank(2 * i, h), bank(h, i)
+    assert kernel_takes(gate_up, down, ("FP8", "FP8"))
+    x = torch.randn(tokens, h)
+    ids = torch.stack([torch.randperm(e)[:k] for _ in range(tokens)])
+    w = torch.rand(tokens, k)
+    ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=("FP8", "FP8"))
+    assert rel_err(ours, stored_reference(x, ids, w, gate_up, down, ("FP8", "FP8"))) < 1e-5

@@ -76,21 +76,26 @@ def plan_checkpoint(
 
 
 def stored_codecs(ckpt: object, plan: CheckpointPlan, keep: frozenset[str]) -> dict[int, tuple[Codec, Codec]]:
-    """Layers whose experts stay in the blocks the file stores them in: whole-layer banks (GGUF), gate and
-    up in one codec, both codecs in `keep` (what the expert kernel computes from), at least one of them
-    blocks (float experts take the pool dtype). Other layers are dequantised to the pool dtype."""
+    """Layers whose experts stay in the blocks the file stores them in: every tensor of a part (whole-layer
+    banks as GGUF's, or expert by expert as an FP8 safetensors checkpoint's) in one codec, gate and up in
+    the same, both codecs in `keep` (what the expert kernel computes from), at least one of them blocks
+    (float experts take the pool dtype). Other layers are dequantised to the pool dtype."""
     codec_of = getattr(ckpt, "codec", None)
     if not keep or codec_of is None:
         return {}
     out: dict[int, tuple[Codec, Codec]] = {}
     for layer, items in plan.experts.items():
-        parts = {target.part: name for name, target in items if target.expert is None}
-        if set(parts) != {"gate", "up", "down"}:
-            continue
+        found: dict[str, set[Codec]] = {}
         try:
-            gate, up, down = (codec_of(parts[part]) for part in ("gate", "up", "down"))
+            for name, target in items:
+                codec = codec_of(name)
+                for part in ("gate", "up") if target.part == "gate_up" else (target.part,):
+                    found.setdefault(part, set()).add(codec)
         except FreeTokenError:  # a type no codec has: dequantised by the gguf package, if it can
             continue
+        if set(found) != {"gate", "up", "down"} or any(len(codecs) != 1 for codecs in found.values()):
+            continue
+        gate, up, down = (next(iter(found[part])) for part in ("gate", "up", "down"))
         floats = gate.block_elements == down.block_elements == 1
         if gate == up and {gate.name, down.name} <= keep and not floats:
             out[layer] = (gate, down)

@@ -6,6 +6,9 @@
 //        d·(ls − 32)·IQ4_NL[q], its 16 bytes' low nibbles the first 16 weights, high nibbles the next 16.
 //   MXFP4, 17 bytes per 32: e (e8m0), qs[16]; w = 2^(e − 128)·MXFP4[q] (the table holds twice the FP4
 //        values, the scale half the block's), low nibbles the first 16 weights, high nibbles the next 16.
+// And FP8 rows (codecs/fp8.py), 132 bytes per 128: an fp32 scale, then 128 e4m3 values. An e4m3 byte
+// moved into fp16's bits (sign to bit 15, the other seven bits to 13..7) is its value / 256, subnormals
+// included, so F16C widens eight at a time.
 #ifndef FT_TABLE_DOT_H
 #define FT_TABLE_DOT_H
 #include <stdint.h>
@@ -16,6 +19,50 @@
 
 #define IQ4_XS_BYTES 136
 #define MXFP4_BYTES 17
+#define FP8_BYTES 132
+
+static inline float e4m3_f32(uint8_t b) {
+    const float v = fp16_f32((uint16_t)(((b & 0x80) << 8) | ((b & 0x7F) << 7))) * 256.0f;
+    return (b & 0x7F) == 0x7F ? NAN : v;
+}
+
+static inline void dequant_fp8(const uint8_t *restrict w, float *restrict out, int n) {
+    for (int b = 0; b < n / 128; b++) {
+        const uint8_t *blk = w + (long)b * FP8_BYTES;
+        float scale;
+        memcpy(&scale, blk, sizeof scale);
+        for (int j = 0; j < 128; j++) out[128L * b + j] = scale * e4m3_f32(blk[4 + j]);
+    }
+}
+
+static inline float dot_fp8(const uint8_t *restrict w, const float *restrict x, int n) {
+    float s = 0.0f;
+    for (int b = 0; b < n / 128; b++) {
+        const uint8_t *blk = w + (long)b * FP8_BYTES;
+        const float *xb = x + 128L * b;
+        PREFETCH_ROW(blk);
+        float scale;
+        memcpy(&scale, blk, sizeof scale);
+#if defined(__AVX2__) && defined(__F16C__)
+        const __m128i sign = _mm_set1_epi16((short)0x8000), rest = _mm_set1_epi16(0x7F);
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (int j = 0; j < 128; j += 16) {
+            const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 4 + j));
+            const __m128i lo = _mm_cvtepu8_epi16(v), hi = _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));
+            const __m128i hlo = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(lo, 8), sign), _mm_slli_epi16(_mm_and_si128(lo, rest), 7));
+            const __m128i hhi = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(hi, 8), sign), _mm_slli_epi16(_mm_and_si128(hi, rest), 7));
+            acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(hlo), _mm256_loadu_ps(xb + j), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(hhi), _mm256_loadu_ps(xb + j + 8), acc1);
+        }
+        s += scale * 256.0f * hsum256(_mm256_add_ps(acc0, acc1));
+#else
+        float part = 0.0f;
+        for (int j = 0; j < 128; j++) part += e4m3_f32(blk[4 + j]) * xb[j];
+        s += scale * part;
+#endif
+    }
+    return s;
+}
 
 static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
