@@ -4,7 +4,8 @@ neither): a pool or a file only needs a codec's bytes per row to place experts, 
 
 For GGUF types the truth is `gguf.quants.dequantize` (llama.cpp's own reference, in numpy), which each
 GGUF codec's `dequantize` calls; bf16/f16/f32 are exact widenings. FP8 (block-scaled e4m3, from
-safetensors checkpoints) has no GGUF type: `fp8.py` holds its layout and reference.
+safetensors checkpoints) and NVFP4 have no GGUF type: `fp8.py` and `nvfp4.py` hold their layouts and
+references.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class Codec:
             from freetoken.codecs.fp8 import dequantize_rows
 
             return dequantize_rows(data)
+        if self.name == "NVFP4":
+            from freetoken.codecs import nvfp4
+
+            return nvfp4.dequantize_rows(data)
         from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize
 
@@ -121,6 +126,7 @@ CODECS: dict[str, Codec] = {
         _ggml("IQ3_S", 21, 256, 110, (0,)),
         _ggml("IQ3_XXS", 18, 256, 98),
         Codec("FP8", 128, 132),  # block-scaled e4m3 rows: fp32 scale + 128 values (codecs/fp8.py)
+        Codec("NVFP4", 128, 76),  # multiplier, 8 e4m3 block scales, 64 bytes of e2m1 (codecs/nvfp4.py)
     )
 }
 

@@ -3,9 +3,9 @@
 Headers are read up front (names, shapes, dtypes); tensors are read one at a time, on demand, so a loader
 never holds more than one checkpoint tensor beside its destination.
 
-FP8 block-scaled weights (an F8_E4M3 `X.weight` with its `X.weight_scale_inv` tile grid, as Qwen3-FP8 and
-DeepSeek-V3 ship them) read as one logical tensor: `read` dequantises it, `read_stored` gives the FP8
-codec's rows (codecs/fp8.py) that the pool can keep; the scale grids are not listed as tensors.
+Quantized weights (FP8 block-scaled, NVFP4: quantized_weights.py) read as one logical tensor each: `read`
+dequantises it, `read_stored` gives its codec's rows that the pool can keep; their scale tensors are not
+listed.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from freetoken.codecs import CODECS, Codec
-from freetoken.codecs import fp8 as fp8_codec
 from freetoken.errors import FreeTokenError
+from freetoken.formats.quantized_weights import find_quantized
 
 INDEX_NAME = "model.safetensors.index.json"
 _ELEMENT_SIZE = {
@@ -37,7 +37,6 @@ _ELEMENT_SIZE = {
     "F8_E4M3": 1,
 }
 _FLOAT_CODECS = {"BF16": "bf16", "F16": "f16", "F32": "f32"}
-SCALE_SUFFIX = "_scale_inv"
 
 
 def shard_files(model_dir: Path) -> list[Path]:
@@ -82,22 +81,25 @@ class SafetensorsCheckpoint:
                 self._handles[name] = handle
                 self._shapes[name] = tuple(sl.get_shape())
                 self._dtypes[name] = sl.get_dtype()
-        # FP8 weight -> its tile scales
-        self._scales = {
-            name: name + SCALE_SUFFIX
-            for name, dtype in self._dtypes.items()
-            if dtype == "F8_E4M3" and name + SCALE_SUFFIX in self._handles
-        }
-        hidden = set(self._scales.values())
+        self._quantized = find_quantized(self._dtypes, self._shapes)  # logical name -> its parts
+        hidden = {part for q in self._quantized.values() for part in q.parts}
         self._names = [name for name in self._handles if name not in hidden]
+        self._names += [name for name in self._quantized if name not in self._handles or name in hidden]
 
     def names(self) -> list[str]:
         return list(self._names)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return self._shapes[name]
+        quantized = self._quantized.get(name)
+        return quantized.shape if quantized is not None else self._shapes[name]
 
     def nbytes(self, name: str) -> int:
+        quantized = self._quantized.get(name)
+        if quantized is not None:
+            return sum(self._stored_bytes(part) for part in quantized.parts)
+        return self._stored_bytes(name)
+
+    def _stored_bytes(self, name: str) -> int:
         numel = 1
         for dim in self._shapes[name]:
             numel *= dim
@@ -109,42 +111,38 @@ class SafetensorsCheckpoint:
         except SafetensorError as exc:
             raise FreeTokenError(f"{self.model_dir}: cannot read tensor {name} ({exc})") from None
 
-    def _fp8(self, name: str) -> tuple[Any, Any]:
-        """(e4m3 bytes [R, C] uint8, tile scales) of an FP8 weight, as numpy arrays."""
-        values = self._get(name).view(torch.uint8).numpy()
-        scales = self._get(self._scales[name]).float().numpy()
-        rows, cols = values.shape
-        if scales.shape != (-(-rows // fp8_codec.TILE), -(-cols // fp8_codec.TILE)):
-            raise FreeTokenError(
-                f"{self.model_dir}: {self._scales[name]} has shape {list(scales.shape)}, expected one scale "
-                f"per {fp8_codec.TILE}x{fp8_codec.TILE} tile of {name} {[rows, cols]}"
-            )
-        return values, scales
-
     def read(self, name: str) -> torch.Tensor:
-        if name in self._scales:
-            return torch.from_numpy(fp8_codec.dequantize_tiles(*self._fp8(name)))
-        if self._dtypes.get(name) == "F8_E4M3":
+        quantized = self._quantized.get(name)
+        if quantized is not None:
+            return self._checked(name, lambda: quantized.dequantize(self._get))
+        if self._dtypes.get(name) in ("F8_E4M3", "F8_E5M2"):
             raise FreeTokenError(
-                f"{self.model_dir}: tensor {name} is FP8 without a {name + SCALE_SUFFIX} tile grid; only "
+                f"{self.model_dir}: tensor {name} is FP8 without a {name}_scale_inv tile grid; only "
                 "block-scaled FP8 checkpoints are supported"
             )
         return self._get(name)
 
     def codec(self, name: str) -> Codec:
-        """How the tensor is stored: FP8 for block-scaled weights, else its float dtype's codec."""
-        if name in self._scales:
-            return CODECS["FP8"]
+        """How the tensor is stored: its quantized codec (FP8, NVFP4), else its float dtype's codec."""
+        quantized = self._quantized.get(name)
+        if quantized is not None:
+            return CODECS[quantized.codec]
         codec = _FLOAT_CODECS.get(self._dtypes[name])
         if codec is None:
             raise FreeTokenError(f"{self.model_dir}: tensor {name} is {self._dtypes[name]}, no weight codec")
         return CODECS[codec]
 
     def read_stored(self, name: str) -> Any:
-        """An FP8 weight as the codec's rows, uint8 [R, C / 128 · 132] (C a multiple of 128)."""
-        values, scales = self._fp8(name)
-        CODECS["FP8"].row_bytes(values.shape[-1])  # whole blocks, or a one-line error
-        return fp8_codec.block_rows(values, scales)
+        """A quantized weight as its codec's rows, uint8 [R, row bytes] (C whole blocks of the codec)."""
+        quantized = self._quantized[name]
+        CODECS[quantized.codec].row_bytes(quantized.shape[-1])  # whole blocks, or a one-line error
+        return self._checked(name, lambda: quantized.rows(self._get))
+
+    def _checked(self, name: str, read: Any) -> Any:
+        try:
+            return read()
+        except FreeTokenError as exc:
+            raise FreeTokenError(f"{self.model_dir}: {exc}") from None
 
     def close(self) -> None:
         self._stack.close()

@@ -196,26 +196,35 @@ def test_banks_the_kernel_does_not_take_go_the_plain_way() -> None:
     assert rel_err(ours, grouped_experts(x, ids, w, gu_f, dn_f)) < 1e-6
 
 
-@pytest.mark.parametrize("tokens", [1, 12])
-def test_fp8_block_rows_match_the_dequantised_reference(tokens: int) -> None:
-    """FP8 rows (fp32 tile scale + 128 e4m3 values, every code but NaN) against the codec's reference."""
+def fp8_rows(gen: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     from freetoken.codecs import fp8
 
+    codes, scale = fp8.quantize_tiles(gen.standard_normal((rows, cols)).astype(np.float32) * 0.05)
+    codes[0, :126] = np.arange(126)  # every positive non-NaN code, subnormals included
+    return fp8.block_rows(codes, scale)
+
+
+def nvfp4_rows(gen: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    from freetoken.codecs import nvfp4
+
+    packed, scales, multiplier = nvfp4.quantize(gen.standard_normal((rows, cols)).astype(np.float32) * 0.05)
+    packed[0, :128] = np.arange(128)  # every value code in both nibbles
+    return nvfp4.block_rows(packed, scales, multiplier)
+
+
+@pytest.mark.parametrize("tokens", [1, 12])
+@pytest.mark.parametrize("codec", ["FP8", "NVFP4"])
+def test_safetensors_codec_rows_match_the_dequantised_reference(codec: str, tokens: int) -> None:
+    """FP8 rows (fp32 tile scale + 128 e4m3 values) and NVFP4 rows (multiplier, e4m3 block scales, e2m1
+    values) against the codec's reference."""
     e, h, i, k = 4, 256, 384, 2
     gen = np.random.default_rng(tokens)
-
-    def bank(rows: int, cols: int) -> torch.Tensor:
-        experts = []
-        for _ in range(e):
-            codes, scale = fp8.quantize_tiles(gen.standard_normal((rows, cols)).astype(np.float32) * 0.05)
-            codes[0, :126] = np.arange(126)  # every positive non-NaN code, subnormals included
-            experts.append(fp8.block_rows(codes, scale))
-        return torch.from_numpy(np.stack(experts))
-
-    gate_up, down = bank(2 * i, h), bank(h, i)
-    assert kernel_takes(gate_up, down, ("FP8", "FP8"))
+    make = fp8_rows if codec == "FP8" else nvfp4_rows
+    gate_up = torch.from_numpy(np.stack([make(gen, 2 * i, h) for _ in range(e)]))
+    down = torch.from_numpy(np.stack([make(gen, h, i) for _ in range(e)]))
+    assert kernel_takes(gate_up, down, (codec, codec))
     x = torch.randn(tokens, h)
     ids = torch.stack([torch.randperm(e)[:k] for _ in range(tokens)])
     w = torch.rand(tokens, k)
-    ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=("FP8", "FP8"))
-    assert rel_err(ours, stored_reference(x, ids, w, gate_up, down, ("FP8", "FP8"))) < 1e-5
+    ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=(codec, codec))
+    assert rel_err(ours, stored_reference(x, ids, w, gate_up, down, (codec, codec))) < 1e-5

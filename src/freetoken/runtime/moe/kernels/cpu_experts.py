@@ -19,7 +19,8 @@ from freetoken.runtime.moe.pool import HUGE_PAGES
 # codec name -> the id quant_dot.h knows it by: what the compiled kernel computes from in place (against
 # fp32 activations), and the ids of the codecs it can also take against int8 activation blocks
 CODEC_IDS = {
-    "bf16": 0, "Q8_0": 1, "Q4_K": 3, "Q6_K": 4, "f32": 7, "Q5_K": 8, "IQ4_XS": 10, "MXFP4": 12, "FP8": 14
+    "bf16": 0, "Q8_0": 1, "Q4_K": 3, "Q6_K": 4, "f32": 7, "Q5_K": 8, "IQ4_XS": 10, "MXFP4": 12, "FP8": 14,
+    "NVFP4": 15,
 }  # fmt: skip
 INT8_ACT_IDS = {"Q8_0": 2, "Q4_K": 5, "Q6_K": 6, "Q5_K": 9, "IQ4_XS": 11, "MXFP4": 13}
 BF16 = ("bf16", "bf16")

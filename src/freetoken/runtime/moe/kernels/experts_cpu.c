@@ -146,6 +146,7 @@ static inline void dequant_row(int codec, const uint8_t *row, float *out, int n)
         case FT_CODEC_Q6_K: dequant_q6_k(row, out, n); return;
         case FT_CODEC_IQ4_XS: dequant_iq4_xs(row, out, n); return;
         case FT_CODEC_FP8: dequant_fp8(row, out, n); return;
+        case FT_CODEC_NVFP4: dequant_nvfp4(row, out, n); return;
         default: dequant_mxfp4(row, out, n); return;
     }
 }
@@ -156,7 +157,7 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
     const int widen = cnt >= WIDEN_PAIRS;
     if (widen && (codec == FT_CODEC_Q8_0 || codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q6_K ||
                   codec == FT_CODEC_Q5_K || codec == FT_CODEC_IQ4_XS || codec == FT_CODEC_MXFP4 ||
-                  codec == FT_CODEC_FP8)) {
+                  codec == FT_CODEC_FP8 || codec == FT_CODEC_NVFP4)) {
         dequant_row(codec, row, rowbuf, n);
         dots_f32(rowbuf, v->f, cnt, n, out);
     } else if (codec == FT_CODEC_Q5_K_ACT8)
@@ -185,6 +186,8 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
         for (int j = 0; j < cnt; j++) out[j] = dot_mxfp4(row, v->f[j], n);
     else if (codec == FT_CODEC_FP8)
         for (int j = 0; j < cnt; j++) out[j] = dot_fp8(row, v->f[j], n);
+    else if (codec == FT_CODEC_NVFP4)
+        for (int j = 0; j < cnt; j++) out[j] = dot_nvfp4(row, v->f[j], n);
     else if (codec == FT_CODEC_F32)
         dots_f32((const float *)row, v->f, cnt, n, out);
     else

@@ -38,7 +38,8 @@ enum {
     FT_CODEC_IQ4_XS_ACT8 = 11,
     FT_CODEC_MXFP4 = 12,
     FT_CODEC_MXFP4_ACT8 = 13,
-    FT_CODEC_FP8 = 14
+    FT_CODEC_FP8 = 14,
+    FT_CODEC_NVFP4 = 15
 };
 #define Q8_BLOCK 32
 #define Q8_0_BYTES 34
@@ -61,6 +62,7 @@ static inline void codec_block(int codec, int *elements, int *bytes) {
         case FT_CODEC_MXFP4:
         case FT_CODEC_MXFP4_ACT8: *elements = 32, *bytes = 17; return;
         case FT_CODEC_FP8: *elements = 128, *bytes = 132; return;
+        case FT_CODEC_NVFP4: *elements = 128, *bytes = 76; return;
         default: *elements = 0, *bytes = 0;
     }
 }

@@ -9,6 +9,9 @@
 // And FP8 rows (codecs/fp8.py), 132 bytes per 128: an fp32 scale, then 128 e4m3 values. An e4m3 byte
 // moved into fp16's bits (sign to bit 15, the other seven bits to 13..7) is its value / 256, subnormals
 // included, so F16C widens eight at a time.
+// And NVFP4 rows (codecs/nvfp4.py), 76 bytes per 128: an fp32 multiplier, eight e4m3 block scales, then
+// per block of 16 eight bytes (its first eight weights in the low nibbles, the next eight in the high
+// ones) indexing the e2m1 values, which MXFP4's table holds doubled.
 #ifndef FT_TABLE_DOT_H
 #define FT_TABLE_DOT_H
 #include <stdint.h>
@@ -19,6 +22,9 @@
 
 #define IQ4_XS_BYTES 136
 #define MXFP4_BYTES 17
+
+static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 #define FP8_BYTES 132
 
 static inline float e4m3_f32(uint8_t b) {
@@ -33,6 +39,64 @@ static inline void dequant_fp8(const uint8_t *restrict w, float *restrict out, i
         memcpy(&scale, blk, sizeof scale);
         for (int j = 0; j < 128; j++) out[128L * b + j] = scale * e4m3_f32(blk[4 + j]);
     }
+}
+
+#define NVFP4_BYTES 76
+
+static inline void dequant_nvfp4(const uint8_t *restrict w, float *restrict out, int n) {
+    for (int g = 0; g < n / 128; g++) {
+        const uint8_t *grp = w + (long)g * NVFP4_BYTES;
+        float mult;
+        memcpy(&mult, grp, sizeof mult);
+        for (int b = 0; b < 8; b++) {
+            const float d = 0.5f * mult * e4m3_f32(grp[4 + b]);
+            const uint8_t *q = grp + 12 + 8 * b;
+            for (int j = 0; j < 8; j++) {
+                out[128L * g + 16 * b + j] = d * MXFP4_VALUES[q[j] & 15];
+                out[128L * g + 16 * b + 8 + j] = d * MXFP4_VALUES[q[j] >> 4];
+            }
+        }
+    }
+}
+
+static inline float dot_nvfp4(const uint8_t *restrict w, const float *restrict x, int n) {
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    const __m128i low4 = _mm_set1_epi8(15), table = _mm_loadu_si128((const __m128i *)MXFP4_VALUES);
+#else
+    float s = 0.0f;
+#endif
+    for (int g = 0; g < n / 128; g++) {
+        const uint8_t *grp = w + (long)g * NVFP4_BYTES;
+        const float *xg = x + 128L * g;
+        PREFETCH_ROW(grp);
+        float mult;
+        memcpy(&mult, grp, sizeof mult);
+        for (int b = 0; b < 8; b++) {
+            const float d = 0.5f * mult * e4m3_f32(grp[4 + b]);
+            const uint8_t *q = grp + 12 + 8 * b;
+#if defined(__AVX2__)
+            long long eight;
+            memcpy(&eight, q, sizeof eight);
+            const __m128i v = _mm_cvtsi64_si128(eight);
+            const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(v, low4));
+            const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(v, 4), low4));
+            const __m256 p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_loadu_ps(xg + 16 * b + 8),
+                                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_loadu_ps(xg + 16 * b)));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
+#else
+            float part = 0.0f;
+            for (int j = 0; j < 8; j++)
+                part += MXFP4_VALUES[q[j] & 15] * xg[16 * b + j] + MXFP4_VALUES[q[j] >> 4] * xg[16 * b + 8 + j];
+            s += d * part;
+#endif
+        }
+    }
+#if defined(__AVX2__)
+    return hsum256(acc);
+#else
+    return s;
+#endif
 }
 
 static inline float dot_fp8(const uint8_t *restrict w, const float *restrict x, int n) {
@@ -64,8 +128,6 @@ static inline float dot_fp8(const uint8_t *restrict w, const float *restrict x, 
     return s;
 }
 
-static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 // 2^(e - 128): ggml's e8m0 scale, halved (subnormal for e < 2).
 static inline float e8m0_half(uint8_t e) {

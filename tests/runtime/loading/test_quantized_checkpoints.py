@@ -1,6 +1,7 @@
-"""Block-scaled FP8 safetensors checkpoints: dense FP8 weights dequantised at load, routed experts kept as
-the FP8 codec's rows by the cpu backend (computed in place by the CPU kernel) or dequantised for backends
-with slots; every way decodes the greedy tokens of transformers given the dequantised weights."""
+"""Quantized safetensors checkpoints (FP8 block-scaled; NVFP4 as ModelOpt and compressed-tensors write it):
+dense quantized weights dequantised at load, routed experts kept as the codec's rows by the cpu backend
+(computed in place by the CPU kernel) or dequantised for backends with device banks; every way decodes
+the greedy tokens of transformers given the dequantised weights."""
 
 from __future__ import annotations
 
@@ -10,23 +11,29 @@ from typing import Any
 import pytest
 import torch
 
-from fp8_fixture import reference_model, write_fp8_checkpoint
 from freetoken.errors import FreeTokenError
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.moe.kernels.cpu_experts import kernel_available
+from quantized_checkpoints import SCHEMES, reference_model, write_quantized_checkpoint
 from scheduler_runs import PROMPTS, greedy
 
 TOKENS = 10
+CODEC = {"fp8": "FP8", "nvfp4-modelopt": "NVFP4", "nvfp4-ct": "NVFP4"}
+ROW_BYTES = {"FP8": 2 * 132, "NVFP4": 2 * 76}  # a 256-weight row
 
 
-@pytest.fixture(scope="module")
-def fp8_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[int]]]:
+@pytest.fixture(scope="module", params=SCHEMES)
+def quantized_model(
+    request: Any, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, str, list[list[int]]]:
     from oracle import build_hf_model
 
-    folder = tmp_path_factory.mktemp("fp8")
+    scheme = request.param
+    folder = tmp_path_factory.mktemp(scheme)
     hf = build_hf_model(folder, hidden_size=256, moe_intermediate_size=256, num_experts=4)
-    ref = reference_model(hf, write_fp8_checkpoint(folder), tmp_path_factory.mktemp("fp8-reference"))
+    state = write_quantized_checkpoint(folder, scheme)
+    ref = reference_model(hf, state, tmp_path_factory.mktemp(f"{scheme}-reference"))
     want = []
     with torch.no_grad():
         for prompt in PROMPTS[:2]:
@@ -34,27 +41,31 @@ def fp8_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list
             for _ in range(TOKENS):
                 ids.append(int(ref(torch.tensor([ids])).logits[0, -1].argmax()))
             want.append(ids[len(prompt) :])
-    return folder, want
+    return folder, scheme, want
 
 
-def test_the_checkpoint_lists_weights_not_their_scale_grids(fp8_model: tuple[Path, Any]) -> None:
-    with SafetensorsCheckpoint(fp8_model[0]) as ckpt:
+def test_the_checkpoint_lists_logical_weights_not_their_parts(quantized_model: tuple[Path, str, Any]) -> None:
+    folder, scheme, _ = quantized_model
+    with SafetensorsCheckpoint(folder) as ckpt:
         names = ckpt.names()
-        assert not any(name.endswith("_scale_inv") for name in names)
+        assert not any(name.endswith(("_scale_inv", "_scale", "_scale_2", "_packed")) for name in names)
         name = "model.layers.0.mlp.experts.1.down_proj.weight"
-        assert ckpt.codec(name).name == "FP8" and ckpt.read(name).dtype == torch.float32
-        assert tuple(ckpt.read_stored(name).shape) == (256, 2 * 132)
+        assert name in names and ckpt.shape(name) == (256, 256)
+        assert ckpt.codec(name).name == CODEC[scheme] and ckpt.read(name).dtype == torch.float32
+        assert tuple(ckpt.read_stored(name).shape) == (256, ROW_BYTES[CODEC[scheme]])
         assert ckpt.codec("model.layers.0.mlp.gate.weight").name == "f32"
 
 
 @pytest.mark.skipif(not kernel_available(), reason="needs the compiled CPU kernel")
-def test_cpu_backend_keeps_fp8_experts_and_decodes_the_reference(fp8_model: tuple[Path, Any]) -> None:
-    folder, want = fp8_model
+def test_cpu_backend_keeps_quantized_experts_and_decodes_the_reference(
+    quantized_model: tuple[Path, str, Any],
+) -> None:
+    folder, scheme, want = quantized_model
     engine = build_engine(folder, device="cpu", dtype="float32", moe_backend="cpu")
     try:
         pool = engine.pool
-        assert all(pool.codec_names(layer) == ("FP8", "FP8") for layer in pool.layers)
-        assert pool.describe()["dtypes"] == ["FP8"]
+        assert all(pool.codec_names(layer) == (CODEC[scheme],) * 2 for layer in pool.layers)
+        assert pool.describe()["dtypes"] == [CODEC[scheme]]
         assert greedy(engine, PROMPTS[:2], TOKENS) == want
     finally:
         engine.close()
@@ -62,9 +73,9 @@ def test_cpu_backend_keeps_fp8_experts_and_decodes_the_reference(fp8_model: tupl
 
 @pytest.mark.parametrize("backend", ["fused", "hybrid"])
 def test_backends_with_device_banks_dequantise_and_decode_the_reference(
-    fp8_model: tuple[Path, Any], backend: str
+    quantized_model: tuple[Path, str, Any], backend: str
 ) -> None:
-    folder, want = fp8_model
+    folder, _, want = quantized_model
     options = {"cache_size": 3, "pcie_gbps": 25.0, "host_gbps": 100.0} if backend == "hybrid" else {}
     engine = build_engine(folder, device="cpu", dtype="float32", moe_backend=backend, **options)
     try:
