@@ -60,10 +60,9 @@ def convert(
         str,
         typer.Option(
             "--expert-dtype",
-            help="Routed experts: 'stored' keeps a GGUF's quantized blocks as they are (the cpu backend "
-            "computes Q8_0, the K-quants, IQ4_XS and MXFP4 in place); 'dtype' dequantises them to --dtype; "
-            "'q8_0' quantizes "
-            "them to Q8_0 (about half the bytes of bf16).",
+            help="Routed experts: 'stored' keeps a checkpoint's quantized blocks as they are (GGUF types, "
+            "FP8, NVFP4: the cpu backend computes them in place); 'dtype' dequantises them to --dtype; "
+            "'q8_0' or 'fp8' quantizes them (about half the bytes of bf16; fp8: one scale per 128 weights).",
         ),
     ] = "stored",
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
@@ -97,9 +96,9 @@ def convert(
         raise FreeTokenError("convert needs SRC and OUT (or --verify FOLDER)")
     if dtype.lower() not in _DTYPES:
         raise flag_error("--dtype", f"expected one of bf16, fp16, fp32, got {dtype!r}")
-    experts = {"stored": "stored", "dtype": "dtype", "q8_0": "Q8_0"}.get(expert_dtype.lower())
+    experts = {"stored": "stored", "dtype": "dtype", "q8_0": "Q8_0", "fp8": "FP8"}.get(expert_dtype.lower())
     if experts is None:
-        raise flag_error("--expert-dtype", f"expected one of stored, dtype, q8_0, got {expert_dtype!r}")
+        raise flag_error("--expert-dtype", f"expected one of stored, dtype, q8_0, fp8, got {expert_dtype!r}")
     from freetoken.runtime.loading.convert import convert_to_ftw
 
     bar, what = _progress_bar("converting", as_json)

@@ -84,12 +84,16 @@ class Codec:
 
     def quantize(self, values: np.ndarray, name: str = "tensor") -> np.ndarray:
         """float [..., n] -> uint8 [..., row_bytes(n)] blocks by the reference quantizer (gguf's, where it
-        has one for this codec: Q8_0, bf16, f16); `name` is the tensor's, for the errors."""
+        has one for this codec: Q8_0, bf16, f16; fp8.py's for FP8); `name` is the tensor's, for the errors."""
         from gguf.constants import GGMLQuantizationType
         from gguf.quants import quantize
 
         data = np.ascontiguousarray(values, dtype=np.float32)
         self.row_bytes(data.shape[-1])  # a whole number of blocks, or a one-line error
+        if self.name == "FP8":
+            from freetoken.codecs.fp8 import quantize_rows
+
+            return quantize_rows(data)
         assert self.ggml_type is not None
         try:
             out = quantize(data, GGMLQuantizationType(self.ggml_type))

@@ -54,17 +54,37 @@ def dequantize_rows(data: np.ndarray) -> np.ndarray:
     return (E4M3[blocks[..., 4:]] * scale).reshape(*data.shape[:-1], -1)
 
 
+def to_e4m3(values: np.ndarray) -> np.ndarray:
+    """float values within ±448 -> e4m3 bytes, rounded to nearest even (torch's conversion)."""
+    import torch
+
+    return (
+        torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        .to(torch.float8_e4m3fn)
+        .view(torch.uint8)
+        .numpy()
+    )
+
+
 def quantize_tiles(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float [R, C] -> (e4m3 bytes [R, C], scale_inv [⌈R/128⌉, ⌈C/128⌉]) as FP8 checkpoints are made:
-    each tile's scale is max|w| / 448, values rounded to the nearest e4m3 (for tests and tools)."""
+    each tile's scale is max|w| / 448 (for tests and tools)."""
     rows, cols = weight.shape
     tr, tc = -(-rows // TILE), -(-cols // TILE)
-    scale = np.zeros((tr, tc), dtype=np.float32)
-    for i in range(tr):
-        for j in range(tc):
-            tile = weight[i * TILE : (i + 1) * TILE, j * TILE : (j + 1) * TILE]
-            scale[i, j] = max(float(np.abs(tile).max()) / 448.0, 1e-12)
+    padded = np.zeros((tr * TILE, tc * TILE), dtype=np.float32)
+    padded[:rows, :cols] = np.abs(weight)
+    amax = padded.reshape(tr, TILE, tc, TILE).max(axis=(1, 3))
+    scale = np.maximum(amax / 448.0, 1e-12).astype(np.float32)
     scaled = weight / np.repeat(np.repeat(scale, TILE, axis=0), TILE, axis=1)[:rows, :cols]
-    finite = np.where(np.isnan(E4M3), np.inf, E4M3)
-    codes = np.abs(scaled[..., None] - finite).argmin(axis=-1).astype(np.uint8)
-    return codes, scale
+    return to_e4m3(scaled), scale
+
+
+def quantize_rows(values: np.ndarray) -> np.ndarray:
+    """float [..., n] -> the codec's rows, uint8 [..., n / 128 · 132], one scale per 128 weights of a row
+    (max|w| / 448): finer than a checkpoint's 128×128 tiles, which `ft convert --expert-dtype fp8` uses."""
+    blocks = np.ascontiguousarray(values, dtype=np.float32).reshape(*values.shape[:-1], -1, TILE)
+    scale = np.maximum(np.abs(blocks).max(axis=-1, keepdims=True) / 448.0, 1e-12).astype(np.float32)
+    out = np.empty((*blocks.shape[:-1], BLOCK_BYTES), dtype=np.uint8)
+    out[..., :4] = scale.view(np.uint8)
+    out[..., 4:] = to_e4m3(blocks / scale)
+    return out.reshape(*values.shape[:-1], -1)

@@ -102,8 +102,34 @@ def test_bf16_experts_quantize_to_q8_0(tiny_model: tuple[Path, Any], tmp_path: P
     assert plain.expert_dtypes == ("float32",)
 
 
+def fp8_round_trip(hf: Any) -> Any:
+    """transformers with every routed expert replaced by the FP8 codec's quantize-then-dequantize of it."""
+    from freetoken.codecs import fp8
+
+    ref = type(hf)(hf.config).eval()
+    sd = {k: v.clone() for k, v in hf.state_dict().items()}
+    for key in [k for k in sd if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        rows = fp8.quantize_rows(sd[key].float().numpy())
+        sd[key] = torch.from_numpy(fp8.dequantize_rows(rows)).reshape(sd[key].shape)
+    ref.load_state_dict(sd)
+    return ref
+
+
+def test_bf16_experts_quantize_to_fp8(make_model: Any, tmp_path: Path) -> None:
+    """One scale per 128 weights of a row (rows of 256 here): a quarter more bytes than e4m3 alone."""
+    folder, hf = make_model(hidden_size=256, moe_intermediate_size=256, num_experts=4)
+    result = convert_to_ftw(folder, tmp_path / "ftw", dtype="float32", expert_dtype="FP8")
+    assert result.expert_dtypes == ("FP8",) and bank_codecs(tmp_path / "ftw") == {"FP8"}
+    experts = [e for e in FtwCheckpoint(tmp_path / "ftw").entries if e.kind in ("gate_up", "down")]
+    assert sum(e.nbytes for e in experts) == 3 * 4 * 256 * 256 // 128 * 132 * 2  # 2 MoE layers
+    want = reference_greedy(fp8_round_trip(hf), PROMPTS[:2])
+    engine = build_engine(tmp_path / "ftw", device="cpu", dtype="float32", moe_backend="cpu")
+    assert engine.pool.describe()["dtypes"] == ["FP8"]
+    assert greedy(engine, PROMPTS[:2], TOKENS) == want
+
+
 def test_bad_expert_dtype_is_one_line(tiny_model: tuple[Path, Any], tmp_path: Path) -> None:
-    with pytest.raises(FreeTokenError, match="--expert-dtype 'Q2_K': choose one of stored, dtype, Q8_0"):
+    with pytest.raises(FreeTokenError, match="--expert-dtype 'Q2_K': choose one of stored, dtype, Q8_0, FP8"):
         convert_to_ftw(tiny_model[0], tmp_path / "ftw", expert_dtype="Q2_K")
     from typer.testing import CliRunner
 

@@ -26,7 +26,7 @@ ProgressFn = Callable[[int, int], None]
 STAGING = ".converting-"  # .<name>.converting-<pid>: the folder a convert assembles OUT in
 # How routed experts are written: "stored" keeps a GGUF's quantized blocks as they are (other sources:
 # the dtype), "dtype" dequantises them to --dtype, a codec name quantizes them into it
-EXPERT_DTYPES = ("stored", "dtype", "Q8_0")
+EXPERT_DTYPES = ("stored", "dtype", "Q8_0", "FP8")
 
 
 @dataclass(frozen=True)
