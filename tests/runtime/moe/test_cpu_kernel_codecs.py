@@ -228,3 +228,28 @@ def test_safetensors_codec_rows_match_the_dequantised_reference(codec: str, toke
     w = torch.rand(tokens, k)
     ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=(codec, codec))
     assert rel_err(ours, stored_reference(x, ids, w, gate_up, down, (codec, codec))) < 1e-5
+
+
+def test_adversarial_codebook_scales() -> None:
+    """MXFP4 e8m0 scales 0, 1 (subnormal halves), 2, 127 and 160; IQ4_XS super-blocks with a zero and a
+    subnormal fp16 scale: the kernel (both ways) against the reference, whatever the scale."""
+    e, h, i = 3, 256, 256
+    mx_gu, mx_dn = random_blocks("MXFP4", e, 2 * i, h, seed=5), random_blocks("MXFP4", e, h, i, seed=6)
+    for bank in (mx_gu, mx_dn):
+        blocks = bank.view(-1, 17)
+        blocks[:, 0] = torch.tensor([0, 1, 2, 127, 160], dtype=torch.uint8).repeat(blocks.shape[0] // 5 + 1)[
+            : blocks.shape[0]
+        ]
+    iq_gu, iq_dn = random_blocks("IQ4_XS", e, 2 * i, h, seed=7), random_blocks("IQ4_XS", e, h, i, seed=8)
+    for bank in (iq_gu, iq_dn):
+        blocks = bank.view(-1, 136)
+        blocks[0::3, :2] = torch.from_numpy(np.frombuffer(np.float16(0.0).tobytes(), np.uint8).copy())
+        blocks[1::3, :2] = torch.from_numpy(np.frombuffer(np.float16(6e-8).tobytes(), np.uint8).copy())
+    x, ids, w = torch.randn(2, h) * 1e-3, torch.tensor([[0, 1], [2, 0]]), torch.rand(2, 2)
+    for codec, (gu, dn) in (("MXFP4", (mx_gu, mx_dn)), ("IQ4_XS", (iq_gu, iq_dn))):
+        plain = stored_reference(x, ids, w, gu, dn, (codec, codec))
+        assert torch.isfinite(plain).all()
+        ours = cpu_experts(x, ids, w, gu, dn, threads=2, codecs=(codec, codec))
+        assert rel_err(ours, plain) < 1e-5, codec
+        act8 = cpu_experts(x, ids, w, gu, dn, threads=2, codecs=(codec, codec), int8_act=True)
+        assert rel_err(act8, plain) < 3e-2, codec
