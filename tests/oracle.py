@@ -136,3 +136,29 @@ def build_qwen3_next_model(folder: Path, seed: int = 0) -> Any:
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double().cpu(), b.double().cpu()
     return float((a - b).norm() / b.norm())
+
+
+# Tiny Mixtral and OLMoE configs (odd shapes: 6 experts, top-3, GQA 4:2, head_dim 12); OLMoE clamps q/k/v.
+FAMILY_TINY: dict[str, dict[str, Any]] = {
+    "mixtral": dict(num_local_experts=6, sliding_window=None),
+    "olmoe": dict(num_experts=6, clip_qkv=2.5, norm_topk_prob=False),
+}
+
+
+def build_family_model(folder: Path, family: str, seed: int = 0) -> Any:
+    """Save a random transformers model of `family` (FAMILY_TINY, the demo tokenizer) into `folder`."""
+    from transformers import MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM
+
+    config_class, model_class = {
+        "mixtral": (MixtralConfig, MixtralForCausalLM),
+        "olmoe": (OlmoeConfig, OlmoeForCausalLM),
+    }[family]
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_demo_tokenizer(folder)
+    torch.manual_seed(seed)
+    cfg = config_class(
+        vocab_size=vocab, hidden_size=48, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=12, num_experts_per_tok=3, max_position_embeddings=1024,
+        rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None, **FAMILY_TINY[family],
+    )  # fmt: skip
+    return save_redrawn(model_class(cfg).eval(), folder, seed)

@@ -29,6 +29,8 @@ class ExpertNaming:
     # checkpoint prefix -> the model's (a text model saved inside a multimodal wrapper); prefixes skipped
     renames: tuple[tuple[str, str], ...] = ()
     ignored: tuple[str, ...] = ()
+    # inner renames (pattern, replacement), after the prefixes: e.g. Mixtral's router `block_sparse_moe.gate`
+    rewrites: tuple[tuple[re.Pattern[str], str], ...] = ()
 
     def canonical(self, name: str) -> str | None:
         """The model's name for checkpoint tensor `name`, or None for a tensor this model does not use."""
@@ -36,7 +38,10 @@ class ExpertNaming:
             return None
         for old, new in self.renames:
             if name.startswith(old):
-                return new + name[len(old) :]
+                name = new + name[len(old) :]
+                break
+        for pattern, replacement in self.rewrites:
+            name = pattern.sub(replacement, name)
         return name
 
     def classify(self, name: str) -> ExpertTensor | None:
@@ -58,6 +63,14 @@ QWEN3_MOE_EXPERTS = ExpertNaming(
     ),
     fused=re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|gate_proj|up_proj|down_proj)"),
     projection_parts={"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "gate_up_proj": "gate_up"},
+)
+
+# Mixtral as published: experts w1 (gate), w3 (up), w2 (down) under `block_sparse_moe`, and its router
+MIXTRAL_EXPERTS = ExpertNaming(
+    per_expert=re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight"),
+    fused=None,
+    projection_parts={"w1": "gate", "w3": "up", "w2": "down"},
+    rewrites=((re.compile(r"\.block_sparse_moe\.gate\."), ".mlp.gate."),),
 )
 
 # Qwen3.5/3.6-MoE as published: the text model inside Qwen3_5MoeForConditionalGeneration

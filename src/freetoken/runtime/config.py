@@ -99,6 +99,8 @@ class ModelConfig:
     hidden_act: str = "silu"
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
+    qk_norm: str = "head"  # RMSNorm of q and k: per head (Qwen3), over the whole projection (OLMoE), "none"
+    clip_qkv: float | None = None  # q, k, v projections clamped to ±this (OLMoE's option)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def is_moe_layer(self, layer: int) -> bool:

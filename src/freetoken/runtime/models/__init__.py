@@ -22,6 +22,8 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3_5_moe_text": "freetoken.runtime.models.qwen3_5_moe",
     "qwen3_5_moe": "freetoken.runtime.models.qwen3_5_moe_vl",
     "qwen3_next": "freetoken.runtime.models.qwen3_next",
+    "mixtral": "freetoken.runtime.models.mixtral",
+    "olmoe": "freetoken.runtime.models.olmoe",
 }
 
 

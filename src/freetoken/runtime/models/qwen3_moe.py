@@ -40,6 +40,9 @@ from freetoken.runtime.moe.kernels.router_topk import router_topk, use_router_ke
 
 
 class Attention(nn.Module):
+    """Grouped-query attention with rope; q and k RMS-normed per head (Qwen3), over the whole projection
+    (OLMoE) or not at all (Mixtral), as `cfg.qk_norm` says; projections optionally clamped (clip_qkv)."""
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
@@ -49,18 +52,34 @@ class Attention(nn.Module):
         self.k_proj = Linear(h, cfg.num_kv_heads * d, bias=bias)
         self.v_proj = Linear(h, cfg.num_kv_heads * d, bias=bias)
         self.o_proj = Linear(cfg.num_heads * d, h, bias=bias)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)  # per head, before rope
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qk_norm, self.clip = cfg.qk_norm, cfg.clip_qkv
+        if cfg.qk_norm == "head":  # before rope
+            self.q_norm, self.k_norm = RMSNorm(d, cfg.rms_norm_eps), RMSNorm(d, cfg.rms_norm_eps)
+        elif cfg.qk_norm == "full":
+            self.q_norm = RMSNorm(cfg.num_heads * d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.num_kv_heads * d, cfg.rms_norm_eps)
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, H] -> q [NH, T, D], k and v [KVH, T, D], before rope."""
+        t = x.shape[0]
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.clip is not None:
+            q, k, v = (p.clamp(-self.clip, self.clip) for p in (q, k, v))
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        return (
+            q.transpose(0, 1),
+            k.transpose(0, 1),
+            v.view(t, self.num_kv_heads, self.head_dim).transpose(0, 1),
+        )
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, start: int
     ) -> torch.Tensor:
-        t = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim)).transpose(0, 1)  # [NH, T, D]
-        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)).transpose(
-            0, 1
-        )  # [KVH, T, D]
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        q, k, v = self._qkv(x)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k_all, v_all = kv.write(self.layer, start, k, v)  # [KVH, start + T, D]
         return self.o_proj(causal_attention(q, k_all, v_all, self.head_dim**-0.5))
@@ -84,10 +103,7 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
     ) -> torch.Tensor:
         """x [B, H]: one new token of each of B sequences (row i continues kvs[i] at starts[i])."""
-        b = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(b, self.num_heads, self.head_dim)).transpose(0, 1)  # [NH, B, D]
-        k = self.k_norm(self.k_proj(x).view(b, self.num_kv_heads, self.head_dim)).transpose(0, 1)
-        v = self.v_proj(x).view(b, self.num_kv_heads, self.head_dim).transpose(0, 1)  # [KVH, B, D]
+        q, k, v = self._qkv(x)  # [NH, B, D], [KVH, B, D]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         rows = []
         for i, (kv, start) in enumerate(zip(kvs, starts, strict=True)):
@@ -165,11 +181,13 @@ class Backbone(nn.Module):
 
 
 class Qwen3MoeForCausalLM(nn.Module):
-    slot_decode = True  # its layers are those models/slot_decode.py steps over the static KV pool
+    """Also Mixtral's and OLMoE's model: their layers differ only in the attention's q/k norms (cfg)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
+        # the layers models/slot_decode.py steps over the static KV pool: q/k normed per head, no clamp
+        self.slot_decode = cfg.qk_norm == "head" and cfg.clip_qkv is None
         self.model = Backbone(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
@@ -217,8 +235,11 @@ class Qwen3MoeForCausalLM(nn.Module):
         return self.lm_head(self.model.norm(x))
 
 
-def decoder_fields(raw: dict[str, Any], source: str) -> dict[str, Any]:
-    """The ModelConfig fields every Qwen MoE decoder reads the same way (attention, rope, experts)."""
+def decoder_fields(
+    raw: dict[str, Any], source: str, expert_size: str = "moe_intermediate_size"
+) -> dict[str, Any]:
+    """The ModelConfig fields every MoE decoder here reads the same way (attention, rope, experts);
+    `expert_size`: the key of an expert's intermediate size (Mixtral and OLMoE call it intermediate_size)."""
     cfg = JsonObject(raw, source)
     hidden = cfg.get("hidden_size", POSITIVE_INT)
     heads = cfg.get("num_attention_heads", POSITIVE_INT)
@@ -241,7 +262,7 @@ def decoder_fields(raw: dict[str, Any], source: str) -> dict[str, Any]:
         max_position_embeddings=cfg.get("max_position_embeddings", POSITIVE_INT, 32768),
         num_experts=cfg.first(("num_experts", "num_local_experts"), POSITIVE_INT),
         num_experts_per_tok=cfg.get("num_experts_per_tok", POSITIVE_INT),
-        moe_intermediate_size=cfg.get("moe_intermediate_size", POSITIVE_INT),
+        moe_intermediate_size=cfg.get(expert_size, POSITIVE_INT),
         tie_word_embeddings=cfg.get("tie_word_embeddings", BOOL, False),
         attention_bias=cfg.get("attention_bias", BOOL, False),
         hidden_act="silu",

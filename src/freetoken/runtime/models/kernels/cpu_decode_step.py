@@ -95,7 +95,7 @@ class CpuDecodeStep:
         from freetoken.runtime.models.qwen3_moe import SparseMoeBlock
 
         lib = load_library()
-        if lib is None or pool.device.type != "cpu" or not getattr(type(model), "slot_decode", False):
+        if lib is None or pool.device.type != "cpu" or not getattr(model, "slot_decode", False):
             return None
         cfg = model.config
         banks = executor.host_banks()
