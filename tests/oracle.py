@@ -142,23 +142,50 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 FAMILY_TINY: dict[str, dict[str, Any]] = {
     "mixtral": dict(num_local_experts=6, sliding_window=None),
     "olmoe": dict(num_experts=6, clip_qkv=2.5, norm_topk_prob=False),
+    # a dense first layer, a shared expert, two groups (the best one kept), partial rope, q/k norms, biases
+    "glm4_moe": dict(
+        n_routed_experts=6,
+        moe_intermediate_size=40,
+        intermediate_size=56,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.7,
+        use_qk_norm=True,
+        attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    ),
 }
 
 
 def build_family_model(folder: Path, family: str, seed: int = 0) -> Any:
     """Save a random transformers model of `family` (FAMILY_TINY, the demo tokenizer) into `folder`."""
-    from transformers import MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM
+    from transformers import (
+        Glm4MoeConfig,
+        Glm4MoeForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+        OlmoeConfig,
+        OlmoeForCausalLM,
+    )
 
     config_class, model_class = {
         "mixtral": (MixtralConfig, MixtralForCausalLM),
         "olmoe": (OlmoeConfig, OlmoeForCausalLM),
+        "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
     }[family]
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_demo_tokenizer(folder)
     torch.manual_seed(seed)
-    cfg = config_class(
+    shape = dict(
         vocab_size=vocab, hidden_size=48, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=12, num_experts_per_tok=3, max_position_embeddings=1024,
-        rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None, **FAMILY_TINY[family],
+        rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )  # fmt: skip
-    return save_redrawn(model_class(cfg).eval(), folder, seed)
+    model = model_class(config_class(**{**shape, **FAMILY_TINY[family]})).eval()
+    if family == "glm4_moe":  # a correction bias that changes choices (a buffer: save_redrawn skips it)
+        gen = torch.Generator().manual_seed(seed + 1)
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(0.3 * torch.randn(6, generator=gen))
+    return save_redrawn(model, folder, seed)

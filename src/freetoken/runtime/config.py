@@ -101,6 +101,14 @@ class ModelConfig:
     torch_dtype: str = "float32"
     qk_norm: str = "head"  # RMSNorm of q and k: per head (Qwen3), over the whole projection (OLMoE), "none"
     clip_qkv: float | None = None  # q, k, v projections clamped to ±this (OLMoE's option)
+    o_proj_bias: bool | None = None  # the output projection's bias; None: as attention_bias (GLM: False)
+    # the router: softmax over the experts (Qwen, Mixtral, OLMoE), or sigmoid scores chosen with a learned
+    # correction bias within the best topk_group of n_group groups (GLM-4.5, DeepSeek-V3's noaux_tc)
+    router_scoring: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    n_shared_experts: int = 0  # a dense SwiGLU of n · moe_intermediate_size beside the routed experts
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def is_moe_layer(self, layer: int) -> bool:

@@ -24,6 +24,7 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3_next": "freetoken.runtime.models.qwen3_next",
     "mixtral": "freetoken.runtime.models.mixtral",
     "olmoe": "freetoken.runtime.models.olmoe",
+    "glm4_moe": "freetoken.runtime.models.glm4_moe",
 }
 
 

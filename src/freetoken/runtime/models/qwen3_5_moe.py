@@ -27,7 +27,7 @@ from freetoken.runtime.models.delta_net import GatedDeltaNet, LinearState
 from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.layers import Embedding, SwiGLUMLP, causal_attention, decode_attention
 from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, SparseMoeBlock, decoder_fields
-from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
+from freetoken.runtime.models.rope import RotaryEmbedding, partial_rotary
 
 # architectures whose checkpoints fuse the DeltaNet input projections (in_proj_qkvz, in_proj_ba)
 FUSED_PROJECTION_ARCHITECTURES = ("qwen3_next",)
@@ -91,12 +91,6 @@ class ZeroCenteredRMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (1.0 + self.weight.float())).to(x.dtype)
-
-
-def partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rope on the first cos.shape[-1] dims of x [N, T, D]; the rest passes through."""
-    d = cos.shape[-1]
-    return torch.cat([apply_rotary(x[..., :d], cos, sin), x[..., d:]], dim=-1)
 
 
 class GatedAttention(nn.Module):

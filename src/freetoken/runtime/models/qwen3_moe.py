@@ -34,7 +34,7 @@ from freetoken.runtime.models.layers import (
     causal_attention,
     decode_attention,
 )
-from freetoken.runtime.models.rope import RotaryEmbedding, apply_rotary
+from freetoken.runtime.models.rope import RotaryEmbedding, partial_rotary
 from freetoken.runtime.moe.executor import ExpertExecutor
 from freetoken.runtime.moe.kernels.router_topk import router_topk, use_router_kernel
 
@@ -51,7 +51,7 @@ class Attention(nn.Module):
         self.q_proj = Linear(h, cfg.num_heads * d, bias=bias)
         self.k_proj = Linear(h, cfg.num_kv_heads * d, bias=bias)
         self.v_proj = Linear(h, cfg.num_kv_heads * d, bias=bias)
-        self.o_proj = Linear(cfg.num_heads * d, h, bias=bias)
+        self.o_proj = Linear(cfg.num_heads * d, h, bias=bias if cfg.o_proj_bias is None else cfg.o_proj_bias)
         self.qk_norm, self.clip = cfg.qk_norm, cfg.clip_qkv
         if cfg.qk_norm == "head":  # before rope
             self.q_norm, self.k_norm = RMSNorm(d, cfg.rms_norm_eps), RMSNorm(d, cfg.rms_norm_eps)
@@ -80,7 +80,7 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, start: int
     ) -> torch.Tensor:
         q, k, v = self._qkv(x)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = partial_rotary(q, cos, sin), partial_rotary(k, cos, sin)  # on the rotary dims only
         k_all, v_all = kv.write(self.layer, start, k, v)  # [KVH, start + T, D]
         return self.o_proj(causal_attention(q, k_all, v_all, self.head_dim**-0.5))
 
@@ -104,7 +104,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x [B, H]: one new token of each of B sequences (row i continues kvs[i] at starts[i])."""
         q, k, v = self._qkv(x)  # [NH, B, D], [KVH, B, D]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = partial_rotary(q, cos, sin), partial_rotary(k, cos, sin)
         rows = []
         for i, (kv, start) in enumerate(zip(kvs, starts, strict=True)):
             k_all, v_all = kv.write(self.layer, start, k[:, i : i + 1], v[:, i : i + 1])
@@ -113,7 +113,8 @@ class Attention(nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
-    """Softmax router, top-k, optional renormalisation; the experts themselves run in the executor."""
+    """The router (softmax top-k, optionally renormalised; or sigmoid scores with a correction bias and
+    group-limited choice), the routed experts in the executor, and the shared experts where there are."""
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -121,11 +122,24 @@ class SparseMoeBlock(nn.Module):
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.scoring, self.n_group, self.topk_group = cfg.router_scoring, cfg.n_group, cfg.topk_group
+        self.scaling = cfg.routed_scaling_factor
+        if cfg.router_scoring == "sigmoid":  # the choice's correction bias, a checkpoint tensor
+            self.gate.e_score_correction_bias = nn.Parameter(
+                torch.zeros(cfg.num_experts), requires_grad=False
+            )
+        self.shared_experts = (
+            SwiGLUMLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
+            if cfg.n_shared_experts
+            else None
+        )
         self.executor: ExpertExecutor | None = None
         self.recorder: Any = None  # a RoutingRecorder while --record-routing is on
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> topk_ids [T, K] int64, topk_weights [T, K] in x's dtype."""
+        if self.scoring == "sigmoid":
+            return self._route_sigmoid(x)
         logits = self.gate(x)  # [T, E]
         if use_router_kernel(x):  # a decode step on CUDA: one launch instead of four
             return router_topk(logits, self.top_k, self.norm_topk_prob)
@@ -134,6 +148,24 @@ class SparseMoeBlock(nn.Module):
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return ids, weights.to(logits.dtype)
+
+    def _route_sigmoid(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """In fp32: scores = sigmoid(logits); experts chosen by score + correction bias among the best
+        topk_group groups (a group scored by its two best); weights are the chosen scores, renormalised
+        if norm_topk_prob, times routed_scaling_factor."""
+        scores = F.linear(x.float(), self.gate.weight.float()).sigmoid()  # [T, E]
+        choice = scores + self.gate.e_score_correction_bias.float()
+        if self.n_group > 1:
+            t, e = choice.shape
+            grouped = choice.view(t, self.n_group, e // self.n_group)
+            best = grouped.topk(2, dim=-1)[0].sum(dim=-1).topk(self.topk_group, dim=-1)[1]  # [T, topk_group]
+            keep = torch.zeros(t, self.n_group, dtype=torch.bool, device=x.device).scatter_(1, best, True)
+            choice = choice.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(t, e), float("-inf"))
+        ids = choice.topk(self.top_k, dim=-1)[1]
+        weights = scores.gather(1, ids)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return ids, (weights * self.scaling).to(x.dtype)
 
     def forward(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, H] -> [T, H]. `rows` [T] bool: the rows that are real (a padded decode step's padding
@@ -144,7 +176,8 @@ class SparseMoeBlock(nn.Module):
             ids = torch.where(rows[:, None], ids, torch.full_like(ids, -1))
         if self.recorder is not None:
             self.recorder.add(self.layer, ids)
-        return self.executor.forward(self.layer, x, ids, weights)
+        out = self.executor.forward(self.layer, x, ids, weights)
+        return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
 class DecoderLayer(nn.Module):
@@ -186,11 +219,12 @@ class Qwen3MoeForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        # the layers models/slot_decode.py steps over the static KV pool: q/k normed per head, no clamp
-        self.slot_decode = cfg.qk_norm == "head" and cfg.clip_qkv is None
+        # the layers models/slot_decode.py steps over the static KV pool are Qwen3-MoE's (q/k normed per
+        # head, rope on every dim, a softmax router); the other families here decode eagerly
+        self.slot_decode = cfg.architecture == "qwen3_moe"
         self.model = Backbone(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
+        self.rotary = RotaryEmbedding(cfg.rope, int(cfg.head_dim * cfg.rope.partial_rotary_factor))
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -260,7 +294,7 @@ def decoder_fields(
         rms_norm_eps=cfg.get("rms_norm_eps", POSITIVE, 1e-6),
         rope=rope_from_hf(raw, source),
         max_position_embeddings=cfg.get("max_position_embeddings", POSITIVE_INT, 32768),
-        num_experts=cfg.first(("num_experts", "num_local_experts"), POSITIVE_INT),
+        num_experts=cfg.first(("num_experts", "num_local_experts", "n_routed_experts"), POSITIVE_INT),
         num_experts_per_tok=cfg.get("num_experts_per_tok", POSITIVE_INT),
         moe_intermediate_size=cfg.get(expert_size, POSITIVE_INT),
         tie_word_embeddings=cfg.get("tie_word_embeddings", BOOL, False),

@@ -77,3 +77,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [N, T, D] (heads first), cos/sin [T, D]."""
     return x * cos + rotate_half(x) * sin
+
+
+def partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rope on the first cos.shape[-1] dims of x [N, T, D]; the rest passes through."""
+    d = cos.shape[-1]
+    if d == x.shape[-1]:
+        return apply_rotary(x, cos, sin)
+    return torch.cat([apply_rotary(x[..., :d], cos, sin), x[..., d:]], dim=-1)

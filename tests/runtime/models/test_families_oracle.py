@@ -1,5 +1,5 @@
-"""Mixtral and OLMoE against transformers' implementations on tiny odd-shaped random models: the config,
-fp32 logits on the prompt and 16 decode steps, and the reference's 32 greedy tokens under every MoE
+"""Mixtral, OLMoE and GLM-4.5 against transformers' implementations on tiny odd-shaped random models: the
+config, fp32 logits on the prompt and 16 decode steps, and the reference's 32 greedy tokens under every MoE
 backend and cache size {top-k, 25%, 100%}."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from freetoken.runtime.sampling import SamplingParams
 from oracle import FAMILY_TINY, build_family_model, rel_err
 
 PROMPT = [5, 77, 301, 12, 9, 250, 33, 401, 18, 2, 64, 111]
-POOL = 6 * 3  # experts per layer x MoE layers
+POOL = 6 * 2  # experts per layer x MoE layers (GLM's first layer is dense: at most this many)
 BACKENDS = [
     ("fused", {}),
     ("offload", {"cache_size": 3}),
@@ -42,11 +42,15 @@ def reference(model: Any, ids: list[int]) -> torch.Tensor:
 def test_config(family_model: tuple[str, Path, Any]) -> None:
     family, folder, _ = family_model
     cfg = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused").config
-    assert cfg.architecture == family and cfg.moe_layers == (0, 1, 2)
+    assert cfg.architecture == family
+    assert cfg.moe_layers == ((1, 2) if family == "glm4_moe" else (0, 1, 2))
     assert cfg.num_experts == 6 and cfg.num_experts_per_tok == 3 and cfg.moe_intermediate_size == 40
-    assert cfg.norm_topk_prob == (family == "mixtral")
-    assert cfg.qk_norm == {"mixtral": "none", "olmoe": "full"}[family]
+    assert cfg.norm_topk_prob == (family != "olmoe")
+    assert cfg.qk_norm == {"mixtral": "none", "olmoe": "full", "glm4_moe": "head"}[family]
     assert cfg.clip_qkv == (2.5 if family == "olmoe" else None)
+    if family == "glm4_moe":
+        assert (cfg.router_scoring, cfg.n_group, cfg.topk_group, cfg.n_shared_experts) == ("sigmoid", 2, 1, 1)
+        assert cfg.routed_scaling_factor == 1.7 and cfg.rope.partial_rotary_factor == 0.5
 
 
 def test_prompt_and_decode_logits(family_model: tuple[str, Path, Any]) -> None:
