@@ -1,4 +1,7 @@
-"""Random-weight Qwen3-MoE models of any shape, written as ordinary HF folders; the built-in `demo`.
+"""Random-weight MoE models of any shape, written as ordinary HF folders; the built-in `demo`.
+
+`family` picks the architecture's config and checkpoint layout: Qwen3-MoE (the demo's), Mixtral, OLMoE or
+GLM-4.5 (its first layer dense, one shared expert, partial rope), so each can be tried with no download.
 
 Weights are drawn from a fixed seed per tensor name, so the same spec always gives the same bytes.
 """
@@ -48,8 +51,10 @@ class RandomModelSpec:
     dtype: str = "bfloat16"
     seed: int = 0
     init_std: float = 0.02
+    family: str = "qwen3_moe"  # or "mixtral", "olmoe", "glm4_moe"
 
 
+FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "glm4_moe")
 DEMO_SPEC = RandomModelSpec()
 # The shape GPU benchmarks use: Qwen3-30B-A3B (about 30.5B parameters, 57 GiB in bf16).
 QWEN3_30B_A3B_SPEC = RandomModelSpec(
@@ -69,6 +74,37 @@ QWEN3_30B_A3B_SPEC = RandomModelSpec(
 
 
 def hf_config(spec: RandomModelSpec, vocab_size: int, eos_id: int, pad_id: int) -> dict:
+    config = _qwen3_config(spec, vocab_size, eos_id, pad_id)
+    if spec.family == "qwen3_moe":
+        return config
+    for key in (
+        "num_experts",
+        "moe_intermediate_size",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        "norm_topk_prob",
+    ):
+        config.pop(key)
+    if spec.family == "mixtral":
+        config.update(model_type="mixtral", architectures=["MixtralForCausalLM"], sliding_window=None)
+        config.update(num_local_experts=spec.num_experts, intermediate_size=spec.moe_intermediate_size)
+    elif spec.family == "olmoe":
+        config.update(model_type="olmoe", architectures=["OlmoeForCausalLM"], clip_qkv=None)
+        config.update(num_experts=spec.num_experts, intermediate_size=spec.moe_intermediate_size)
+    elif spec.family == "glm4_moe":
+        config.update(
+            model_type="glm4_moe", architectures=["Glm4MoeForCausalLM"], n_routed_experts=spec.num_experts,
+            moe_intermediate_size=spec.moe_intermediate_size, first_k_dense_replace=1, n_shared_experts=1,
+            n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True, use_qk_norm=True,
+            attention_bias=True,
+        )  # fmt: skip
+        config["rope_parameters"]["partial_rotary_factor"] = 0.5
+    else:
+        raise ValueError(f"unknown model family {spec.family!r}; one of {', '.join(FAMILIES)}")
+    return config
+
+
+def _qwen3_config(spec: RandomModelSpec, vocab_size: int, eos_id: int, pad_id: int) -> dict:
     return {
         "architectures": ["Qwen3MoeForCausalLM"],
         "model_type": "qwen3_moe",
@@ -98,24 +134,48 @@ def hf_config(spec: RandomModelSpec, vocab_size: int, eos_id: int, pad_id: int) 
 
 
 def tensor_plan(spec: RandomModelSpec, vocab_size: int) -> list[tuple[str, tuple[int, ...]]]:
-    """Every tensor of the checkpoint, in HF's naming (experts one by one), in file order."""
+    """Every tensor of the checkpoint, in the family's HF naming (experts one by one), in file order."""
     h, d, i, mi = spec.hidden_size, spec.head_dim, spec.intermediate_size, spec.moe_intermediate_size
+    nq, nkv, family = spec.num_heads * d, spec.num_kv_heads * d, spec.family
     plan = [("model.embed_tokens.weight", (vocab_size, h))]
     for layer in range(spec.num_layers):
         p = f"model.layers.{layer}"
         plan += [
             (f"{p}.input_layernorm.weight", (h,)),
             (f"{p}.post_attention_layernorm.weight", (h,)),
-            (f"{p}.self_attn.q_proj.weight", (spec.num_heads * d, h)),
-            (f"{p}.self_attn.k_proj.weight", (spec.num_kv_heads * d, h)),
-            (f"{p}.self_attn.v_proj.weight", (spec.num_kv_heads * d, h)),
-            (f"{p}.self_attn.o_proj.weight", (h, spec.num_heads * d)),
-            (f"{p}.self_attn.q_norm.weight", (d,)),
-            (f"{p}.self_attn.k_norm.weight", (d,)),
+            (f"{p}.self_attn.q_proj.weight", (nq, h)),
+            (f"{p}.self_attn.k_proj.weight", (nkv, h)),
+            (f"{p}.self_attn.v_proj.weight", (nkv, h)),
+            (f"{p}.self_attn.o_proj.weight", (h, nq)),
         ]
-        is_moe = layer not in spec.mlp_only_layers and (layer + 1) % spec.decoder_sparse_step == 0
-        if is_moe:
+        if family == "glm4_moe":
+            plan += [(f"{p}.self_attn.{x}_proj.bias", (n,)) for x, n in (("q", nq), ("k", nkv), ("v", nkv))]
+        if family in ("qwen3_moe", "glm4_moe"):
+            plan += [(f"{p}.self_attn.q_norm.weight", (d,)), (f"{p}.self_attn.k_norm.weight", (d,))]
+        elif family == "olmoe":  # over the whole projection
+            plan += [(f"{p}.self_attn.q_norm.weight", (nq,)), (f"{p}.self_attn.k_norm.weight", (nkv,))]
+        if family == "glm4_moe":
+            is_moe = layer >= 1
+        elif family == "qwen3_moe":
+            is_moe = layer not in spec.mlp_only_layers and (layer + 1) % spec.decoder_sparse_step == 0
+        else:
+            is_moe = True
+        if is_moe and family == "mixtral":
+            plan.append((f"{p}.block_sparse_moe.gate.weight", (spec.num_experts, h)))
+            for e in range(spec.num_experts):
+                q = f"{p}.block_sparse_moe.experts.{e}"
+                plan += [
+                    (f"{q}.w1.weight", (mi, h)),
+                    (f"{q}.w3.weight", (mi, h)),
+                    (f"{q}.w2.weight", (h, mi)),
+                ]
+        elif is_moe:
             plan.append((f"{p}.mlp.gate.weight", (spec.num_experts, h)))
+            if family == "glm4_moe":
+                plan.append((f"{p}.mlp.gate.e_score_correction_bias", (spec.num_experts,)))
+                s = f"{p}.mlp.shared_experts"
+                plan += [(f"{s}.gate_proj.weight", (mi, h)), (f"{s}.up_proj.weight", (mi, h))]
+                plan.append((f"{s}.down_proj.weight", (h, mi)))
             for e in range(spec.num_experts):
                 q = f"{p}.mlp.experts.{e}"
                 plan += [
