@@ -156,6 +156,8 @@ FAMILY_TINY: dict[str, dict[str, Any]] = {
         attention_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
     ),
+    # the Hub's spelling of a partial rope (transformers keeps the key; the engine reads it)
+    "minimax_m2": dict(num_local_experts=6, rotary_dim=6),
 }
 
 
@@ -164,6 +166,8 @@ def build_family_model(folder: Path, family: str, seed: int = 0) -> Any:
     from transformers import (
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
+        MiniMaxM2Config,
+        MiniMaxM2ForCausalLM,
         MixtralConfig,
         MixtralForCausalLM,
         OlmoeConfig,
@@ -174,6 +178,7 @@ def build_family_model(folder: Path, family: str, seed: int = 0) -> Any:
         "mixtral": (MixtralConfig, MixtralForCausalLM),
         "olmoe": (OlmoeConfig, OlmoeForCausalLM),
         "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
+        "minimax_m2": (MiniMaxM2Config, MiniMaxM2ForCausalLM),
     }[family]
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_demo_tokenizer(folder)
@@ -184,8 +189,10 @@ def build_family_model(folder: Path, family: str, seed: int = 0) -> Any:
         rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )  # fmt: skip
     model = model_class(config_class(**{**shape, **FAMILY_TINY[family]})).eval()
-    if family == "glm4_moe":  # a correction bias that changes choices (a buffer: save_redrawn skips it)
-        gen = torch.Generator().manual_seed(seed + 1)
-        for layer in model.model.layers[1:]:
-            layer.mlp.gate.e_score_correction_bias.copy_(0.3 * torch.randn(6, generator=gen))
+    gen = torch.Generator().manual_seed(seed + 1)  # correction biases that change choices (buffers)
+    for layer in model.model.layers:
+        bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
+        bias = bias if bias is not None else getattr(layer.mlp, "e_score_correction_bias", None)
+        if bias is not None:
+            bias.copy_(0.3 * torch.randn(6, generator=gen))
     return save_redrawn(model, folder, seed)

@@ -73,6 +73,17 @@ MIXTRAL_EXPERTS = ExpertNaming(
     rewrites=((re.compile(r"\.block_sparse_moe\.gate\."), ".mlp.gate."),),
 )
 
+# MiniMax-M2 as published: Mixtral's expert and router names, and the router's correction bias beside them
+MINIMAX_M2_EXPERTS = ExpertNaming(
+    per_expert=MIXTRAL_EXPERTS.per_expert,
+    fused=None,
+    projection_parts=MIXTRAL_EXPERTS.projection_parts,
+    rewrites=(
+        *MIXTRAL_EXPERTS.rewrites,
+        (re.compile(r"\.block_sparse_moe\.e_score_correction_bias$"), ".mlp.gate.e_score_correction_bias"),
+    ),
+)
+
 # Qwen3.5/3.6-MoE as published: the text model inside Qwen3_5MoeForConditionalGeneration
 QWEN3_5_MOE_WRAPPED = ExpertNaming(
     per_expert=QWEN3_MOE_EXPERTS.per_expert,

@@ -1,6 +1,6 @@
-"""Mixtral, OLMoE and GLM-4.5 against transformers' implementations on tiny odd-shaped random models: the
-config, fp32 logits on the prompt and 16 decode steps, and the reference's 32 greedy tokens under every MoE
-backend and cache size {top-k, 25%, 100%}."""
+"""Mixtral, OLMoE, GLM-4.5 and MiniMax-M2 against transformers' implementations on tiny odd-shaped random
+models: the config, fp32 logits on the prompt and 16 decode steps, and the reference's 32 greedy tokens
+under every MoE backend and cache size {top-k, 25%, 100%}."""
 
 from __future__ import annotations
 
@@ -46,7 +46,9 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
     assert cfg.moe_layers == ((1, 2) if family == "glm4_moe" else (0, 1, 2))
     assert cfg.num_experts == 6 and cfg.num_experts_per_tok == 3 and cfg.moe_intermediate_size == 40
     assert cfg.norm_topk_prob == (family != "olmoe")
-    assert cfg.qk_norm == {"mixtral": "none", "olmoe": "full", "glm4_moe": "head"}[family]
+    norms = {"mixtral": "none", "olmoe": "full", "glm4_moe": "head", "minimax_m2": "full"}
+    assert cfg.qk_norm == norms[family]
+    assert cfg.router_scoring == ("sigmoid" if family in ("glm4_moe", "minimax_m2") else "softmax")
     assert cfg.clip_qkv == (2.5 if family == "olmoe" else None)
     if family == "glm4_moe":
         assert (cfg.router_scoring, cfg.n_group, cfg.topk_group, cfg.n_shared_experts) == ("sigmoid", 2, 1, 1)

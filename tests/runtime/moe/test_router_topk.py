@@ -104,7 +104,7 @@ def test_refuses_inputs_that_do_not_fit() -> None:
 def test_the_reference_is_the_model_router(renormalize: bool) -> None:
     gate = torch.nn.Linear(16, 12, bias=False).to(torch.bfloat16)
     x = torch.randn(3, 16, generator=torch.Generator().manual_seed(8)).bfloat16()
-    block = SimpleNamespace(gate=gate, top_k=3, norm_topk_prob=renormalize)
+    block = SimpleNamespace(gate=gate, top_k=3, norm_topk_prob=renormalize, scoring="softmax")
     with torch.no_grad():
         want_ids, want_weights = SparseMoeBlock.route(block, x)  # type: ignore[arg-type]
         ids, weights = router_topk_reference(gate(x), 3, renormalize)

@@ -25,6 +25,7 @@ ARCHITECTURES: dict[str, str] = {
     "mixtral": "freetoken.runtime.models.mixtral",
     "olmoe": "freetoken.runtime.models.olmoe",
     "glm4_moe": "freetoken.runtime.models.glm4_moe",
+    "minimax_m2": "freetoken.runtime.models.minimax_m2",
 }
 
 
