@@ -80,3 +80,43 @@ def test_every_backend_gives_the_reference_greedy_tokens(
         assert [e.token_id for e in out] == ids[len(PROMPT) :]
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize(
+    ("backend", "options"),
+    [("fused", {}), ("offload", {"cache_size": 3}), ("cpu", {"cache_size": 3}), BACKENDS[-2]],
+)
+def test_three_sequences_decoded_together_give_each_ones_reference(
+    family_model: tuple[str, Path, Any], backend: str, options: dict
+) -> None:
+    from scheduler_runs import PROMPTS, greedy
+
+    _, folder, model = family_model
+    prompts = PROMPTS[:3]
+    want = []
+    for prompt in prompts:
+        ids = list(prompt)
+        for _ in range(12):
+            ids.append(int(reference(model, ids)[-1].argmax()))
+        want.append(ids[len(prompt) :])
+    engine = build_engine(folder, device="cpu", dtype="float32", moe_backend=backend, **options)
+    try:
+        assert greedy(engine, prompts, 12) == want
+    finally:
+        engine.close()
+
+
+def test_a_missing_field_names_the_field_and_the_file(
+    family_model: tuple[str, Path, Any], tmp_path: Path
+) -> None:
+    import json
+
+    from freetoken.errors import FreeTokenError
+    from freetoken.runtime.models import load_model_config
+
+    _, folder, _ = family_model
+    raw = json.loads((folder / "config.json").read_text())
+    del raw["num_experts_per_tok"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(FreeTokenError, match=r"config\.json.*num_experts_per_tok"):
+        load_model_config(tmp_path)
