@@ -69,7 +69,6 @@ static inline float dot_nvfp4(const uint8_t *restrict w, const float *restrict x
     for (int g = 0; g < n / 128; g++) {
         const uint8_t *grp = w + (long)g * NVFP4_BYTES;
         const float *xg = x + 128L * g;
-        PREFETCH_ROW(grp);
         float mult;
         memcpy(&mult, grp, sizeof mult);
         for (int b = 0; b < 8; b++) {
@@ -104,7 +103,6 @@ static inline float dot_fp8(const uint8_t *restrict w, const float *restrict x, 
     for (int b = 0; b < n / 128; b++) {
         const uint8_t *blk = w + (long)b * FP8_BYTES;
         const float *xb = x + 128L * b;
-        PREFETCH_ROW(blk);
         float scale;
         memcpy(&scale, blk, sizeof scale);
 #if defined(__AVX2__) && defined(__F16C__)
@@ -192,7 +190,6 @@ static inline float dot_iq4_xs(const uint8_t *restrict w, const float *restrict 
     float s = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * IQ4_XS_BYTES;
-        PREFETCH_ROW(blk);
         float part = 0.0f;
         for (int sb = 0; sb < 8; sb++)
             part += (float)iq4_xs_scale(blk, sb) * table_block_f32(blk + 8 + 16 * sb, IQ4_NL_VALUES, x + (long)b * QK_K + 32 * sb);
@@ -205,7 +202,6 @@ static inline float dot_mxfp4(const uint8_t *restrict w, const float *restrict x
     float s = 0.0f;
     for (int b = 0; b < n / 32; b++) {
         const uint8_t *blk = w + (long)b * MXFP4_BYTES;
-        PREFETCH_ROW(blk);
         s += e8m0_half(blk[0]) * table_block_f32(blk + 1, MXFP4_VALUES, x + 32L * b);
     }
     return s;
@@ -223,7 +219,6 @@ static inline float dot_iq4_xs_q8(const uint8_t *restrict w, const int8_t *restr
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * IQ4_XS_BYTES, *qs = blk + 8;
         const int8_t *a = xq + (long)b * QK_K;
-        PREFETCH_ROW(blk);
         __m256i sumi = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {  // sub-blocks 2p (bytes 0-15) and 2p + 1 (bytes 16-31)
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
@@ -267,7 +262,6 @@ static inline float dot_mxfp4_q8(const uint8_t *restrict w, const int8_t *restri
     const __m128i low4 = _mm_set1_epi8(15), table = _mm_loadu_si128((const __m128i *)MXFP4_VALUES);
     for (int b = 0; b < n / 32; b++) {
         const uint8_t *blk = w + (long)b * MXFP4_BYTES;
-        PREFETCH_ROW(blk);
         const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 1));
         const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(q, low4));
         const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), low4));
