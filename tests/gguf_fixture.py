@@ -1,4 +1,5 @@
-"""Write a tiny qwen3moe GGUF from a transformers model with the `gguf` package (the test's oracle)."""
+"""Write a tiny qwen3moe or olmoe GGUF from a transformers model with the `gguf` package (the test's
+oracle)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
 
     back = {g: h for h, g in LAYER_NAMES.items()}
     sd = {k: v.clone() for k, v in hf.state_dict().items()}
-    inter = hf.config.moe_intermediate_size
+    inter = expert_size(hf.config)
     for t in gguf.GGUFReader(path).tensors:
         value = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
         if t.name in GLOBAL_NAMES:
@@ -53,6 +54,11 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
         else:
             sd[prefix + back[rest]] = value.reshape(sd[prefix + back[rest]].shape)
     return sd
+
+
+def expert_size(cfg: Any) -> int:
+    """An expert's intermediate size (OLMoE calls it intermediate_size)."""
+    return cfg.moe_intermediate_size if cfg.model_type == "qwen3_moe" else cfg.intermediate_size
 
 
 def _tokenizer_fields(folder: Path) -> dict[str, Any]:
@@ -105,7 +111,8 @@ def write_gguf(
     split_max_tensors: int = 0,
     expert_types: tuple[str, str] | None = None,
 ) -> Path:
-    """hf: a Qwen3MoeForCausalLM; folder: where its tokenizer files are; qtype: type of 2-D/3-D weights.
+    """hf: a Qwen3MoeForCausalLM or OlmoeForCausalLM; folder: where its tokenizer files are; qtype: type
+    of 2-D/3-D weights.
 
     With split_max_tensors the package writes `-00001-of-0000N.gguf` shards; the first one is returned.
     `expert_types` (gate/up type, down type): the routed experts are random raw blocks of those types
@@ -116,7 +123,9 @@ def write_gguf(
     from gguf import GGMLQuantizationType as Q
 
     cfg = hf.config
-    w = gguf.GGUFWriter(str(path), "qwen3moe", split_max_tensors=split_max_tensors)
+    arch = {"qwen3_moe": "qwen3moe", "olmoe": "olmoe"}[cfg.model_type]
+    i_moe = expert_size(cfg)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -129,7 +138,10 @@ def write_gguf(
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_expert_count(cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
-    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if arch == "qwen3moe":
+        w.add_expert_feed_forward_length(i_moe)
+    elif cfg.clip_qkv is not None:
+        w.add_clamp_kqv(cfg.clip_qkv)
     tok = _tokenizer_fields(folder)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -152,7 +164,6 @@ def write_gguf(
     add("output_norm.weight", sd["model.norm.weight"])
     if not cfg.tie_word_embeddings:
         add("output.weight", sd["lm_head.weight"])
-    i_moe = cfg.moe_intermediate_size
     for layer in range(cfg.num_hidden_layers):
         prefix = f"model.layers.{layer}."
         for hf_name, g_name in LAYER_NAMES.items():

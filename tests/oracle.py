@@ -161,8 +161,9 @@ FAMILY_TINY: dict[str, dict[str, Any]] = {
 }
 
 
-def build_family_model(folder: Path, family: str, seed: int = 0) -> Any:
-    """Save a random transformers model of `family` (FAMILY_TINY, the demo tokenizer) into `folder`."""
+def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: Any) -> Any:
+    """Save a random transformers model of `family` (FAMILY_TINY, the demo tokenizer) into `folder`;
+    `overrides` change the shared shape (hidden 48, head_dim 12, ...)."""
     from transformers import (
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
@@ -188,7 +189,7 @@ def build_family_model(folder: Path, family: str, seed: int = 0) -> Any:
         num_key_value_heads=2, head_dim=12, num_experts_per_tok=3, max_position_embeddings=1024,
         rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )  # fmt: skip
-    model = model_class(config_class(**{**shape, **FAMILY_TINY[family]})).eval()
+    model = model_class(config_class(**{**shape, **FAMILY_TINY[family], **overrides})).eval()
     gen = torch.Generator().manual_seed(seed + 1)  # correction biases that change choices (buffers)
     for layer in model.model.layers:
         bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)

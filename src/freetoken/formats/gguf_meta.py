@@ -7,7 +7,13 @@ from typing import Any
 from freetoken.errors import FreeTokenError
 from freetoken.formats.gguf_checkpoint import GgufCheckpoint
 
-ARCHITECTURES = {"qwen3moe": "qwen3_moe"}
+ARCHITECTURES = {"qwen3moe": "qwen3_moe", "olmoe": "olmoe"}  # llama.cpp's arch -> model_type
+# per arch: the transformers class, and whether llama.cpp's graph renormalises the top-k weights (its
+# qwen3moe graph always does; its olmoe graph never does)
+ARCH_FIELDS: dict[str, dict[str, Any]] = {
+    "qwen3moe": {"architectures": ["Qwen3MoeForCausalLM"], "norm_topk_prob": True},
+    "olmoe": {"architectures": ["OlmoeForCausalLM"], "norm_topk_prob": False},
+}
 # HF config field <- GGUF key under "{arch}."
 CONFIG_KEYS = {
     "num_hidden_layers": "block_count",
@@ -21,6 +27,7 @@ CONFIG_KEYS = {
     "num_experts": "expert_count",
     "num_experts_per_tok": "expert_used_count",
     "moe_intermediate_size": "expert_feed_forward_length",
+    "clip_qkv": "attention.clamp_kqv",
 }
 # token_type values (llama.cpp): 3 = control, 4 = user defined
 CONTROL, USER_DEFINED = 3, 4
@@ -46,7 +53,7 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
         raise FreeTokenError(
             f"{ckpt.path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
         )
-    raw: dict[str, Any] = {"model_type": ARCHITECTURES[arch], "architectures": ["Qwen3MoeForCausalLM"]}
+    raw: dict[str, Any] = {"model_type": ARCHITECTURES[arch], **ARCH_FIELDS[arch]}
     for field, key in CONFIG_KEYS.items():
         value = ckpt.get(f"{arch}.{key}")
         if value is not None:
@@ -68,7 +75,6 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
             "original_max_position_embeddings": int(ckpt.get(f"{arch}.rope.scaling.original_context_length")),
         }
     raw["torch_dtype"] = stored_dtype(ckpt)
-    raw["norm_topk_prob"] = True  # llama.cpp's qwen3moe graph always renormalises the top-k weights
     raw["tie_word_embeddings"] = "lm_head.weight" not in ckpt.tensors
     moe_layers = {int(n.split(".")[2]) for n in ckpt.names() if n.endswith("mlp.experts.down_proj")}
     raw["mlp_only_layers"] = sorted(set(range(raw["num_hidden_layers"])) - moe_layers)

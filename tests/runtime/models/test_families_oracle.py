@@ -120,3 +120,31 @@ def test_a_missing_field_names_the_field_and_the_file(
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(FreeTokenError, match=r"config\.json.*num_experts_per_tok"):
         load_model_config(tmp_path)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_olmoe_from_a_gguf_of_the_same_weights(qtype: str, tmp_path: Path) -> None:
+    """llama.cpp has OLMoE (`olmoe`): the GGUF of the same weights (rows of 64: whole Q8_0 blocks) gives
+    the logits and greedy tokens of transformers given the file's dequantised weights; the cpu backend
+    keeps Q8_0 experts as stored."""
+    from gguf_fixture import dequantised_state_dict, write_gguf
+
+    folder = tmp_path / "olmoe"
+    model = build_family_model(folder, "olmoe", hidden_size=64, intermediate_size=64, head_dim=16)
+    path = write_gguf(model, folder, tmp_path / f"olmoe-{qtype}.gguf", qtype)
+    ref = type(model)(model.config).eval()
+    ref.load_state_dict(dequantised_state_dict(path, model))
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
+    try:
+        cfg = engine.config
+        assert cfg.architecture == "olmoe" and not cfg.norm_topk_prob and cfg.clip_qkv == 2.5
+        assert engine.pool.describe()["dtypes"] == (["Q8_0"] if qtype == "Q8_0" else ["f32"])
+        got = engine.forward(engine.new_sequence(), PROMPT, all_logits=True)
+        assert rel_err(got, reference(ref, PROMPT)) < 1e-4
+        ids = list(PROMPT)
+        for _ in range(16):
+            ids.append(int(reference(ref, ids)[-1].argmax()))
+        out = engine.generate(PROMPT, SamplingParams(max_tokens=16, ignore_eos=True))
+        assert [e.token_id for e in out] == ids[len(PROMPT) :]
+    finally:
+        engine.close()
