@@ -22,7 +22,16 @@ LAYER_NAMES = {  # transformers name -> GGUF name, per layer (written independen
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # glm4moe's
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+    "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
 }
+ARCHS = {"qwen3_moe": "qwen3moe", "olmoe": "olmoe", "glm4_moe": "glm4moe"}  # model_type -> llama.cpp's
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -37,9 +46,12 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
     from gguf.quants import dequantize
 
     back = {g: h for h, g in LAYER_NAMES.items()}
+    back["post_attention_norm.weight"] = "post_attention_layernorm.weight"  # glm4moe's
     sd = {k: v.clone() for k, v in hf.state_dict().items()}
     inter = expert_size(hf.config)
     for t in gguf.GGUFReader(path).tensors:
+        if ".nextn." in t.name:
+            continue
         value = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
         if t.name in GLOBAL_NAMES:
             sd[GLOBAL_NAMES[t.name]] = value.reshape(sd[GLOBAL_NAMES[t.name]].shape)
@@ -58,7 +70,7 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
 
 def expert_size(cfg: Any) -> int:
     """An expert's intermediate size (OLMoE calls it intermediate_size)."""
-    return cfg.moe_intermediate_size if cfg.model_type == "qwen3_moe" else cfg.intermediate_size
+    return cfg.intermediate_size if cfg.model_type == "olmoe" else cfg.moe_intermediate_size
 
 
 def _tokenizer_fields(folder: Path) -> dict[str, Any]:
@@ -123,10 +135,13 @@ def write_gguf(
     from gguf import GGMLQuantizationType as Q
 
     cfg = hf.config
-    arch = {"qwen3_moe": "qwen3moe", "olmoe": "olmoe"}[cfg.model_type]
+    arch = ARCHS[cfg.model_type]
     i_moe = expert_size(cfg)
+    names = dict(LAYER_NAMES)
+    if arch == "glm4moe":  # llama.cpp names GLM's post-attention norm apart
+        names["post_attention_layernorm.weight"] = "post_attention_norm.weight"
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
-    w.add_block_count(cfg.num_hidden_layers)
+    w.add_block_count(cfg.num_hidden_layers + (1 if arch == "glm4moe" else 0))  # + a next-token block
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
@@ -136,10 +151,20 @@ def write_gguf(
     w.add_value_length(cfg.head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_expert_count(cfg.num_experts)
+    w.add_expert_count(getattr(cfg, "n_routed_experts", None) or cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "glm4moe"):
         w.add_expert_feed_forward_length(i_moe)
+    if arch == "glm4moe":
+        w.add_nextn_predict_layers(1)
+        w.add_expert_shared_count(cfg.n_shared_experts)
+        w.add_leading_dense_block_count(cfg.first_k_dense_replace)
+        w.add_expert_weights_scale(cfg.routed_scaling_factor)
+        w.add_expert_weights_norm(cfg.norm_topk_prob)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_group_count(cfg.n_group)
+        w.add_expert_group_used_count(cfg.topk_group)
+        w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
     elif cfg.clip_qkv is not None:
         w.add_clamp_kqv(cfg.clip_qkv)
     tok = _tokenizer_fields(folder)
@@ -164,9 +189,14 @@ def write_gguf(
     add("output_norm.weight", sd["model.norm.weight"])
     if not cfg.tie_word_embeddings:
         add("output.weight", sd["lm_head.weight"])
+    if arch == "glm4moe":  # a next-token-prediction block after the trunk, which readers skip
+        add(
+            f"blk.{cfg.num_hidden_layers}.nextn.eh_proj.weight",
+            np.zeros((cfg.hidden_size, 2 * cfg.hidden_size)),
+        )
     for layer in range(cfg.num_hidden_layers):
         prefix = f"model.layers.{layer}."
-        for hf_name, g_name in LAYER_NAMES.items():
+        for hf_name, g_name in names.items():
             if prefix + hf_name in sd:
                 add(f"blk.{layer}.{g_name}", sd[prefix + hf_name])
         if prefix + "mlp.experts.gate_up_proj" in sd and expert_types is not None:

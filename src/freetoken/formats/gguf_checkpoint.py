@@ -37,6 +37,15 @@ LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    # glm4moe: its post-attention norm's name, q/k/v biases, the router's correction bias, shared experts
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
 }
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -107,6 +116,8 @@ class GgufCheckpoint:
             self._files.append(file)
             self.fields = {**header.fields, **self.fields}  # the first shard's value wins
             for info in header.tensors:
+                if self._multi_token_block(info.name):  # next-token-prediction blocks: not read
+                    continue
                 name = hf_name(info.name)
                 if name is None:
                     self.unknown.append(info.name)
@@ -117,6 +128,14 @@ class GgufCheckpoint:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
+
+    def _multi_token_block(self, name: str) -> bool:
+        """Whether `name` belongs to the multi-token-prediction blocks some files append after the trunk
+        (`{arch}.nextn_predict_layers` of the `{arch}.block_count` blocks)."""
+        arch = self.get("general.architecture")
+        extra = int(self.get(f"{arch}.nextn_predict_layers", 0) or 0)
+        match = _LAYER.fullmatch(name)
+        return bool(extra and match) and int(match.group(1)) >= int(self.get(f"{arch}.block_count")) - extra
 
     def names(self) -> list[str]:
         return list(self.tensors)

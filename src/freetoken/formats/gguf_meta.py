@@ -7,12 +7,13 @@ from typing import Any
 from freetoken.errors import FreeTokenError
 from freetoken.formats.gguf_checkpoint import GgufCheckpoint
 
-ARCHITECTURES = {"qwen3moe": "qwen3_moe", "olmoe": "olmoe"}  # llama.cpp's arch -> model_type
+ARCHITECTURES = {"qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe"}  # llama.cpp's -> ours
 # per arch: the transformers class, and whether llama.cpp's graph renormalises the top-k weights (its
 # qwen3moe graph always does; its olmoe graph never does)
 ARCH_FIELDS: dict[str, dict[str, Any]] = {
     "qwen3moe": {"architectures": ["Qwen3MoeForCausalLM"], "norm_topk_prob": True},
     "olmoe": {"architectures": ["OlmoeForCausalLM"], "norm_topk_prob": False},
+    "glm4moe": {"architectures": ["Glm4MoeForCausalLM"], "norm_topk_prob": True},
 }
 # HF config field <- GGUF key under "{arch}."
 CONFIG_KEYS = {
@@ -28,6 +29,12 @@ CONFIG_KEYS = {
     "num_experts_per_tok": "expert_used_count",
     "moe_intermediate_size": "expert_feed_forward_length",
     "clip_qkv": "attention.clamp_kqv",
+    "n_shared_experts": "expert_shared_count",
+    "first_k_dense_replace": "leading_dense_block_count",
+    "routed_scaling_factor": "expert_weights_scale",
+    "norm_topk_prob": "expert_weights_norm",
+    "n_group": "expert_group_count",
+    "topk_group": "expert_group_used_count",
 }
 # token_type values (llama.cpp): 3 = control, 4 = user defined
 CONTROL, USER_DEFINED = 3, 4
@@ -75,6 +82,12 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
             "original_max_position_embeddings": int(ckpt.get(f"{arch}.rope.scaling.original_context_length")),
         }
     raw["torch_dtype"] = stored_dtype(ckpt)
+    raw["num_hidden_layers"] -= int(ckpt.get(f"{arch}.nextn_predict_layers", 0) or 0)  # MTP blocks: not read
+    rotary = ckpt.get(f"{arch}.rope.dimension_count")
+    if rotary is not None and raw.get("head_dim"):
+        raw["partial_rotary_factor"] = int(rotary) / int(raw["head_dim"])
+    raw["use_qk_norm"] = any(n.endswith("self_attn.q_norm.weight") for n in ckpt.names())
+    raw["attention_bias"] = any(n.endswith("self_attn.q_proj.bias") for n in ckpt.names())
     raw["tie_word_embeddings"] = "lm_head.weight" not in ckpt.tensors
     moe_layers = {int(n.split(".")[2]) for n in ckpt.names() if n.endswith("mlp.experts.down_proj")}
     raw["mlp_only_layers"] = sorted(set(range(raw["num_hidden_layers"])) - moe_layers)

@@ -122,22 +122,37 @@ def test_a_missing_field_names_the_field_and_the_file(
         load_model_config(tmp_path)
 
 
+GGUF_SHAPE = dict(hidden_size=64, intermediate_size=64, head_dim=16)  # rows of whole Q8_0 blocks
+
+
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
-def test_olmoe_from_a_gguf_of_the_same_weights(qtype: str, tmp_path: Path) -> None:
-    """llama.cpp has OLMoE (`olmoe`): the GGUF of the same weights (rows of 64: whole Q8_0 blocks) gives
-    the logits and greedy tokens of transformers given the file's dequantised weights; the cpu backend
-    keeps Q8_0 experts as stored."""
+@pytest.mark.parametrize("family", ["olmoe", "glm4_moe"])
+def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> None:
+    """The families llama.cpp reads here (its `olmoe` and `glm4moe`, GLM's file with a next-token block
+    after the trunk, which is skipped): the GGUF gives the logits and greedy tokens of transformers given
+    the file's dequantised weights; the cpu backend keeps Q8_0 experts as stored."""
     from gguf_fixture import dequantised_state_dict, write_gguf
 
-    folder = tmp_path / "olmoe"
-    model = build_family_model(folder, "olmoe", hidden_size=64, intermediate_size=64, head_dim=16)
-    path = write_gguf(model, folder, tmp_path / f"olmoe-{qtype}.gguf", qtype)
+    folder = tmp_path / family
+    shape = {**GGUF_SHAPE, "moe_intermediate_size": 64} if family == "glm4_moe" else GGUF_SHAPE
+    model = build_family_model(folder, family, **shape)
+    path = write_gguf(model, folder, tmp_path / f"{family}-{qtype}.gguf", qtype)
     ref = type(model)(model.config).eval()
     ref.load_state_dict(dequantised_state_dict(path, model))
     engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
     try:
         cfg = engine.config
-        assert cfg.architecture == "olmoe" and not cfg.norm_topk_prob and cfg.clip_qkv == 2.5
+        assert cfg.architecture == family and cfg.num_layers == 3
+        if family == "olmoe":
+            assert not cfg.norm_topk_prob and cfg.clip_qkv == 2.5
+        else:
+            assert (cfg.router_scoring, cfg.n_group, cfg.n_shared_experts, cfg.moe_layers) == (
+                "sigmoid",
+                2,
+                1,
+                (1, 2),
+            )
+            assert cfg.rope.partial_rotary_factor == 0.5 and cfg.qk_norm == "head" and cfg.attention_bias
         assert engine.pool.describe()["dtypes"] == (["Q8_0"] if qtype == "Q8_0" else ["f32"])
         got = engine.forward(engine.new_sequence(), PROMPT, all_logits=True)
         assert rel_err(got, reference(ref, PROMPT)) < 1e-4
