@@ -31,7 +31,8 @@ LAYER_NAMES = {  # transformers name -> GGUF name, per layer (written independen
     "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
 }
-ARCHS = {"qwen3_moe": "qwen3moe", "olmoe": "olmoe", "glm4_moe": "glm4moe"}  # model_type -> llama.cpp's
+# model_type -> llama.cpp's arch
+ARCHS = {"qwen3_moe": "qwen3moe", "olmoe": "olmoe", "glm4_moe": "glm4moe", "minimax_m2": "minimax-m2"}
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -64,13 +65,16 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
         elif rest == "ffn_down_exps.weight":
             sd[prefix + "mlp.experts.down_proj"] = value
         else:
-            sd[prefix + back[rest]] = value.reshape(sd[prefix + back[rest]].shape)
+            key = prefix + back[rest]
+            if key not in sd and rest == "exp_probs_b.bias":  # MiniMax-M2 keeps it beside the router
+                key = prefix + "mlp.e_score_correction_bias"
+            sd[key] = value.reshape(sd[key].shape)
     return sd
 
 
 def expert_size(cfg: Any) -> int:
-    """An expert's intermediate size (OLMoE calls it intermediate_size)."""
-    return cfg.intermediate_size if cfg.model_type == "olmoe" else cfg.moe_intermediate_size
+    """An expert's intermediate size (OLMoE and MiniMax-M2 call it intermediate_size)."""
+    return cfg.intermediate_size if cfg.model_type in ("olmoe", "minimax_m2") else cfg.moe_intermediate_size
 
 
 def _tokenizer_fields(folder: Path) -> dict[str, Any]:
@@ -140,6 +144,7 @@ def write_gguf(
     names = dict(LAYER_NAMES)
     if arch == "glm4moe":  # llama.cpp names GLM's post-attention norm apart
         names["post_attention_layernorm.weight"] = "post_attention_norm.weight"
+    names["mlp.e_score_correction_bias"] = "exp_probs_b.bias"  # MiniMax-M2 keeps it beside the router
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_block_count(cfg.num_hidden_layers + (1 if arch == "glm4moe" else 0))  # + a next-token block
     w.add_context_length(cfg.max_position_embeddings)
@@ -153,8 +158,11 @@ def write_gguf(
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_expert_count(getattr(cfg, "n_routed_experts", None) or cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
-    if arch in ("qwen3moe", "glm4moe"):
+    if arch in ("qwen3moe", "glm4moe", "minimax-m2"):
         w.add_expert_feed_forward_length(i_moe)
+    if arch == "minimax-m2":
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters.get("partial_rotary_factor", 1.0)))
     if arch == "glm4moe":
         w.add_nextn_predict_layers(1)
         w.add_expert_shared_count(cfg.n_shared_experts)
@@ -165,7 +173,7 @@ def write_gguf(
         w.add_expert_group_count(cfg.n_group)
         w.add_expert_group_used_count(cfg.topk_group)
         w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
-    elif cfg.clip_qkv is not None:
+    elif arch == "olmoe" and cfg.clip_qkv is not None:
         w.add_clamp_kqv(cfg.clip_qkv)
     tok = _tokenizer_fields(folder)
     w.add_tokenizer_model("gpt2")

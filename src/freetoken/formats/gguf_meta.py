@@ -7,14 +7,18 @@ from typing import Any
 from freetoken.errors import FreeTokenError
 from freetoken.formats.gguf_checkpoint import GgufCheckpoint
 
-ARCHITECTURES = {"qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe"}  # llama.cpp's -> ours
+# llama.cpp's arch -> model_type
+ARCHITECTURES = {"qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2"}
 # per arch: the transformers class, and whether llama.cpp's graph renormalises the top-k weights (its
 # qwen3moe graph always does; its olmoe graph never does)
 ARCH_FIELDS: dict[str, dict[str, Any]] = {
     "qwen3moe": {"architectures": ["Qwen3MoeForCausalLM"], "norm_topk_prob": True},
     "olmoe": {"architectures": ["OlmoeForCausalLM"], "norm_topk_prob": False},
     "glm4moe": {"architectures": ["Glm4MoeForCausalLM"], "norm_topk_prob": True},
+    "minimax-m2": {"architectures": ["MiniMaxM2ForCausalLM"], "norm_topk_prob": True},
 }
+# archs whose config calls an expert's size `intermediate_size` (the file's expert_feed_forward_length)
+EXPERT_SIZE_AS_INTERMEDIATE = ("minimax-m2",)
 # HF config field <- GGUF key under "{arch}."
 CONFIG_KEYS = {
     "num_hidden_layers": "block_count",
@@ -83,6 +87,8 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
         }
     raw["torch_dtype"] = stored_dtype(ckpt)
     raw["num_hidden_layers"] -= int(ckpt.get(f"{arch}.nextn_predict_layers", 0) or 0)  # MTP blocks: not read
+    if arch in EXPERT_SIZE_AS_INTERMEDIATE and "moe_intermediate_size" in raw:
+        raw["intermediate_size"] = raw.pop("moe_intermediate_size")
     rotary = ckpt.get(f"{arch}.rope.dimension_count")
     if rotary is not None and raw.get("head_dim"):
         raw["partial_rotary_factor"] = int(rotary) / int(raw["head_dim"])

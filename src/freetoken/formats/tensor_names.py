@@ -76,8 +76,8 @@ MIXTRAL_EXPERTS = ExpertNaming(
 # MiniMax-M2 as published: Mixtral's expert and router names, and the router's correction bias beside them
 MINIMAX_M2_EXPERTS = ExpertNaming(
     per_expert=MIXTRAL_EXPERTS.per_expert,
-    fused=None,
-    projection_parts=MIXTRAL_EXPERTS.projection_parts,
+    fused=QWEN3_MOE_EXPERTS.fused,  # a GGUF's whole-layer banks (formats/gguf_checkpoint.py's names)
+    projection_parts={**MIXTRAL_EXPERTS.projection_parts, **QWEN3_MOE_EXPERTS.projection_parts},
     rewrites=(
         *MIXTRAL_EXPERTS.rewrites,
         (re.compile(r"\.block_sparse_moe\.e_score_correction_bias$"), ".mlp.gate.e_score_correction_bias"),

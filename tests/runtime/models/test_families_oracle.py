@@ -126,15 +126,16 @@ GGUF_SHAPE = dict(hidden_size=64, intermediate_size=64, head_dim=16)  # rows of 
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
-@pytest.mark.parametrize("family", ["olmoe", "glm4_moe"])
+@pytest.mark.parametrize("family", ["olmoe", "glm4_moe", "minimax_m2"])
 def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> None:
-    """The families llama.cpp reads here (its `olmoe` and `glm4moe`, GLM's file with a next-token block
-    after the trunk, which is skipped): the GGUF gives the logits and greedy tokens of transformers given
-    the file's dequantised weights; the cpu backend keeps Q8_0 experts as stored."""
+    """The families llama.cpp reads here (its `olmoe`, `glm4moe` and `minimax-m2`; GLM's file with a
+    next-token block after the trunk, which is skipped): the GGUF gives the logits and greedy tokens of
+    transformers given the file's dequantised weights; the cpu backend keeps Q8_0 experts as stored."""
     from gguf_fixture import dequantised_state_dict, write_gguf
 
     folder = tmp_path / family
-    shape = {**GGUF_SHAPE, "moe_intermediate_size": 64} if family == "glm4_moe" else GGUF_SHAPE
+    extra = {"glm4_moe": {"moe_intermediate_size": 64}, "minimax_m2": {"rotary_dim": 8}}.get(family, {})
+    shape = {**GGUF_SHAPE, **extra}
     model = build_family_model(folder, family, **shape)
     path = write_gguf(model, folder, tmp_path / f"{family}-{qtype}.gguf", qtype)
     ref = type(model)(model.config).eval()
@@ -145,13 +146,14 @@ def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> 
         assert cfg.architecture == family and cfg.num_layers == 3
         if family == "olmoe":
             assert not cfg.norm_topk_prob and cfg.clip_qkv == 2.5
-        else:
-            assert (cfg.router_scoring, cfg.n_group, cfg.n_shared_experts, cfg.moe_layers) == (
-                "sigmoid",
-                2,
-                1,
-                (1, 2),
+        elif family == "minimax_m2":
+            assert (
+                cfg.router_scoring == "sigmoid" and cfg.qk_norm == "full" and cfg.moe_intermediate_size == 64
             )
+            assert cfg.rope.partial_rotary_factor == 0.5
+        else:
+            got = (cfg.router_scoring, cfg.n_group, cfg.n_shared_experts, cfg.moe_layers)
+            assert got == ("sigmoid", 2, 1, (1, 2))
             assert cfg.rope.partial_rotary_factor == 0.5 and cfg.qk_norm == "head" and cfg.attention_bias
         assert engine.pool.describe()["dtypes"] == (["Q8_0"] if qtype == "Q8_0" else ["f32"])
         got = engine.forward(engine.new_sequence(), PROMPT, all_logits=True)
