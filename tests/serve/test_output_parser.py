@@ -163,6 +163,30 @@ def test_invalid_call_degrades_to_raw_text(body: str) -> None:
     assert summary(p) == summary(parse_output(text, tools=False))
 
 
+def test_glm_tool_calls() -> None:
+    """GLM-4.5's calls: the name on the first line, then key/value pairs (JSON values taken as such)."""
+    glm = (
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>[1, 2]</arg_value>\n</tool_call>"
+    )
+    p = parse_output(f"<think>\nweather\n</think>\n\nChecking.\n{glm}\n<tool_call>now\n</tool_call>")
+    assert (p.reasoning, p.content) == ("weather", "Checking.")
+    first, second = p.tool_calls
+    assert (first.name, json.loads(first.arguments)) == ("get_weather", {"city": "Paris", "days": [1, 2]})
+    assert (second.index, second.name, second.arguments) == (1, "now", "{}")
+    for i in range(1, len(glm)):  # any split streams the same
+        assert summary(stream([glm[:i], glm[i:]])[0]) == summary(parse_output(glm))
+
+
+@pytest.mark.parametrize(
+    "body", ["f\ntext between <arg_key>a</arg_key><arg_value>1</arg_value>", "two words", "f\n<arg_key>a"]
+)
+def test_malformed_glm_calls_are_text(body: str) -> None:
+    text = f"<tool_call>{body}</tool_call>"
+    p = parse_output(text)
+    assert p.tool_calls == [] and p.content == text
+
+
 def test_valid_call_after_invalid_one_gets_index_zero() -> None:
     bad = "<tool_call>\n{oops}\n</tool_call>"
     p = parse_output(f"{bad}\n{WEATHER}")

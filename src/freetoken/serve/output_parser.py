@@ -11,7 +11,9 @@ Formats (Qwen3 chat template):
 * Tool calls: ``<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>``, possibly several in a row
   and possibly after some text. The body is buffered until ``</tool_call>`` and then parsed. It is a call if
   it is a JSON object with a non-empty string ``name`` and ``arguments`` an object, or a JSON string holding
-  an object, or missing (``{}``). Anything else, and a call still open at the end, becomes content text
+  an object, or missing (``{}``); or, as GLM-4.5's template writes them, the function's name on the first
+  line followed by ``<arg_key>k</arg_key>`` ``<arg_value>v</arg_value>`` pairs (a value that parses as JSON
+  is taken as such, else as a string). Anything else, and a call still open at the end, becomes content text
   verbatim, tags included, exactly as if tool parsing were off (``tools=False``). Whitespace touching a valid
   call is dropped.
 
@@ -23,6 +25,7 @@ follows, and (c) the body of an open tool call. Hence the concatenated events ne
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -53,8 +56,36 @@ class ToolCallDelta:
 Event = TextDelta | ReasoningDelta | ToolCallDelta
 
 
+_GLM_ARG = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+_FUNCTION_NAME = re.compile(r"[A-Za-z_][\w.\-]*")
+
+
+def _parse_glm_call(body: str) -> tuple[str, str] | None:
+    """GLM-4.5's body: the name on the first line, then key/value pairs; None if it is not one."""
+    name, _, rest = body.strip().partition("\n")
+    name = name.strip()
+    if not _FUNCTION_NAME.fullmatch(name):
+        return None
+    args: dict[str, object] = {}
+    at = 0
+    for match in _GLM_ARG.finditer(rest):
+        if rest[at : match.start()].strip():
+            return None
+        key, raw = match.group(1).strip(), match.group(2)
+        try:
+            args[key] = json.loads(raw)
+        except (ValueError, RecursionError):
+            args[key] = raw
+        at = match.end()
+    if rest[at:].strip():
+        return None
+    return name, json.dumps(args, ensure_ascii=False)
+
+
 def _parse_call(body: str) -> tuple[str, str] | None:
     """(name, arguments as JSON text) of a tool-call body, or None if it is not a valid call."""
+    if not body.lstrip().startswith(("{", '"')):
+        return _parse_glm_call(body)
     try:
         obj = json.loads(body)
         if not isinstance(obj, dict):
