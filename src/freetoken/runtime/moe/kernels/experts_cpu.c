@@ -104,6 +104,7 @@ typedef struct {
     const int8_t *q[GROUP];
     const float *d[GROUP];
     const int16_t *s[GROUP];  // int8 values' sums per 16
+    const float *fs[GROUP];   // fp32 values' sums per 32 (Q4_K's and Q5_K's mins, weight-only)
 } vecs_t;
 
 // Pairs from which a quantized row is widened to fp32 once for all of them rather than per dot.
@@ -175,11 +176,11 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
     else if (codec == FT_CODEC_Q8_0)
         for (int j = 0; j < cnt; j++) out[j] = dot_q8_0_f32(row, v->f[j], n);
     else if (codec == FT_CODEC_Q4_K)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q4_k(row, v->f[j], n);
+        for (int j = 0; j < cnt; j++) out[j] = dot_q4_k(row, v->f[j], v->fs[j], n);
     else if (codec == FT_CODEC_Q6_K)
         for (int j = 0; j < cnt; j++) out[j] = dot_q6_k(row, v->f[j], n);
     else if (codec == FT_CODEC_Q5_K)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q5_k(row, v->f[j], n);
+        for (int j = 0; j < cnt; j++) out[j] = dot_q5_k(row, v->f[j], v->fs[j], n);
     else if (codec == FT_CODEC_IQ4_XS)
         for (int j = 0; j < cnt; j++) out[j] = dot_iq4_xs(row, v->f[j], n);
     else if (codec == FT_CODEC_MXFP4)
@@ -206,6 +207,9 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
            float *scratch, float *out, int threads, long unit_bytes, double *trace) {
     const int gq8 = codec_act8(gu_codec), dq8 = codec_act8(dn_codec);  // against int8 activation blocks
     const int gq = gu_codec != FT_CODEC_BF16, dq = dn_codec != FT_CODEC_BF16;  // activations in natural order
+    // weight-only Q4_K/Q5_K take the activations' sums per 32 for their mins
+    const int gfs = gu_codec == FT_CODEC_Q4_K || gu_codec == FT_CODEC_Q5_K;
+    const int dfs = dn_codec == FT_CODEC_Q4_K || dn_codec == FT_CODEC_Q5_K;
     int g_block, d_block, unused;
     codec_block(gu_codec, &g_block, &unused);
     codec_block(dn_codec, &d_block, &unused);
@@ -223,6 +227,11 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     int8_t *xq = (int8_t *)xs;
     float *xd = (float *)(xq + (long)tokens * hidden);
     int16_t *xsum = (int16_t *)(xd + (long)tokens * (hidden / Q8_BLOCK));  // [T, H / 16]
+    float *xfs = gfs ? malloc(sizeof(float) * (size_t)tokens * (hidden / 32)) : NULL;  // [T, H / 32]
+    if (gfs && !xfs) {
+        free(buf);
+        return -1;
+    }
 #pragma omp parallel for num_threads(threads) if (tokens > 16)
     for (int t = 0; t < tokens; t++) {
         if (gq8)
@@ -232,6 +241,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
             memcpy(xs + (long)t * hidden, x + (long)t * hidden, sizeof(float) * hidden);
         else
             split_row(x + (long)t * hidden, xs + (long)t * hidden, hidden);
+        if (gfs) sums32(x + (long)t * hidden, xfs + (long)t * (hidden / 32), hidden);
     }
     units_t s;
     if (unit_bytes <= 0) unit_bytes = UNIT_BYTES;
@@ -247,8 +257,9 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     uint8_t *act_q = dq8 ? malloc((size_t)threads * act_q_bytes) : NULL;
     const long widest = hidden > inter ? hidden : inter;  // per thread: a quantized row widened to fp32
     float *rowbufs = gq || dq ? malloc(sizeof(float) * threads * widest) : NULL;
-    if (!done || (dq8 && !act_q) || ((gq || dq) && !rowbufs)) {
-        free(done), free(act_q), free(rowbufs), free(buf);
+    float *act_fs = dfs ? malloc(sizeof(float) * threads * GROUP * (inter / 32)) : NULL;  // per thread
+    if (!done || (dq8 && !act_q) || ((gq || dq) && !rowbufs) || (dfs && !act_fs)) {
+        free(done), free(act_q), free(rowbufs), free(act_fs), free(xfs), free(buf);
         return -1;
     }
     const double t0 = trace ? omp_get_wtime() : 0.0;
@@ -260,6 +271,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
         float *rowbuf = rowbufs ? rowbufs + omp_get_thread_num() * widest : NULL;        // [max(H, I)]
         float *ad = dq8 ? (float *)(aq + GROUP * (long)inter) : NULL;                      // [GROUP, I / 32]
         int16_t *as = dq8 ? (int16_t *)(ad + GROUP * (long)(inter / Q8_BLOCK)) : NULL;     // [GROUP, I / 16]
+        float *afs = dfs ? act_fs + (long)omp_get_thread_num() * GROUP * (inter / 32) : NULL;  // [GROUP, I / 32]
         vecs_t v;
         for (;;) {
             const long u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
@@ -281,6 +293,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                         v.q[j] = xq + t * hidden;
                         v.d[j] = xd + t * (hidden / Q8_BLOCK);
                         v.s[j] = xsum + t * (hidden / SUM_BLOCK);
+                        v.fs[j] = gfs ? xfs + t * (hidden / 32) : NULL;
                     }
                     for (int i = i0; i < i1; i++) {
                         dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d, rowbuf);
@@ -310,6 +323,10 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                     float d[GROUP];
                     for (int j = 0; j < cnt; j++) {
                         v.f[j] = act + (long)(n + j) * inter;
+                        if (dfs) {
+                            v.fs[j] = afs + (long)j * (inter / 32);
+                            sums32(v.f[j], (float *)v.fs[j], inter);
+                        }
                         if (dq8) {
                             const long blocks = inter / Q8_BLOCK, sums = inter / SUM_BLOCK;
                             v.q[j] = aq + (long)j * inter, v.d[j] = ad + j * blocks, v.s[j] = as + j * sums;
@@ -343,6 +360,8 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     free(done);
     free(act_q);
     free(rowbufs);
+    free(act_fs);
+    free(xfs);
     free(buf);
     return pairs;
 }

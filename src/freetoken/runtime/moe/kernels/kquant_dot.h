@@ -57,48 +57,66 @@ static inline void q4_k_scales(const uint8_t *packed, uint8_t sc[8], uint8_t m[8
     memcpy(m, mins, sizeof mins);
 }
 
-static inline float dot_q4_k(const uint8_t *restrict w, const float *restrict x, int n) {
+// The sum of every 32 consecutive x (what the mins of Q4_K and Q5_K multiply), n / 32 of them.
+static inline void sums32(const float *restrict x, float *restrict out, int n) {
+    for (int b = 0; b < n / 32; b++) {
+        v8f s = load8f(x + 32L * b) + load8f(x + 32L * b + 8) + load8f(x + 32L * b + 16) + load8f(x + 32L * b + 24);
+        out[b] = sum8(s);
+    }
+}
+
+// xs: sums32 of x. Per sub-block the quants' products are summed, then scaled; the mins come from xs.
+static inline float dot_q4_k(const uint8_t *restrict w, const float *restrict x, const float *restrict xs, int n) {
     v8f acc0 = {0}, acc1 = {0};
+    float mins = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
         const float *xb = x + (long)b * QK_K;
         const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
         uint8_t sc[8], mn[8];
         q4_k_scales(blk + 4, sc, mn);
+        float m = 0.0f;
+        for (int k = 0; k < 8; k++) m += (float)mn[k] * xs[8L * b + k];
+        mins += dmin * m;
         for (int j = 0; j < 4; j++) {  // 64 weights: sub-blocks 2j (low nibbles) and 2j + 1 (high)
-            const int s0 = sc[2 * j], m0 = mn[2 * j], s1 = sc[2 * j + 1], m1 = mn[2 * j + 1];
-            const float a0 = d * s0, b0 = dmin * m0, a1 = d * s1, b1 = dmin * m1;
+            v8f p0 = {0}, p1 = {0};
             for (int l = 0; l < 32; l += 8) {
                 const v8i q = bytes8(qs + 32 * j + l);
-                const v8f x0 = load8f(xb + 64 * j + l), x1 = load8f(xb + 64 * j + 32 + l);
-                acc0 += a0 * (to_f32(q & 15) * x0) - b0 * x0;
-                acc1 += a1 * (to_f32(q >> 4) * x1) - b1 * x1;
+                p0 += to_f32(q & 15) * load8f(xb + 64 * j + l);
+                p1 += to_f32(q >> 4) * load8f(xb + 64 * j + 32 + l);
             }
+            acc0 += (d * sc[2 * j]) * p0;
+            acc1 += (d * sc[2 * j + 1]) * p1;
         }
     }
-    return sum8(acc0 + acc1);
+    return sum8(acc0 + acc1) - mins;
 }
 
-static inline float dot_q5_k(const uint8_t *restrict w, const float *restrict x, int n) {
+static inline float dot_q5_k(const uint8_t *restrict w, const float *restrict x, const float *restrict xs, int n) {
     v8f acc0 = {0}, acc1 = {0};
+    float mins = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * Q5_K_BYTES, *qh = blk + 16, *qs = blk + 48;
         const float *xb = x + (long)b * QK_K;
         const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
         uint8_t sc[8], mn[8];
         q4_k_scales(blk + 4, sc, mn);
+        float m = 0.0f;
+        for (int k = 0; k < 8; k++) m += (float)mn[k] * xs[8L * b + k];
+        mins += dmin * m;
         for (int j = 0; j < 4; j++) {  // 64 weights: sub-blocks 2j (low nibbles, bit 2j) and 2j + 1
-            const float a0 = d * sc[2 * j], b0 = dmin * mn[2 * j], a1 = d * sc[2 * j + 1], b1 = dmin * mn[2 * j + 1];
+            v8f p0 = {0}, p1 = {0};
             for (int l = 0; l < 32; l += 8) {
                 const v8i q = bytes8(qs + 32 * j + l), h = bytes8(qh + l);
-                const v8f x0 = load8f(xb + 64 * j + l), x1 = load8f(xb + 64 * j + 32 + l);
                 const v8i q0 = (q & 15) | (((h >> (2 * j)) & 1) << 4), q1 = (q >> 4) | (((h >> (2 * j + 1)) & 1) << 4);
-                acc0 += a0 * (to_f32(q0) * x0) - b0 * x0;
-                acc1 += a1 * (to_f32(q1) * x1) - b1 * x1;
+                p0 += to_f32(q0) * load8f(xb + 64 * j + l);
+                p1 += to_f32(q1) * load8f(xb + 64 * j + 32 + l);
             }
+            acc0 += (d * sc[2 * j]) * p0;
+            acc1 += (d * sc[2 * j + 1]) * p1;
         }
     }
-    return sum8(acc0 + acc1);
+    return sum8(acc0 + acc1) - mins;
 }
 
 static inline float dot_q6_k(const uint8_t *restrict w, const float *restrict x, int n) {
