@@ -187,6 +187,29 @@ def test_malformed_glm_calls_are_text(body: str) -> None:
     assert p.tool_calls == [] and p.content == text
 
 
+def test_minimax_tool_calls() -> None:
+    """MiniMax-M2's block: several invokes, each with its parameters (JSON values taken as such)."""
+    block = (
+        '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+        '<parameter name="days">3</parameter>\n</invoke>\n<invoke name="now">\n</invoke>\n'
+        "</minimax:tool_call>"
+    )
+    p = parse_output(f"Checking.\n{block}")
+    assert p.content == "Checking."
+    first, second = p.tool_calls
+    assert (first.index, first.name, json.loads(first.arguments)) == (
+        0,
+        "get_weather",
+        {"city": "Paris", "days": 3},
+    )
+    assert (second.index, second.name, second.arguments) == (1, "now", "{}")
+    for i in range(1, len(block), 7):  # any split streams the same
+        assert summary(stream([block[:i], block[i:]])[0]) == summary(parse_output(block))
+    broken = '<minimax:tool_call><invoke name="f">stray</invoke></minimax:tool_call>'
+    assert parse_output(broken).content == broken and parse_output(broken).tool_calls == []
+    assert parse_output("<minimax:tool_call><invoke").content == "<minimax:tool_call><invoke"
+
+
 def test_valid_call_after_invalid_one_gets_index_zero() -> None:
     bad = "<tool_call>\n{oops}\n</tool_call>"
     p = parse_output(f"{bad}\n{WEATHER}")

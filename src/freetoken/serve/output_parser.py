@@ -13,7 +13,9 @@ Formats (Qwen3 chat template):
   it is a JSON object with a non-empty string ``name`` and ``arguments`` an object, or a JSON string holding
   an object, or missing (``{}``); or, as GLM-4.5's template writes them, the function's name on the first
   line followed by ``<arg_key>k</arg_key>`` ``<arg_value>v</arg_value>`` pairs (a value that parses as JSON
-  is taken as such, else as a string). Anything else, and a call still open at the end, becomes content text
+  is taken as such, else as a string). MiniMax-M2's block ``<minimax:tool_call>`` ... ``</minimax:tool_call>``
+  holds one or more ``<invoke name="f">`` with ``<parameter name="k">v</parameter>`` each (values likewise);
+  its calls are valid only all together. Anything else, and a call still open at the end, becomes content text
   verbatim, tags included, exactly as if tool parsing were off (``tools=False``). Whitespace touching a valid
   call is dropped.
 
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+MINIMAX_OPEN, MINIMAX_CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
+TOOL_TAGS = {TOOL_OPEN: TOOL_CLOSE, MINIMAX_OPEN: MINIMAX_CLOSE}  # a call block's opening -> closing tag
 
 
 @dataclass(frozen=True)
@@ -64,22 +68,49 @@ def _parse_glm_call(body: str) -> tuple[str, str] | None:
     """GLM-4.5's body: the name on the first line, then key/value pairs; None if it is not one."""
     name, _, rest = body.strip().partition("\n")
     name = name.strip()
-    if not _FUNCTION_NAME.fullmatch(name):
+    pairs = _whole(_GLM_ARG, rest)
+    if not _FUNCTION_NAME.fullmatch(name) or pairs is None:
         return None
-    args: dict[str, object] = {}
-    at = 0
-    for match in _GLM_ARG.finditer(rest):
-        if rest[at : match.start()].strip():
-            return None
-        key, raw = match.group(1).strip(), match.group(2)
-        try:
-            args[key] = json.loads(raw)
-        except (ValueError, RecursionError):
-            args[key] = raw
-        at = match.end()
-    if rest[at:].strip():
-        return None
+    args = {pair.group(1).strip(): _value(pair.group(2)) for pair in pairs}
     return name, json.dumps(args, ensure_ascii=False)
+
+
+_INVOKE = re.compile(r'\s*<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
+_PARAMETER = re.compile(r'\s*<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
+
+
+def _value(raw: str) -> object:
+    """A parameter's value: JSON where it parses, else the text."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return raw
+
+
+def _whole(pattern: re.Pattern[str], text: str) -> list[re.Match[str]] | None:
+    """The matches of `pattern` covering `text` up to whitespace, or None if anything else is there."""
+    matches, at = [], 0
+    for match in pattern.finditer(text):
+        if text[at : match.start()].strip():
+            return None
+        matches.append(match)
+        at = match.end()
+    return matches if not text[at:].strip() else None
+
+
+def _parse_minimax_block(body: str) -> list[tuple[str, str]] | None:
+    """MiniMax-M2's block: its invokes' (name, arguments as JSON text), or None if it is not all calls."""
+    invokes = _whole(_INVOKE, body)
+    if not invokes:
+        return None
+    calls = []
+    for invoke in invokes:
+        params = _whole(_PARAMETER, invoke.group(2))
+        if params is None or not _FUNCTION_NAME.fullmatch(invoke.group(1)):
+            return None
+        args = {p.group(1): _value(p.group(2).strip("\n")) for p in params}
+        calls.append((invoke.group(1), json.dumps(args, ensure_ascii=False)))
+    return calls
 
 
 def _parse_call(body: str) -> tuple[str, str] | None:
@@ -114,6 +145,7 @@ class OutputParser:
         self._mode = "reasoning" if reasoning and starts_in_reasoning else "content"
         self._think_seen = self._mode == "reasoning"  # <think> opens reasoning at most once
         self._buf = ""  # unprocessed text: a possible partial tag, or the body of the open tool call
+        self._open_tag = TOOL_OPEN  # the opening tag of the call block being read
         self._ws = ""  # trailing whitespace of the current segment, held back: dropped if a tag follows
         self._lead = self._mode == "reasoning"  # the segment follows a tag: drop its leading whitespace
         self._content: list[str] = []
@@ -134,10 +166,11 @@ class OutputParser:
         self._buf += text
         while self._buf:
             if self._mode == "tool":
-                end = self._buf.find(TOOL_CLOSE)
+                close = TOOL_TAGS[self._open_tag]
+                end = self._buf.find(close)
                 if end < 0:
                     break
-                body, self._buf = self._buf[:end], self._buf[end + len(TOOL_CLOSE) :]
+                body, self._buf = self._buf[:end], self._buf[end + len(close) :]
                 self._close_call(body, out)
                 continue
             tags = self._tags()
@@ -158,7 +191,7 @@ class OutputParser:
         out: list[Event] = []
         if self._mode == "tool":
             self._mode = "content"
-            self._text(TOOL_OPEN + self._buf, out)
+            self._text(self._open_tag + self._buf, out)
         else:
             self._text(self._buf, out)
         self._buf = ""
@@ -170,13 +203,14 @@ class OutputParser:
         """The tags that end the current (content or reasoning) segment."""
         if self._mode == "reasoning":
             return (THINK_CLOSE,)
-        on = ((THINK_OPEN, self._think_on and not self._think_seen), (TOOL_OPEN, self._tools_on))
+        on = [(THINK_OPEN, self._think_on and not self._think_seen)]
+        on += [(tag, self._tools_on) for tag in TOOL_TAGS]
         return tuple(tag for tag, enabled in on if enabled)
 
     def _open(self, tag: str) -> None:
-        if tag == TOOL_OPEN:
+        if tag in TOOL_TAGS:
             # _ws and _lead are kept: if the call turns out invalid it is put back as text
-            self._mode = "tool"
+            self._mode, self._open_tag = "tool", tag
             return
         self._mode = "reasoning" if tag == THINK_OPEN else "content"
         self._think_seen = True
@@ -184,13 +218,18 @@ class OutputParser:
 
     def _close_call(self, body: str, out: list[Event]) -> None:
         self._mode = "content"
-        parsed = _parse_call(body)
-        if parsed is None:
-            self._text(TOOL_OPEN + body + TOOL_CLOSE, out)
+        if self._open_tag == MINIMAX_OPEN:
+            calls = _parse_minimax_block(body)
+        else:
+            one = _parse_call(body)
+            calls = None if one is None else [one]
+        if calls is None:
+            self._text(self._open_tag + body + TOOL_TAGS[self._open_tag], out)
             return
-        call = ToolCallDelta(len(self.tool_calls), "call_" + secrets.token_hex(12), *parsed)
-        self.tool_calls.append(call)
-        out.append(call)
+        for name, arguments in calls:
+            call = ToolCallDelta(len(self.tool_calls), "call_" + secrets.token_hex(12), name, arguments)
+            self.tool_calls.append(call)
+            out.append(call)
         self._ws, self._lead = "", True
 
     def _text(self, text: str, out: list[Event]) -> None:
