@@ -162,7 +162,7 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
         dequant_row(codec, row, rowbuf, n);
         dots_f32(rowbuf, v->f, cnt, n, out);
     } else if (codec == FT_CODEC_Q5_K_ACT8)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q5_k_q8(row, v->q[j], v->d[j], v->s[j], n);
+        for (int j = 0; j < cnt; j++) out[j] = dot_q45_k_q8(row, 1, v->q[j], v->d[j], v->s[j], n);
     else if (codec == FT_CODEC_IQ4_XS_ACT8)
         for (int j = 0; j < cnt; j++) out[j] = dot_iq4_xs_q8(row, v->q[j], v->d[j], n);
     else if (codec == FT_CODEC_MXFP4_ACT8)
@@ -170,17 +170,17 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
     else if (codec == FT_CODEC_Q8_0_ACT8)
         dots_q8_0(row, v->q, v->d, cnt, n, out);
     else if (codec == FT_CODEC_Q4_K_ACT8)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q4_k_q8(row, v->q[j], v->d[j], v->s[j], n);
+        for (int j = 0; j < cnt; j++) out[j] = dot_q45_k_q8(row, 0, v->q[j], v->d[j], v->s[j], n);
     else if (codec == FT_CODEC_Q6_K_ACT8)
         for (int j = 0; j < cnt; j++) out[j] = dot_q6_k_q8(row, v->q[j], v->d[j], v->s[j], n);
     else if (codec == FT_CODEC_Q8_0)
         for (int j = 0; j < cnt; j++) out[j] = dot_q8_0_f32(row, v->f[j], n);
     else if (codec == FT_CODEC_Q4_K)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q4_k(row, v->f[j], v->fs[j], n);
+        for (int j = 0; j < cnt; j++) out[j] = dot_q45_k(row, 0, v->f[j], v->fs[j], n);
     else if (codec == FT_CODEC_Q6_K)
         for (int j = 0; j < cnt; j++) out[j] = dot_q6_k(row, v->f[j], n);
     else if (codec == FT_CODEC_Q5_K)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q5_k(row, v->f[j], v->fs[j], n);
+        for (int j = 0; j < cnt; j++) out[j] = dot_q45_k(row, 1, v->f[j], v->fs[j], n);
     else if (codec == FT_CODEC_IQ4_XS)
         for (int j = 0; j < cnt; j++) out[j] = dot_iq4_xs(row, v->f[j], n);
     else if (codec == FT_CODEC_MXFP4)

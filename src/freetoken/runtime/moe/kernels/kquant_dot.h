@@ -65,38 +65,15 @@ static inline void sums32(const float *restrict x, float *restrict out, int n) {
     }
 }
 
-// xs: sums32 of x. Per sub-block the quants' products are summed, then scaled; the mins come from xs.
-static inline float dot_q4_k(const uint8_t *restrict w, const float *restrict x, const float *restrict xs, int n) {
+// Q4_K (`high` 0) and Q5_K (`high` 1: the fifth bit from qh) against fp32 x; xs: sums32 of x. Per sub-block
+// the quants' products are summed, then scaled; the mins come from xs.
+static inline float dot_q45_k(const uint8_t *restrict w, int high, const float *restrict x,
+                              const float *restrict xs, int n) {
     v8f acc0 = {0}, acc1 = {0};
     float mins = 0.0f;
+    const long bytes = high ? Q5_K_BYTES : Q4_K_BYTES;
     for (int b = 0; b < n / QK_K; b++) {
-        const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
-        const float *xb = x + (long)b * QK_K;
-        const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
-        uint8_t sc[8], mn[8];
-        q4_k_scales(blk + 4, sc, mn);
-        float m = 0.0f;
-        for (int k = 0; k < 8; k++) m += (float)mn[k] * xs[8L * b + k];
-        mins += dmin * m;
-        for (int j = 0; j < 4; j++) {  // 64 weights: sub-blocks 2j (low nibbles) and 2j + 1 (high)
-            v8f p0 = {0}, p1 = {0};
-            for (int l = 0; l < 32; l += 8) {
-                const v8i q = bytes8(qs + 32 * j + l);
-                p0 += to_f32(q & 15) * load8f(xb + 64 * j + l);
-                p1 += to_f32(q >> 4) * load8f(xb + 64 * j + 32 + l);
-            }
-            acc0 += (d * sc[2 * j]) * p0;
-            acc1 += (d * sc[2 * j + 1]) * p1;
-        }
-    }
-    return sum8(acc0 + acc1) - mins;
-}
-
-static inline float dot_q5_k(const uint8_t *restrict w, const float *restrict x, const float *restrict xs, int n) {
-    v8f acc0 = {0}, acc1 = {0};
-    float mins = 0.0f;
-    for (int b = 0; b < n / QK_K; b++) {
-        const uint8_t *blk = w + (long)b * Q5_K_BYTES, *qh = blk + 16, *qs = blk + 48;
+        const uint8_t *blk = w + (long)b * bytes, *qh = blk + 16, *qs = blk + (high ? 48 : 16);
         const float *xb = x + (long)b * QK_K;
         const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
         uint8_t sc[8], mn[8];
@@ -107,8 +84,12 @@ static inline float dot_q5_k(const uint8_t *restrict w, const float *restrict x,
         for (int j = 0; j < 4; j++) {  // 64 weights: sub-blocks 2j (low nibbles, bit 2j) and 2j + 1
             v8f p0 = {0}, p1 = {0};
             for (int l = 0; l < 32; l += 8) {
-                const v8i q = bytes8(qs + 32 * j + l), h = bytes8(qh + l);
-                const v8i q0 = (q & 15) | (((h >> (2 * j)) & 1) << 4), q1 = (q >> 4) | (((h >> (2 * j + 1)) & 1) << 4);
+                const v8i q = bytes8(qs + 32 * j + l);
+                v8i q0 = q & 15, q1 = q >> 4;
+                if (high) {
+                    const v8i h = bytes8(qh + l);
+                    q0 |= ((h >> (2 * j)) & 1) << 4, q1 |= ((h >> (2 * j + 1)) & 1) << 4;
+                }
                 p0 += to_f32(q0) * load8f(xb + 64 * j + l);
                 p1 += to_f32(q1) * load8f(xb + 64 * j + 32 + l);
             }
@@ -162,14 +143,16 @@ static inline float hsum128(__m128 v) {
 }
 #endif
 
-static inline float dot_q4_k_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
-                                const int16_t *restrict xs, int n) {
+// Q4_K (`high` 0) and Q5_K (`high` 1) against int8 activations.
+static inline float dot_q45_k_q8(const uint8_t *restrict w, int high, const int8_t *restrict xq,
+                                 const float *restrict xd, const int16_t *restrict xs, int n) {
+    const long bytes = high ? Q5_K_BYTES : Q4_K_BYTES;
 #if defined(__AVX2__)
     __m256 acc = _mm256_setzero_ps();
     __m128 acc_m = _mm_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(15);
+    const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     for (int b = 0; b < n / QK_K; b++) {
-        const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
+        const uint8_t *blk = w + (long)b * bytes, *qh = blk + 16, *qs = blk + (high ? 48 : 16);
         const int8_t *a = xq + (long)b * QK_K;
         const float d = fp16_at(blk), dmin = fp16_at(blk + 2), dx = xd[b];
         uint8_t scm[16];  // the eight scales, then the eight mins
@@ -180,68 +163,15 @@ static inline float dot_q4_k_q8(const uint8_t *restrict w, const int8_t *restric
         const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs32);
         acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin * dx), _mm_cvtepi32_ps(mins), acc_m);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+        const __m256i hbits = high ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high), 32 weights each
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            const __m256i a0 = _mm256_loadu_si256((const __m256i *)(a + 64 * j));
-            const __m256i a1 = _mm256_loadu_si256((const __m256i *)(a + 64 * j + 32));
-            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, low4), a0),
-                                                 _mm256_shuffle_epi8(scales, spread16(2 * j, 2 * j)));
-            const __m256i p1 = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), a1),
-                _mm256_shuffle_epi8(scales, spread16(2 * j + 1, 2 * j + 1)));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    return hsum256(acc) - hsum128(acc_m);
-#else
-    float s = 0.0f;
-    for (int b = 0; b < n / QK_K; b++) {
-        const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
-        const int8_t *a = xq + (long)b * QK_K;
-        const int16_t *bs = xs + (long)b * (QK_K / SUM_BLOCK);
-        const float d = fp16_at(blk), dmin = fp16_at(blk + 2), dx = xd[b];
-        uint8_t sc[8], mn[8];
-        q4_k_scales(blk + 4, sc, mn);
-        int32_t sumi = 0, msum = 0;
-        for (int k = 0; k < 8; k++) msum += mn[k] * (bs[2 * k] + bs[2 * k + 1]);
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 32; l++)
-                sumi += sc[2 * j] * (qs[32 * j + l] & 15) * a[64 * j + l] +
-                        sc[2 * j + 1] * (qs[32 * j + l] >> 4) * a[64 * j + 32 + l];
-        s += d * dx * (float)sumi - dmin * dx * (float)msum;
-    }
-    return s;
-#endif
-}
-
-static inline float dot_q5_k_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
-                                const int16_t *restrict xs, int n) {
-#if defined(__AVX2__)
-    __m256 acc = _mm256_setzero_ps();
-    __m128 acc_m = _mm_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    for (int b = 0; b < n / QK_K; b++) {
-        const uint8_t *blk = w + (long)b * Q5_K_BYTES, *qh = blk + 16, *qs = blk + 48;
-        const int8_t *a = xq + (long)b * QK_K;
-        const float d = fp16_at(blk), dmin = fp16_at(blk + 2), dx = xd[b];
-        uint8_t scm[16];
-        q4_k_scales(blk + 4, scm, scm + 8);
-        const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scm));
-        const __m256i bs = _mm256_loadu_si256((const __m256i *)(xs + (long)b * (QK_K / SUM_BLOCK)));
-        const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs32);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin * dx), _mm_cvtepi32_ps(mins), acc_m);
-        const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
-        const __m256i hbits = _mm256_loadu_si256((const __m256i *)qh);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4);
-            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4);
-            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(q, low4), h0);
-            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), h1);
+            __m256i q0 = _mm256_and_si256(q, low4), q1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+            if (high) {
+                q0 = _mm256_or_si256(q0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
+                q1 = _mm256_or_si256(q1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
+            }
             const __m256i p0 = _mm256_madd_epi16(
                 _mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)(a + 64 * j))),
                 _mm256_shuffle_epi8(scales, spread16(2 * j, 2 * j)));
@@ -256,7 +186,7 @@ static inline float dot_q5_k_q8(const uint8_t *restrict w, const int8_t *restric
 #else
     float s = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
-        const uint8_t *blk = w + (long)b * Q5_K_BYTES, *qh = blk + 16, *qs = blk + 48;
+        const uint8_t *blk = w + (long)b * bytes, *qh = blk + 16, *qs = blk + (high ? 48 : 16);
         const int8_t *a = xq + (long)b * QK_K;
         const int16_t *bs = xs + (long)b * (QK_K / SUM_BLOCK);
         const float d = fp16_at(blk), dmin = fp16_at(blk + 2), dx = xd[b];
@@ -266,8 +196,8 @@ static inline float dot_q5_k_q8(const uint8_t *restrict w, const int8_t *restric
         for (int k = 0; k < 8; k++) msum += mn[k] * (bs[2 * k] + bs[2 * k + 1]);
         for (int j = 0; j < 4; j++)
             for (int l = 0; l < 32; l++) {
-                const int q0 = (qs[32 * j + l] & 15) | (((qh[l] >> (2 * j)) & 1) << 4);
-                const int q1 = (qs[32 * j + l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4);
+                int q0 = qs[32 * j + l] & 15, q1 = qs[32 * j + l] >> 4;
+                if (high) q0 |= ((qh[l] >> (2 * j)) & 1) << 4, q1 |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
                 sumi += sc[2 * j] * q0 * a[64 * j + l] + sc[2 * j + 1] * q1 * a[64 * j + 32 + l];
             }
         s += d * dx * (float)sumi - dmin * dx * (float)msum;
