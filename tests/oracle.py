@@ -158,6 +158,14 @@ FAMILY_TINY: dict[str, dict[str, Any]] = {
     ),
     # the Hub's spelling of a partial rope (transformers keeps the key; the engine reads it)
     "minimax_m2": dict(num_local_experts=6, rotary_dim=6),
+    # sinks, a window of 4 on layers 0 and 2, yarn rope, biases everywhere, a clamp the activations reach
+    "gpt_oss": dict(
+        num_local_experts=6,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        swiglu_limit=0.6,
+        rms_norm_eps=1e-5,
+    ),
 }
 
 
@@ -167,6 +175,8 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
     from transformers import (
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
+        GptOssConfig,
+        GptOssForCausalLM,
         MiniMaxM2Config,
         MiniMaxM2ForCausalLM,
         MixtralConfig,
@@ -180,6 +190,7 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
         "olmoe": (OlmoeConfig, OlmoeForCausalLM),
         "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
         "minimax_m2": (MiniMaxM2Config, MiniMaxM2ForCausalLM),
+        "gpt_oss": (GptOssConfig, GptOssForCausalLM),
     }[family]
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_demo_tokenizer(folder)

@@ -1,9 +1,10 @@
 """FTW, FreeToken's fast-load layout: tensors 4096-aligned in flat shards, experts pre-merged per layer.
 
 Folder: `ftw.json` (the manifest), `config.json` and the tokenizer files, `data-XXXXX-of-YYYYY.ftw`.
-Manifest tensors: {name, kind ("dense" | "gate_up" | "down"), layer, dtype, shape, shard, offset,
-nbytes, crc32[, codec]}; expert banks are the pool's own layout (gate_up [E, 2I, H], down [E, H, I]). A
-bank kept in a codec's blocks (version 2: "codec": "Q8_0", ...) is dtype uint8 of shape
+Manifest tensors: {name, kind ("dense" | "gate_up" | "down" | "gate_up_bias" | "down_bias"), layer,
+dtype, shape, shard, offset, nbytes, crc32[, codec]}; expert banks are the pool's own layout (gate_up
+[E, 2I, H], down [E, H, I]; the biases of experts that have them fp32 [E, 2I] and [E, H]). A bank kept in
+a codec's blocks (version 2: "codec": "Q8_0", ...) is dtype uint8 of shape
 [E, rows, row bytes], rows as the codec stores them.
 """
 
@@ -38,7 +39,9 @@ STORED_DTYPES = {**DTYPES, "uint8": torch.uint8}  # uint8: a bank of codec block
 @dataclass(frozen=True)
 class TensorEntry:
     name: str
-    kind: str  # "dense", "gate_up" or "down"
+    kind: (
+        str  # "dense", "gate_up", "down", or experts' fp32 biases "gate_up_bias" [E, 2I], "down_bias" [E, H]
+    )
     layer: int | None
     dtype: str
     shape: tuple[int, ...]

@@ -8,6 +8,11 @@ from dataclasses import dataclass
 # Pool parts: `gate_up` [E, 2I, H] holds gate rows first, then up rows; `down` [E, H, I].
 PER_EXPERT_PARTS = ("gate", "up", "down")
 FUSED_PARTS = ("gate_up", "gate", "up", "down")  # whole-layer banks; GGUF stores gate and up apart
+# experts' biases (gpt-oss): beside the banks, gate_up_bias [E, 2I] and down_bias [E, H]
+BIAS_PARTS = ("gate_up_bias", "gate_bias", "up_bias", "down_bias")
+# how a checkpoint lays a part out: "rows" as the pool ([E, out, in], gate rows before up rows), or gpt-oss's
+# "interleaved_in_out" ([E, in, out], gate and up columns alternating)
+LAYOUTS = ("rows", "interleaved_in_out")
 
 
 @dataclass(frozen=True)
@@ -16,7 +21,8 @@ class ExpertTensor:
 
     layer: int
     expert: int | None  # None: the tensor holds every expert of the layer
-    part: str  # one of PER_EXPERT_PARTS, or FUSED_PARTS when expert is None
+    part: str  # one of PER_EXPERT_PARTS, or FUSED_PARTS when expert is None, or BIAS_PARTS
+    layout: str = "rows"  # one of LAYOUTS
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,7 @@ class ExpertNaming:
     ignored: tuple[str, ...] = ()
     # inner renames (pattern, replacement), after the prefixes: e.g. Mixtral's router `block_sparse_moe.gate`
     rewrites: tuple[tuple[re.Pattern[str], str], ...] = ()
+    layouts: dict[str, str] | None = None  # checkpoint projection name -> its layout, where not "rows"
 
     def canonical(self, name: str) -> str | None:
         """The model's name for checkpoint tensor `name`, or None for a tensor this model does not use."""
@@ -53,7 +60,8 @@ class ExpertNaming:
             match = self.fused.fullmatch(name)
             if match:
                 layer, proj = match.groups()
-                return ExpertTensor(int(layer), None, self.projection_parts[proj])
+                layout = (self.layouts or {}).get(proj, "rows")
+                return ExpertTensor(int(layer), None, self.projection_parts[proj], layout)
         return None
 
 
@@ -92,3 +100,16 @@ QWEN3_5_MOE_WRAPPED = ExpertNaming(
     renames=(("model.language_model.", "model."),),
     ignored=("model.visual.", "mtp."),
 )
+
+# gpt-oss as transformers saves it: whole-layer banks [E, in, out] with gate and up columns alternating, and
+# their biases; the router is `mlp.router`
+GPT_OSS_EXPERTS = ExpertNaming(
+    per_expert=QWEN3_MOE_EXPERTS.per_expert,
+    fused=re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.((?:gate_up|down)_proj(?:_bias)?)"),
+    projection_parts={
+        "gate_up_proj": "gate_up", "down_proj": "down", "gate_up_proj_bias": "gate_up_bias",
+        "down_proj_bias": "down_bias",
+    },
+    rewrites=((re.compile(r"\.mlp\.router\."), ".mlp.gate."),),
+    layouts=dict.fromkeys(("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"), LAYOUTS[1]),
+)  # fmt: skip

@@ -102,13 +102,23 @@ class ModelConfig:
     qk_norm: str = "head"  # RMSNorm of q and k: per head (Qwen3), over the whole projection (OLMoE), "none"
     clip_qkv: float | None = None  # q, k, v projections clamped to ±this (OLMoE's option)
     o_proj_bias: bool | None = None  # the output projection's bias; None: as attention_bias (GLM: False)
-    # the router: softmax over the experts (Qwen, Mixtral, OLMoE), or sigmoid scores chosen with a learned
-    # correction bias within the best topk_group of n_group groups (GLM-4.5, DeepSeek-V3's noaux_tc)
+    # the router: softmax over the experts (Qwen, Mixtral, OLMoE); sigmoid scores chosen with a learned
+    # correction bias within the best topk_group of n_group groups (GLM-4.5, DeepSeek-V3's noaux_tc); or
+    # "topk_softmax": the top-k logits, then a softmax over them (gpt-oss)
     router_scoring: str = "softmax"
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     n_shared_experts: int = 0  # a dense SwiGLU of n · moe_intermediate_size beside the routed experts
+    router_bias: bool = False  # the router's linear layer has a bias (gpt-oss)
+    # what experts compute between their projections (moe/expert_fn.py): "silu", or gpt-oss's "clamped"
+    expert_act: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    expert_bias: bool = False  # experts carry gate/up and down biases (gpt-oss)
+    attention_sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
+    sliding_window: int | None = None  # keys a query of a sliding layer sees, itself included
+    sliding_layers: tuple[int, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def is_moe_layer(self, layer: int) -> bool:

@@ -1,6 +1,6 @@
-"""Mixtral, OLMoE, GLM-4.5 and MiniMax-M2 against transformers' implementations on tiny odd-shaped random
-models: the config, fp32 logits on the prompt and 16 decode steps, and the reference's 32 greedy tokens
-under every MoE backend and cache size {top-k, 25%, 100%}."""
+"""Mixtral, OLMoE, GLM-4.5, MiniMax-M2 and gpt-oss against transformers' implementations on tiny
+odd-shaped random models: the config, fp32 logits on the prompt and 16 decode steps, and the reference's
+32 greedy tokens under every MoE backend and cache size {top-k, 25%, 100%}."""
 
 from __future__ import annotations
 
@@ -46,13 +46,23 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
     assert cfg.moe_layers == ((1, 2) if family == "glm4_moe" else (0, 1, 2))
     assert cfg.num_experts == 6 and cfg.num_experts_per_tok == 3 and cfg.moe_intermediate_size == 40
     assert cfg.norm_topk_prob == (family != "olmoe")
-    norms = {"mixtral": "none", "olmoe": "full", "glm4_moe": "head", "minimax_m2": "full"}
+    norms = {"mixtral": "none", "olmoe": "full", "glm4_moe": "head", "minimax_m2": "full", "gpt_oss": "none"}
     assert cfg.qk_norm == norms[family]
-    assert cfg.router_scoring == ("sigmoid" if family in ("glm4_moe", "minimax_m2") else "softmax")
+    scoring = {"glm4_moe": "sigmoid", "minimax_m2": "sigmoid", "gpt_oss": "topk_softmax"}
+    assert cfg.router_scoring == scoring.get(family, "softmax")
     assert cfg.clip_qkv == (2.5 if family == "olmoe" else None)
     if family == "glm4_moe":
         assert (cfg.router_scoring, cfg.n_group, cfg.topk_group, cfg.n_shared_experts) == ("sigmoid", 2, 1, 1)
         assert cfg.routed_scaling_factor == 1.7 and cfg.rope.partial_rotary_factor == 0.5
+    if family == "gpt_oss":
+        assert (cfg.sliding_window, cfg.sliding_layers, cfg.attention_sinks) == (4, (0, 2), True)
+        assert (cfg.expert_act, cfg.swiglu_limit, cfg.expert_bias, cfg.router_bias) == (
+            "clamped",
+            0.6,
+            True,
+            True,
+        )
+        assert cfg.rope.type == "yarn" and cfg.attention_bias
 
 
 def test_prompt_and_decode_logits(family_model: tuple[str, Path, Any]) -> None:
@@ -165,3 +175,34 @@ def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> 
         assert [e.token_id for e in out] == ids[len(PROMPT) :]
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("expert_dtype", ["stored", "Q8_0"])
+def test_gpt_oss_through_ftw_keeps_its_expert_biases(tmp_path: Path, expert_dtype: str) -> None:
+    """FTW stores the experts' biases beside the banks (fp32, never quantized): the converted folder gives
+    the reference's greedy tokens (fp32 banks); with Q8_0 banks the cpu backend computing from the blocks
+    gives the tokens of the fused backend over the same banks dequantised at load."""
+    from freetoken.runtime.loading.convert import convert_to_ftw
+
+    model = build_family_model(tmp_path / "hf", "gpt_oss", hidden_size=64, intermediate_size=64, head_dim=16)
+    out = tmp_path / "ftw"
+    convert_to_ftw(tmp_path / "hf", out, dtype="float32", expert_dtype=expert_dtype)
+    runs = {}
+    for backend in ("cpu", "fused"):
+        engine = build_engine(out, device="cpu", dtype="float32", moe_backend=backend)
+        try:
+            assert engine.pool.biased and engine.pool.fn.kind == "clamped"
+            if backend == "cpu":
+                assert engine.pool.describe()["dtypes"] == (
+                    [expert_dtype] if expert_dtype != "stored" else ["f32"]
+                )
+            params = SamplingParams(max_tokens=12, ignore_eos=True)
+            runs[backend] = [e.token_id for e in engine.generate(PROMPT, params)]
+        finally:
+            engine.close()
+    assert runs["cpu"] == runs["fused"]
+    if expert_dtype == "stored":
+        ids = list(PROMPT)
+        for _ in range(12):
+            ids.append(int(reference(model, ids)[-1].argmax()))
+        assert runs["cpu"] == ids[len(PROMPT) :]

@@ -118,7 +118,9 @@ def convert_to_ftw(
             written: set[str] = set()
             for layer, items in plan.experts.items():
                 stored = {layer: keep[layer]} if layer in keep else None
-                bank = HostExpertPool.allocate((layer,), e, h, i, fill, stored=stored)  # one layer at a time
+                bank = HostExpertPool.allocate(
+                    (layer,), e, h, i, fill, stored=stored, biased=cfg.expert_bias
+                )  # one layer at a time
                 done += fill_experts(bank, ckpt, items)
                 check_filled(bank, src)
                 names = bank.codec_names(layer) if stored else (expert_dtype, expert_dtype)
@@ -130,6 +132,9 @@ def convert_to_ftw(
                         tensor = torch.from_numpy(CODECS[codec].quantize(tensor.numpy(), f"experts.{layer}"))
                     writer.add(f"experts.{layer}.{kind}", tensor, kind=kind, layer=layer, codec=codec)
                     written.add(codec or dtype)
+                for kind, biases in (("gate_up_bias", bank.gate_up_bias), ("down_bias", bank.down_bias)):
+                    if layer in biases:  # fp32 as loaded, never quantized
+                        writer.add(f"experts.{layer}.{kind}", biases[layer], kind=kind, layer=layer)
                 del bank
                 if progress is not None:
                     progress(done, total)

@@ -23,6 +23,7 @@ from torch import nn
 
 from freetoken.env import models_dir
 from freetoken.runtime.config import ModelConfig
+from freetoken.runtime.moe.expert_fn import expert_fn_of
 from freetoken.runtime.moe.pool import HostExpertPool
 from freetoken.runtime.text.demo_tokenizer import write_demo_tokenizer
 
@@ -326,8 +327,9 @@ def random_weights(seed: int = 0, std: float = 0.02) -> Callable[..., HostExpert
                 else:
                     param.normal_(0.0, std, generator=gen)
             pool = HostExpertPool.allocate(
-                cfg.moe_layers, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype
-            )
+                cfg.moe_layers, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype,
+                fn=expert_fn_of(cfg), biased=cfg.expert_bias,
+            )  # fmt: skip
             chunk = 16
             banks = [bank for layer in pool.layers for bank in (pool.gate_up[layer], pool.down[layer])]
             for done, bank in enumerate(banks, 1):

@@ -24,6 +24,7 @@ from freetoken.formats.ftw import TensorEntry
 from freetoken.formats.ftw_reader import FtwCheckpoint
 from freetoken.runtime.config import ModelConfig
 from freetoken.runtime.measure.cpu_share import allowed_cores
+from freetoken.runtime.moe.expert_fn import expert_fn_of
 from freetoken.runtime.moe.pool import HostExpertPool
 
 ProgressFn = Callable[[int, int], None]
@@ -139,8 +140,15 @@ def _load(
         if names[0] is not None and names[1] is not None and set(names) <= keep_stored:
             stored[layer] = (get_codec(names[0]), get_codec(names[1]))
     pool = HostExpertPool.allocate(
-        cfg.moe_layers, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, stored=stored
-    )
+        cfg.moe_layers, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, stored=stored,
+        fn=expert_fn_of(cfg), biased=cfg.expert_bias,
+    )  # fmt: skip
+    bias_kinds = ("gate_up_bias", "down_bias") if cfg.expert_bias else ()
+    for kind in bias_kinds:
+        banks.update({(e.layer, e.kind): e for e in ftw.entries if e.kind == kind})
+    absent = [(layer, kind) for layer in cfg.moe_layers for kind in bias_kinds if (layer, kind) not in banks]
+    if absent:
+        raise FreeTokenError(f"{folder}: manifest lacks expert biases {absent[:4]}")
     total, done = ftw.nbytes, 0
     with torch.no_grad():
         for name, entry in dense.items():
@@ -156,7 +164,10 @@ def _load(
             if progress is not None:
                 progress(done, total)
         for layer in cfg.moe_layers:
-            for kind, dest in (("gate_up", pool.gate_up[layer]), ("down", pool.down[layer])):
+            dests = [("gate_up", pool.gate_up[layer]), ("down", pool.down[layer])]
+            if cfg.expert_bias:
+                dests += [("gate_up_bias", pool.gate_up_bias[layer]), ("down_bias", pool.down_bias[layer])]
+            for kind, dest in dests:
                 entry = banks[(layer, kind)]
                 if entry.codec is not None and layer not in pool.stored:
                     stored = _dequantized_into(ftw, entry, dest, folder)

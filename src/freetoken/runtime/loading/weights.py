@@ -13,6 +13,7 @@ from freetoken.errors import FreeTokenError
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
 from freetoken.formats.tensor_names import ExpertNaming, ExpertTensor
 from freetoken.runtime.config import ModelConfig
+from freetoken.runtime.moe.expert_fn import expert_fn_of
 from freetoken.runtime.moe.pool import HostExpertPool, expert_tensor_shape
 
 ProgressFn = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -141,6 +142,8 @@ def load_weights(
         cfg.moe_intermediate_size,
         dtype,
         stored=stored_codecs(ckpt, plan, keep_stored),
+        fn=expert_fn_of(cfg),
+        biased=cfg.expert_bias,
     )
     names = [name for name, _ in plan.dense] + [name for items in plan.experts.values() for name, _ in items]
     total, done = sum(ckpt.nbytes(name) for name in names), 0

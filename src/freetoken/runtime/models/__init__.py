@@ -26,6 +26,7 @@ ARCHITECTURES: dict[str, str] = {
     "olmoe": "freetoken.runtime.models.olmoe",
     "glm4_moe": "freetoken.runtime.models.glm4_moe",
     "minimax_m2": "freetoken.runtime.models.minimax_m2",
+    "gpt_oss": "freetoken.runtime.models.gpt_oss",
 }
 
 

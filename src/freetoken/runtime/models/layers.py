@@ -84,3 +84,44 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
             q[None], k[None], v[None], attn_mask=causal_lower_right(t, s), scale=scale
         )
     return out[0].transpose(0, 1).reshape(t, -1)
+
+
+def sink_window_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None,
+    window: int | None,
+    chunk: int = 256,
+) -> torch.Tensor:
+    """Attention with gpt-oss's two changes, for q [NH, T, D] at the last T positions of k, v [KVH, S, D]
+    -> [T, NH * D]: each head's learned sink logit (sinks [NH]) joins every softmax's denominator, and with
+    a `window` a query at position p sees keys (p − window, p] only.
+
+    Plain math in chunks of queries ([KVH, G, chunk, keys] scores at a time); a window bounds the keys.
+    """
+    nh, t, d = q.shape
+    kvh, s = k.shape[0], k.shape[1]
+    g = nh // kvh
+    out = []
+    for c0 in range(0, t, chunk):
+        c = min(chunk, t - c0)
+        first = s - t + c0  # absolute position of the chunk's first query
+        lo = 0 if window is None else max(0, first - window + 1)
+        hi = first + c
+        keys = torch.arange(lo, hi, device=q.device)
+        pos = torch.arange(first, hi, device=q.device)
+        seen = keys[None, :] <= pos[:, None]  # [C, L]
+        if window is not None:
+            seen &= keys[None, :] > pos[:, None] - window
+        qg = q[:, c0 : c0 + c].reshape(kvh, g * c, d)
+        scores = torch.bmm(qg, k[:, lo:hi].transpose(1, 2)).float().view(kvh, g, c, -1) * scale
+        scores = scores.masked_fill(~seen, float("-inf"))
+        if sinks is not None:
+            sink = sinks.float().view(kvh, g, 1, 1).expand(kvh, g, c, 1)
+            scores = torch.cat((scores, sink), dim=-1)
+        probs = torch.softmax(scores, dim=-1)[..., : hi - lo].to(v.dtype)  # [KVH, G, C, L]
+        o = torch.bmm(probs.reshape(kvh, g * c, -1), v[:, lo:hi])  # [KVH, G * C, D]
+        out.append(o.view(nh, c, d).transpose(0, 1).reshape(c, nh * d))
+    return torch.cat(out)

@@ -32,7 +32,7 @@ from freetoken.runtime.models.layers import (
     RMSNorm,
     SwiGLUMLP,
     causal_attention,
-    decode_attention,
+    sink_window_attention,
 )
 from freetoken.runtime.models.rope import RotaryEmbedding, partial_rotary
 from freetoken.runtime.moe.executor import ExpertExecutor
@@ -41,7 +41,8 @@ from freetoken.runtime.moe.kernels.router_topk import router_topk, use_router_ke
 
 class Attention(nn.Module):
     """Grouped-query attention with rope; q and k RMS-normed per head (Qwen3), over the whole projection
-    (OLMoE) or not at all (Mixtral), as `cfg.qk_norm` says; projections optionally clamped (clip_qkv)."""
+    (OLMoE) or not at all (Mixtral), as `cfg.qk_norm` says; projections optionally clamped (clip_qkv);
+    with learned sink logits and, on the sliding layers, a window (gpt-oss) where the config says."""
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -58,6 +59,17 @@ class Attention(nn.Module):
         elif cfg.qk_norm == "full":
             self.q_norm = RMSNorm(cfg.num_heads * d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.num_kv_heads * d, cfg.rms_norm_eps)
+        if cfg.attention_sinks:
+            self.sinks = nn.Parameter(torch.zeros(cfg.num_heads), requires_grad=False)
+        self.window = cfg.sliding_window if layer in cfg.sliding_layers else None
+        self.plain = not cfg.attention_sinks and self.window is None
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [NH, T, D] at the last T positions of k, v [KVH, S, D] -> [T, NH * D]."""
+        if self.plain:
+            return causal_attention(q, k, v, self.head_dim**-0.5)
+        sinks = self.sinks if hasattr(self, "sinks") else None
+        return sink_window_attention(q, k, v, self.head_dim**-0.5, sinks, self.window)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, H] -> q [NH, T, D], k and v [KVH, T, D], before rope."""
@@ -82,7 +94,7 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x)
         q, k = partial_rotary(q, cos, sin), partial_rotary(k, cos, sin)  # on the rotary dims only
         k_all, v_all = kv.write(self.layer, start, k, v)  # [KVH, start + T, D]
-        return self.o_proj(causal_attention(q, k_all, v_all, self.head_dim**-0.5))
+        return self.o_proj(self._attend(q, k_all, v_all))
 
     def fuse_projections(self) -> None:
         """Store q, k, v projection weights (and biases) as row blocks of one `qkv` matrix, so the decode
@@ -108,7 +120,7 @@ class Attention(nn.Module):
         rows = []
         for i, (kv, start) in enumerate(zip(kvs, starts, strict=True)):
             k_all, v_all = kv.write(self.layer, start, k[:, i : i + 1], v[:, i : i + 1])
-            rows.append(decode_attention(q[:, i : i + 1], k_all, v_all, self.head_dim**-0.5))  # [1, NH*D]
+            rows.append(self._attend(q[:, i : i + 1], k_all, v_all))  # [1, NH*D]
         return self.o_proj(torch.cat(rows))
 
 
@@ -121,7 +133,7 @@ class SparseMoeBlock(nn.Module):
         self.layer = layer
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
-        self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)
         self.scoring, self.n_group, self.topk_group = cfg.router_scoring, cfg.n_group, cfg.topk_group
         self.scaling = cfg.routed_scaling_factor
         if cfg.router_scoring == "sigmoid":  # the choice's correction bias, a checkpoint tensor
@@ -141,6 +153,9 @@ class SparseMoeBlock(nn.Module):
         if self.scoring == "sigmoid":
             return self._route_sigmoid(x)
         logits = self.gate(x)  # [T, E]
+        if self.scoring == "topk_softmax":  # gpt-oss: the top-k logits, then a softmax over them
+            values, ids = torch.topk(logits, self.top_k, dim=-1)
+            return ids, F.softmax(values, dim=-1, dtype=values.dtype)
         if use_router_kernel(x):  # a decode step on CUDA: one launch instead of four
             return router_topk(logits, self.top_k, self.norm_topk_prob)
         probs = F.softmax(logits, dim=-1, dtype=torch.float32)

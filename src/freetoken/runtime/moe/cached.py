@@ -29,6 +29,7 @@ import torch
 from freetoken.runtime.moe.counters import distinct_per_layer
 from freetoken.runtime.moe.cpu_branch import CpuBranch
 from freetoken.runtime.moe.executor import ExecutorContext, ExpertExecutor
+from freetoken.runtime.moe.expert_fn import PairBias
 from freetoken.runtime.moe.experts import GATHER_MAX_PAIRS, routed_experts
 from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts
 from freetoken.runtime.moe.kernels.expert_fill import fill_slots, fill_slots_reference
@@ -220,11 +221,12 @@ class CachedExecutor(ExpertExecutor):
     ) -> torch.Tensor:
         assert self.streamer is not None
         stream = self._compute_stream()
-        out = self._from_bank(x, self.streamer.acquire(layer, stream)[topk_ids], topk_weights)
+        slot_ids = self.streamer.acquire(layer, stream)[topk_ids]
+        out = self._from_bank(x, slot_ids, topk_weights, self.pair_bias(layer, topk_ids))
         self.streamer.release(layer, stream)
         return out
 
-    def forward(
+    def compute(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
         if self.streamer is not None:
@@ -236,16 +238,19 @@ class CachedExecutor(ExpertExecutor):
             return self._forward_from_pool(layer, x, topk_ids, topk_weights)
         slot_ids, plan, count = self.residency.ensure(layer, topk_ids, topk_weights)
         pool, bank = self.pool, self.bank
+        bias = self.pair_bias(layer, topk_ids)
         if self._device_alone(layer, topk_ids.numel()):
             self._fill(plan, count, pool.gate_up[layer], pool.down[layer], bank.gate_up, bank.down)
-            return self._from_bank(x, slot_ids, topk_weights)
+            return self._from_bank(x, slot_ids, topk_weights, bias)
         if in_stream:  # CPU pairs handed over, fills and the slots' pairs meanwhile, then the merge
             assert self.stream_branch is not None
             cpu_ids = torch.where(slot_ids < 0, topk_ids, torch.full_like(topk_ids, -1))
             self.stream_branch.submit(layer, x, cpu_ids, topk_weights)
             self._fill(plan, count, pool.gate_up[layer], pool.down[layer], bank.gate_up, bank.down)
-            return self.stream_branch.merge(self._from_bank(x, slot_ids, topk_weights))
-        return self._forward_read_back(layer, x, topk_ids, topk_weights, slot_ids, plan[: int(count.item())])
+            return self.stream_branch.merge(self._from_bank(x, slot_ids, topk_weights, bias))
+        return self._forward_read_back(
+            layer, x, topk_ids, topk_weights, slot_ids, plan[: int(count.item())], bias
+        )
 
     def _forward_all_handed_over(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
@@ -293,6 +298,7 @@ class CachedExecutor(ExpertExecutor):
         topk_weights: torch.Tensor,
         slot_ids: torch.Tensor,
         plan: torch.Tensor,
+        bias: PairBias | None,
     ) -> torch.Tensor:
         """The step with the policy's answer on the host: CPU branch, DMA fills, hits, fetched, merge.
         Reading `count` synced the compute stream, so no earlier step still reads a victim slot."""
@@ -321,11 +327,11 @@ class CachedExecutor(ExpertExecutor):
         # 3. Hits compute now, fetched ones after their fills.
         out = torch.zeros_like(x)
         if hit.any():
-            out = out + self._from_bank(x, self._only(slot_ids, hit), topk_weights)
+            out = out + self._from_bank(x, self._only(slot_ids, hit), topk_weights, bias)
         if fills_done is not None:
             torch.cuda.current_stream(x.device).wait_event(fills_done)
         if fetched.any():
-            out = out + self._from_bank(x, self._only(slot_ids, fetched), topk_weights)
+            out = out + self._from_bank(x, self._only(slot_ids, fetched), topk_weights, bias)
         if partial is not None:
             assert rows is not None
             out = self.cpu.merge(out, rows, partial)
@@ -337,11 +343,18 @@ class CachedExecutor(ExpertExecutor):
         keep = torch.from_numpy(pairs).to(slot_ids.device)
         return torch.where(keep, slot_ids, torch.full_like(slot_ids, -1))
 
-    def _from_bank(self, x: torch.Tensor, slot_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """The experts in slots `slot_ids` [T, K] (-1 = skip) for x [T, H], weighted."""
+    def _from_bank(
+        self,
+        x: torch.Tensor,
+        slot_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        bias: PairBias | None = None,
+    ) -> torch.Tensor:
+        """The experts in slots `slot_ids` [T, K] (-1 = skip) for x [T, H], weighted; `bias`: their gate/up
+        biases, by expert id."""
         if x.device.type == "cpu" or slot_ids.numel() > GATHER_MAX_PAIRS:
             slot_ids = slot_ids.cpu()  # grouping happens on the host anyway
-        return routed_experts(x, slot_ids, topk_weights, self.bank.gate_up, self.bank.down)
+        return routed_experts(x, slot_ids, topk_weights, self.bank.gate_up, self.bank.down, self.fn, bias)
 
     def probe(self) -> None:
         """One layer step's worth of experts on each path, folded into B_H and B_P (moving averages)."""
@@ -360,6 +373,8 @@ class CachedExecutor(ExpertExecutor):
             self.cpu.threads,
             codecs=pool.codec_names(layer),
             int8_act=self.cpu.int8_act,
+            fn=pool.fn,
+            gate_up_bias=pool.gate_up_bias.get(layer),
         )
         self.host_bw = _smooth(self.host_bw, k * pool.expert_nbytes / (time.perf_counter() - t0))
         if self.bank.stream is not None:

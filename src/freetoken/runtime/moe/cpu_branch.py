@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from freetoken.runtime.moe.expert_fn import SILU
 from freetoken.runtime.moe.kernels.cpu_experts import KernelWorker, branch_threads, cpu_experts, kernel_takes
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.pool import HostExpertPool
@@ -44,9 +45,10 @@ class CpuBranch:
         self.pinned = device.type == "cuda"
         lib = load_library()
         banks = [(pool.gate_up[layer], pool.down[layer]) for layer in pool.layers]
-        # the test cpu_experts makes; the native worker takes bf16 banks (others run on the Python worker,
-        # whose ctypes call releases the interpreter lock as well)
-        takes = not pool.stored and all(kernel_takes(gate_up, down) for gate_up, down in banks)
+        # the test cpu_experts makes; the native worker takes bf16 banks of SiLU experts without biases
+        # (others run on the Python worker, whose ctypes call releases the interpreter lock as well)
+        plain = not pool.stored and pool.fn == SILU and not pool.biased
+        takes = plain and all(kernel_takes(gate_up, down) for gate_up, down in banks)
         self.native = KernelWorker(lib) if lib is not None and banks and takes else None
         self.worker = None
         if self.native is None:
@@ -85,7 +87,7 @@ class CpuBranch:
             with torch.inference_mode():  # the staging was made under it, on the caller's thread
                 cpu_experts(
                     x_host, ids, weights, gate_up, down, self.threads, out=out_host, codecs=codecs,
-                    int8_act=self.int8_act,
+                    int8_act=self.int8_act, fn=self.pool.fn, gate_up_bias=self.pool.gate_up_bias.get(layer),
                 )  # fmt: skip
             return out_host
 

@@ -12,6 +12,7 @@ import torch
 from freetoken.errors import FreeTokenError
 from freetoken.runtime.config import MoeConfig
 from freetoken.runtime.moe.counters import MoeCounters
+from freetoken.runtime.moe.expert_fn import PairBias, down_bias_sum
 from freetoken.runtime.moe.pool import HostExpertPool
 
 # name -> "module:Class"; adding a backend is one file and one line here.
@@ -48,12 +49,32 @@ class ExpertExecutor(ABC):
         self.pool = ctx.pool
         self.device = ctx.device
         self.counters = ctx.counters
+        self.fn = ctx.pool.fn
+        # experts' biases (a few KB per expert) stay on the compute device whole: never cached or evicted
+        self.gate_up_bias = {layer: t.to(ctx.device) for layer, t in ctx.pool.gate_up_bias.items()}
+        self.down_bias = {layer: t.to(ctx.device) for layer, t in ctx.pool.down_bias.items()}
 
-    @abstractmethod
     def forward(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
-        """x [T, H] on the compute device, topk_ids/topk_weights [T, K] -> [T, H] on the compute device."""
+        """x [T, H] on the compute device, topk_ids/topk_weights [T, K] -> [T, H] on the compute device:
+        the routed experts, then their down biases (once per pair, whichever branch computed it)."""
+        out = self.compute(layer, x, topk_ids, topk_weights)
+        if layer not in self.down_bias:
+            return out
+        ids = topk_ids.to(x.device)
+        return (out.float() + down_bias_sum(self.down_bias[layer], ids, topk_weights)).to(out.dtype)
+
+    def pair_bias(self, layer: int, topk_ids: torch.Tensor) -> PairBias | None:
+        """The gate/up biases of `topk_ids`' experts (expert ids), for a layer whose experts have them."""
+        bias = self.gate_up_bias.get(layer)
+        return None if bias is None else PairBias(bias, topk_ids)
+
+    @abstractmethod
+    def compute(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """The routed experts without their down biases: as `forward`."""
 
     def begin_pass(self, tokens: int, rows: int) -> None:  # noqa: B027 - only cached executors act
         """Before a forward pass of `tokens` new tokens per sequence, `rows` token rows in all."""

@@ -2,6 +2,8 @@
 
 Routing arrays may hold -1 for (token, choice) pairs that another branch computes: those are skipped.
 Banks are indexed by whatever the ids name: expert ids into the pool, slot ids into the slot bank.
+Every path takes the experts' function (`fn`, expert_fn.py) and, for families with expert biases, each
+pair's gate/up bias (`bias`); the down projection's bias is the executors' (expert_fn.down_bias_sum).
 """
 
 from __future__ import annotations
@@ -12,13 +14,23 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.env import moe_decode_kernel_choice
+from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
 from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS, fused_moe_decode, triton_available
 
 
-def swiglu_expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """One SwiGLU expert. x [T, H], gate_up [2I, H], down [H, I] -> [T, H]."""
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)  # [T, I] each
-    return F.linear(F.silu(gate) * up, down)
+def swiglu_expert(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    fn: ExpertFn = SILU,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One gated expert. x [T, H], gate_up [2I, H], down [H, I], bias [T, 2I] or [2I] -> [T, H]."""
+    h = F.linear(x, gate_up)  # [T, 2I]
+    if bias is not None:
+        h = h + bias.to(h.dtype)
+    gate, up = h.chunk(2, dim=-1)  # [T, I] each
+    return F.linear(fn.glu(gate, up), down)
 
 
 def group_by_expert(topk_ids: torch.Tensor) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor]]:
@@ -47,6 +59,8 @@ def grouped_experts(
     topk_weights: torch.Tensor,
     gate_up_bank: torch.Tensor,
     down_bank: torch.Tensor,
+    fn: ExpertFn = SILU,
+    bias: PairBias | None = None,
 ) -> torch.Tensor:
     """Weighted sum of each token's routed experts.
 
@@ -58,7 +72,8 @@ def grouped_experts(
     experts, rows, cols = group_by_expert(topk_ids)
     for expert, row, col in zip(experts, rows, cols, strict=True):
         row, col = row.to(x.device), col.to(x.device)
-        y = swiglu_expert(x[row], gate_up_bank[expert], down_bank[expert])  # [t, H]
+        pair_bias = None if bias is None else bias.rows(row * topk_ids.shape[1] + col)  # [t, 2I]
+        y = swiglu_expert(x[row], gate_up_bank[expert], down_bank[expert], fn, pair_bias)  # [t, H]
         out.index_add_(0, row, (y * topk_weights[row, col, None]).to(out.dtype))
     return out
 
@@ -69,6 +84,8 @@ def gathered_experts(
     topk_weights: torch.Tensor,
     gate_up_bank: torch.Tensor,
     down_bank: torch.Tensor,
+    fn: ExpertFn = SILU,
+    bias: PairBias | None = None,
 ) -> torch.Tensor:
     """The same sum as `grouped_experts`, without reading routing back to the host.
 
@@ -81,8 +98,11 @@ def gathered_experts(
     weights = torch.where(flat >= 0, topk_weights.flatten(), torch.zeros_like(topk_weights.flatten()))
     flat = flat.clamp(min=0)
     xr = x.repeat_interleave(k, dim=0)[:, :, None]  # [T*K, H, 1]
-    gate, up = torch.bmm(gate_up_bank[flat], xr)[:, :, 0].chunk(2, dim=-1)  # [T*K, I] each
-    y = torch.bmm(down_bank[flat], (F.silu(gate) * up)[:, :, None])[:, :, 0]  # [T*K, H]
+    h = torch.bmm(gate_up_bank[flat], xr)[:, :, 0]  # [T*K, 2I]
+    if bias is not None:
+        h = h + bias.rows(torch.arange(t * k, device=h.device)).to(h.dtype)
+    gate, up = h.chunk(2, dim=-1)  # [T*K, I] each
+    y = torch.bmm(down_bank[flat], fn.glu(gate, up)[:, :, None])[:, :, 0]  # [T*K, H]
     y = y * weights[:, None]
     return y.view(t, k, -1).sum(dim=1).to(x.dtype)
 
@@ -98,16 +118,18 @@ def routed_experts(
     topk_weights: torch.Tensor,
     gate_up_bank: torch.Tensor,
     down_bank: torch.Tensor,
+    fn: ExpertFn = SILU,
+    bias: PairBias | None = None,
 ) -> torch.Tensor:
     """A few tokens on CUDA: the fused Triton decode kernel (weights read in place by id); a few pairs on
     another accelerator: the gathered path; otherwise the grouped one. All without a host sync but the
     last."""
     on_device = x.device.type != "cpu" and topk_ids.device == x.device
     if on_device and x.device.type == "cuda" and x.shape[0] <= MAX_DECODE_TOKENS and _decode_kernel_on():
-        return fused_moe_decode(x, topk_ids, topk_weights, gate_up_bank, down_bank)
+        return fused_moe_decode(x, topk_ids, topk_weights, gate_up_bank, down_bank, fn=fn, bias=bias)
     if on_device and topk_ids.numel() <= GATHER_MAX_PAIRS:
-        return gathered_experts(x, topk_ids, topk_weights, gate_up_bank, down_bank)
-    return grouped_experts(x, topk_ids, topk_weights, gate_up_bank, down_bank)
+        return gathered_experts(x, topk_ids, topk_weights, gate_up_bank, down_bank, fn, bias)
+    return grouped_experts(x, topk_ids, topk_weights, gate_up_bank, down_bank, fn, bias)
 
 
 @functools.cache

@@ -17,7 +17,8 @@ class FusedExecutor(ExpertExecutor):
         self.gate_up = {layer: t.to(ctx.device) for layer, t in ctx.pool.gate_up.items()}  # [E, 2I, H]
         self.down = {layer: t.to(ctx.device) for layer, t in ctx.pool.down.items()}  # [E, H, I]
 
-    def forward(
+    def compute(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
-        return routed_experts(x, topk_ids, topk_weights, self.gate_up[layer], self.down[layer])
+        bias = self.pair_bias(layer, topk_ids)
+        return routed_experts(x, topk_ids, topk_weights, self.gate_up[layer], self.down[layer], self.fn, bias)

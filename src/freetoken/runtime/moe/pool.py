@@ -6,6 +6,10 @@ Bank layout per MoE layer (the layout the offload cache copies from):
 A layer kept as stored (`stored`: its two banks' codecs, e.g. Q8_0 from a GGUF file) holds uint8 banks
 [E, 2I, row_bytes(H)] and [E, H, row_bytes(I)] of the codec's blocks instead; every other layer holds
 `dtype` banks. Experts stay outermost and contiguous either way.
+
+Families whose experts carry biases (gpt-oss) hold them beside the banks, fp32 and never quantized:
+  gate_up_bias [E, 2I] (gate half first), down_bias [E, H]
+and `fn` says what an expert computes between its projections (expert_fn.py).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import torch
 
 from freetoken.codecs import Codec
 from freetoken.errors import FreeTokenError
-from freetoken.formats.tensor_names import ExpertTensor
+from freetoken.formats.tensor_names import BIAS_PARTS, ExpertTensor
+from freetoken.runtime.moe.expert_fn import SILU, ExpertFn
 
 # Banks in transparent huge pages (512 times fewer TLB entries for the CPU kernel's streams). On a
 # 2-core host the expert kernel read 24.9 GB/s from them against 20.3 from 4 KiB pages (a decode step
@@ -27,10 +32,33 @@ HUGE_PAGES = True
 
 
 def expert_tensor_shape(target: ExpertTensor, e: int, h: int, i: int) -> tuple[int, ...]:
-    """The shape a checkpoint tensor for `target` must have: one expert's part, or a fused bank."""
-    per_expert = {"gate": (i, h), "up": (i, h), "down": (h, i)}
+    """The shape a checkpoint tensor for `target` must have: one expert's part, or a fused bank (in the
+    checkpoint's layout: gpt-oss's banks are [E, in, out])."""
+    biases = {"gate_up_bias": (2 * i,), "gate_bias": (i,), "up_bias": (i,), "down_bias": (h,)}
+    per_expert = {"gate": (i, h), "up": (i, h), "down": (h, i), **biases}
+    if target.expert is not None:
+        return per_expert[target.part]
+    if target.layout == "interleaved_in_out":
+        return {"gate_up": (e, h, 2 * i), "down": (e, i, h), **{k: (e, *v) for k, v in biases.items()}}[
+            target.part
+        ]
     fused = {"gate_up": (e, 2 * i, h), "gate": (e, i, h), "up": (e, i, h), "down": (e, h, i)}
-    return per_expert[target.part] if target.expert is not None else fused[target.part]
+    return fused.get(target.part) or (e, *biases[target.part])
+
+
+def to_pool_layout(target: ExpertTensor, tensor: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    """A checkpoint tensor in the pool's layout: gpt-oss's [E, H, 2I] gate_up with gate and up columns
+    alternating becomes [E, 2I, H] with the gate rows first; its [E, I, H] down becomes [E, H, I]; its
+    alternating gate_up bias, gate half first."""
+    if target.layout != "interleaved_in_out":
+        return tensor
+    t = torch.as_tensor(tensor)
+    if target.part == "gate_up":
+        t = t.transpose(-1, -2)
+        return torch.cat((t[..., 0::2, :], t[..., 1::2, :]), dim=-2)
+    if target.part == "gate_up_bias":
+        return torch.cat((t[..., 0::2], t[..., 1::2]), dim=-1)
+    return t.transpose(-1, -2) if target.part == "down" else t
 
 
 @dataclass
@@ -45,6 +73,9 @@ class HostExpertPool:
     _filled: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)  # -> [E] bool
     pinned: bool = False  # page-locked by pin()
     stored: dict[int, tuple[Codec, Codec]] = field(default_factory=dict)  # layer -> (gate_up, down) codecs
+    fn: ExpertFn = SILU
+    gate_up_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E, 2I] fp32
+    down_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E, H] fp32
 
     @classmethod
     def allocate(
@@ -56,13 +87,18 @@ class HostExpertPool:
         dtype: torch.dtype,
         huge_pages: bool = HUGE_PAGES,
         stored: dict[int, tuple[Codec, Codec]] | None = None,
+        fn: ExpertFn = SILU,
+        biased: bool = False,
     ) -> HostExpertPool:
         """Banks start on 4096-byte boundaries, so direct I/O can read straight into them; with
         `huge_pages`, on 2 MiB boundaries in transparent huge pages. `stored`: layers whose banks hold
-        codec blocks (uint8) rather than `dtype` values."""
+        codec blocks (uint8) rather than `dtype` values. `fn`: the experts' function; `biased`: the experts
+        carry gate/up and down biases (to be written like the banks)."""
         from freetoken.formats.ftw import aligned_empty
 
-        pool = cls(layers, num_experts, hidden_size, intermediate_size, dtype, stored=dict(stored or {}))
+        pool = cls(
+            layers, num_experts, hidden_size, intermediate_size, dtype, stored=dict(stored or {}), fn=fn
+        )
         e, h, i = num_experts, hidden_size, intermediate_size
         for layer in layers:
             if layer in pool.stored:
@@ -75,11 +111,21 @@ class HostExpertPool:
                 pool.down[layer] = aligned_empty((e, h, i), dtype, huge=huge_pages)
             for part in ("gate", "up", "down"):
                 pool._filled[(layer, part)] = torch.zeros(e, dtype=torch.bool)
+            if biased:
+                pool.gate_up_bias[layer] = torch.zeros(e, 2 * i)
+                pool.down_bias[layer] = torch.zeros(e, h)
+                for part in ("gate_bias", "up_bias", "down_bias"):
+                    pool._filled[(layer, part)] = torch.zeros(e, dtype=torch.bool)
         return pool
 
     @property
+    def biased(self) -> bool:
+        return bool(self.gate_up_bias)
+
+    @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for bank in (self.gate_up, self.down) for t in bank.values())
+        banks = (self.gate_up, self.down, self.gate_up_bias, self.down_bias)
+        return sum(t.numel() * t.element_size() for bank in banks for t in bank.values())
 
     @property
     def expert_nbytes(self) -> int:
@@ -105,6 +151,10 @@ class HostExpertPool:
 
     def _destination(self, target: ExpertTensor) -> torch.Tensor:
         i = self.intermediate_size
+        if target.part in BIAS_PARTS:
+            bank = (self.down_bias if target.part == "down_bias" else self.gate_up_bias)[target.layer]
+            cols = {"gate_bias": slice(0, i), "up_bias": slice(i, 2 * i)}.get(target.part, slice(None))
+            return bank[:, cols] if target.expert is None else bank[target.expert, cols]
         if target.expert is None:
             halves = {"gate": slice(0, i), "up": slice(i, 2 * i)}
             if target.part in halves:
@@ -120,10 +170,21 @@ class HostExpertPool:
         blocks may come as a numpy array (a read-only view of a file)."""
         if target.layer not in self.gate_up:
             raise FreeTokenError(f"unexpected tensor {name}: layer {target.layer} has no experts")
+        if target.part in BIAS_PARTS and not self.biased:
+            raise FreeTokenError(f"unexpected tensor {name}: this model's experts have no biases")
         if target.expert is not None and not 0 <= target.expert < self.num_experts:
             raise FreeTokenError(f"unexpected tensor {name}: expert {target.expert} >= {self.num_experts}")
         expected = self.expected_shape(target)
-        if target.layer in self.stored:  # rows of codec blocks: the last dim is bytes
+        if target.layout != "rows":  # the checkpoint's layout first, then the pool's
+            if tuple(tensor.shape) != expected:
+                raise FreeTokenError(
+                    f"tensor {name} has shape {list(tensor.shape)}, expected {list(expected)}"
+                )
+            tensor = to_pool_layout(target, tensor)
+            expected = tuple(tensor.shape)
+        if (
+            target.layer in self.stored and target.part not in BIAS_PARTS
+        ):  # codec blocks: the last dim is bytes
             gu, dn = self.stored[target.layer]
             codec = dn if target.part == "down" else gu
             expected = (*expected[:-1], codec.row_bytes(expected[-1]))
@@ -136,7 +197,8 @@ class HostExpertPool:
             np.copyto(self._destination(target).numpy(), tensor)
         else:
             self._destination(target).copy_(tensor)
-        parts = ("gate", "up") if target.part == "gate_up" else (target.part,)
+        fused = {"gate_up": ("gate", "up"), "gate_up_bias": ("gate_bias", "up_bias")}
+        parts = fused.get(target.part, (target.part,))
         for part in parts:
             mask = self._filled[(target.layer, part)]
             if target.expert is None:
@@ -166,7 +228,7 @@ class HostExpertPool:
             return
         cudart = torch.cuda.cudart()
         registered: list[int] = []
-        for bank in (self.gate_up, self.down):
+        for bank in (self.gate_up, self.down):  # the biases are read from their device copies
             for layer, tensor in bank.items():
                 code = cudart.cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
                 if int(code) == 0:

@@ -18,7 +18,14 @@ import time
 
 import torch
 
-from freetoken.runtime.moe.kernels.cpu_experts import bank_sizes, codec_ids, cpu_experts, kernel_takes
+from freetoken.runtime.moe.kernels.cpu_experts import (
+    ExpertFnC,
+    bank_sizes,
+    codec_ids,
+    cpu_experts,
+    expert_fn_c,
+    kernel_takes,
+)
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.kernels.stream_ops import DriverStreamOps, HostStreamOps
 from freetoken.runtime.moe.pool import HostExpertPool
@@ -72,10 +79,12 @@ class StreamBranch:
         rows_col = torch.arange(max_rows + 1)[:, None].expand(max_rows + 1, n)
         rows_row = torch.arange(n)[None, :].expand(max_rows + 1, n)
         self._headers = torch.stack((rows_col, rows_row), dim=-1).to(device)  # [max_rows + 1, n, 2] int64
+        fns = [expert_fn_c(pool.fn, pool.gate_up_bias.get(layer)) for layer in layers]
+        fn_array = None if all(f is None for f in fns) else (ExpertFnC * n)(*(f or ExpertFnC() for f in fns))
         self.handle = lib.ft_branch_new(
             pointers(*(pool.gate_up[layer].data_ptr() for layer in layers)),
             pointers(*(pool.down[layer].data_ptr() for layer in layers)),
-            ints(*(gu for gu, _ in ids)), ints(*(dn for _, dn in ids)),
+            ints(*(gu for gu, _ in ids)), ints(*(dn for _, dn in ids)), fn_array,
             n, pool.num_experts, self.hidden, inter, top_k, max_rows, threads, stall_s,
         )  # fmt: skip
         if not self.handle:
@@ -142,7 +151,7 @@ class StreamBranch:
         pool = self.pool
         want = cpu_experts(
             x, ids, w, pool.gate_up[layer], pool.down[layer], 1, codecs=pool.codec_names(layer),
-            int8_act=self.int8_act,
+            int8_act=self.int8_act, fn=pool.fn, gate_up_bias=pool.gate_up_bias.get(layer),
         )  # fmt: skip
         dev = [t.to(self.device) for t in (x, ids, w)]
 

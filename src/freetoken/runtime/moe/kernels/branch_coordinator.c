@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "expert_fn.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define relax() _mm_pause()
@@ -30,7 +32,8 @@
 
 int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
            int inter, const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
-           float *scratch, float *out, int threads, long unit_bytes, double *trace);
+           float *scratch, float *out, int threads, long unit_bytes, double *trace,
+           const ft_expert_fn *fn);
 
 enum { SUBMIT = 0, DONE = 1 };
 enum { FAIL_NONE = 0, FAIL_KERNEL = 1, FAIL_STALL = 2, FAIL_STOPPED = 3, FAIL_HEADER = 4 };
@@ -44,6 +47,8 @@ enum { FAIL_NONE = 0, FAIL_KERNEL = 1, FAIL_STALL = 2, FAIL_STOPPED = 3, FAIL_HE
 typedef struct {
     const void *gate_up, *down;
     int gu_codec, dn_codec;
+    ft_expert_fn fn;
+    int has_fn;
 } layer_banks;
 
 typedef struct {
@@ -112,7 +117,7 @@ static int serve(ft_branch *b) {
     }
     const int threads = __atomic_load_n(&b->threads, __ATOMIC_RELAXED);
     return ft_moe(l->gate_up, l->gu_codec, l->down, l->dn_codec, b->bank_experts, b->hidden, b->inter, x, ids,
-                  weights, (int)rows, b->top_k, b->scratch, b->out, threads, 0, NULL);
+                  weights, (int)rows, b->top_k, b->scratch, b->out, threads, 0, NULL, l->has_fn ? &l->fn : NULL);
 }
 
 static void *coordinator_loop(void *arg) {
@@ -160,10 +165,12 @@ static void *watchdog_loop(void *arg) {
 
 static long align64(long n) { return (n + 63) / 64 * 64; }
 
-// gate_up, down, codecs: [n_layers] banks per layer row and their codec ids (valid while the branch runs).
+// gate_up, down, codecs: [n_layers] banks per layer row and their codec ids (valid while the branch runs);
+// fns: [n_layers] the experts' function per layer row (copied; its biases valid while the branch runs), or
+// NULL for SiLU without biases.
 // Returns NULL when out of memory or a thread cannot start.
 ft_branch *ft_branch_new(const void **gate_up, const void **down, const int *gu_codecs, const int *dn_codecs,
-                         int n_layers, int bank_experts, int hidden, int inter, int top_k, int max_rows,
+                         const ft_expert_fn *fns, int n_layers, int bank_experts, int hidden, int inter, int top_k, int max_rows,
                          int threads, double stall_s) {
     ft_branch *b = calloc(1, sizeof *b);
     if (!b) return NULL;
@@ -177,7 +184,8 @@ ft_branch *ft_branch_new(const void **gate_up, const void **down, const int *gu_
     if (!b->layers || !b->scratch || !b->region) goto fail;
     memset(b->region, 0, (size_t)b->region_bytes);
     for (int i = 0; i < n_layers; i++)
-        b->layers[i] = (layer_banks){gate_up[i], down[i], gu_codecs[i], dn_codecs[i]};
+        b->layers[i] = (layer_banks){gate_up[i], down[i], gu_codecs[i], dn_codecs[i], fns ? fns[i] : (ft_expert_fn){0},
+                                     fns != NULL};
     b->flags = (int32_t *)b->region;
     b->stage = b->region + 64;
     b->out = (float *)(b->region + 64 + align64(stage_bytes));

@@ -2,7 +2,8 @@
 stored: CODEC_IDS), the torch reference otherwise.
 
 Both take routing with -1 for pairs another branch computes, and return fp32 partial sums. Banks of
-codec blocks are uint8 [E, 2I, row_bytes(H)] / [E, H, row_bytes(I)]; `codecs` names the two banks'.
+codec blocks are uint8 [E, 2I, row_bytes(H)] / [E, H, row_bytes(I)]; `codecs` names the two banks'. Both
+take the experts' function and their gate/up biases (expert_fn.py); the down bias is the caller's.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import ctypes
 import torch
 
 from freetoken.codecs import get_codec
+from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.pool import HUGE_PAGES
@@ -25,6 +27,28 @@ CODEC_IDS = {
 INT8_ACT_IDS = {"Q8_0": 2, "Q4_K": 5, "Q6_K": 6, "Q5_K": 9, "IQ4_XS": 11, "MXFP4": 13}
 BF16 = ("bf16", "bf16")
 BANK_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}  # codecs held as plain tensors; others as bytes
+
+
+class ExpertFnC(ctypes.Structure):
+    """expert_fn.h's ft_expert_fn."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int),
+        ("alpha", ctypes.c_float),
+        ("limit", ctypes.c_float),
+        ("gate_up_bias", ctypes.c_void_p),
+    ]
+
+
+def expert_fn_c(fn: ExpertFn, gate_up_bias: torch.Tensor | None) -> ExpertFnC | None:
+    """The kernel's form of an experts' function (None: plain SiLU without biases); `gate_up_bias`
+    [E, 2I] fp32 contiguous on the host, kept alive by the caller."""
+    if fn == SILU and gate_up_bias is None:
+        return None
+    if gate_up_bias is not None:
+        assert gate_up_bias.dtype == torch.float32 and gate_up_bias.is_contiguous()
+    bias = None if gate_up_bias is None else gate_up_bias.data_ptr()
+    return ExpertFnC(fn.code, fn.alpha, fn.limit, bias)
 
 
 def kernel_available() -> bool:
@@ -75,6 +99,8 @@ def stored_reference(
     gate_up_bank: torch.Tensor,
     down_bank: torch.Tensor,
     codecs: tuple[str, str],
+    fn: ExpertFn = SILU,
+    gate_up_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The plain path over banks of codec blocks: the routed experts dequantised by each codec's reference
     (gguf's for GGUF types), then the fp32 grouped experts. -> [T, H] float32."""
@@ -86,7 +112,8 @@ def stored_reference(
     compact = torch.full((gate_up_bank.shape[0],), -1, dtype=torch.int64)
     compact[used] = torch.arange(len(used))
     local = torch.where(ids >= 0, compact[ids.clamp(min=0).long()], -1)
-    return grouped_experts(x.float(), local, weights.float(), gate_up, down)
+    bias = None if gate_up_bias is None else PairBias(gate_up_bias, ids)
+    return grouped_experts(x.float(), local, weights.float(), gate_up, down, fn, bias)
 
 
 def cpu_experts(
@@ -100,9 +127,12 @@ def cpu_experts(
     out: torch.Tensor | None = None,
     codecs: tuple[str, str] = BF16,
     int8_act: bool = False,
+    fn: ExpertFn = SILU,
+    gate_up_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [T, H], ids [T, K] (int, -1 = skip), weights [T, K], banks [E, 2I, H] / [E, H, I] on the host
-    (or codec blocks, `codecs` naming them; `int8_act`: quantized rows against int8 activation blocks).
+    (or codec blocks, `codecs` naming them; `int8_act`: quantized rows against int8 activation blocks);
+    `fn` and `gate_up_bias` [E, 2I] (fp32, host): the experts' function and biases.
 
     -> [T, H] float32 (written into `out` when given). Banks the kernel does not take go the torch way.
     """
@@ -110,15 +140,21 @@ def cpu_experts(
     if lib is None or not kernel_takes(gate_up_bank, down_bank, codecs):
         with torch.inference_mode():
             if gate_up_bank.dtype == torch.uint8:
-                result = stored_reference(x, ids, weights, gate_up_bank, down_bank, codecs)
+                result = stored_reference(x, ids, weights, gate_up_bank, down_bank, codecs, fn, gate_up_bias)
             else:
                 dtype = gate_up_bank.dtype
-                result = grouped_experts(x.to(dtype), ids, weights.to(dtype), gate_up_bank, down_bank).float()
+                bias = None if gate_up_bias is None else PairBias(gate_up_bias, ids)
+                result = grouped_experts(
+                    x.to(dtype), ids, weights.to(dtype), gate_up_bank, down_bank, fn, bias
+                ).float()
         return result if out is None else out.copy_(result)
     if out is None:
         out = torch.empty(x.shape[0], bank_sizes(gate_up_bank, down_bank)[0], dtype=torch.float32)
     threads = threads or branch_threads()
-    run_kernel(lib, x, ids, weights, gate_up_bank, down_bank, out, threads, codecs=codecs, int8_act=int8_act)
+    run_kernel(
+        lib, x, ids, weights, gate_up_bank, down_bank, out, threads, codecs=codecs, int8_act=int8_act, fn=fn,
+        gate_up_bias=gate_up_bias,
+    )  # fmt: skip
     return out
 
 
@@ -176,9 +212,11 @@ def run_kernel(
     trace: torch.Tensor | None = None,
     codecs: tuple[str, str] = BF16,
     int8_act: bool = False,
+    fn: ExpertFn = SILU,
+    gate_up_bias: torch.Tensor | None = None,
 ) -> int:
     """out [T, H] fp32 = the experts `ids` [T, K] (-1 = skip) over x [T, H], banks contiguous, bf16 or
-    blocks of `codecs` (CODEC_IDS).
+    blocks of `codecs` (CODEC_IDS); `fn`, `gate_up_bias` [E, 2I] fp32: the experts' function and biases.
 
     The kernel groups the pairs by expert itself. `unit_bytes`: weight bytes per unit of work that the
     threads take in turn (0: the kernel's default). `trace`: a [threads, 4] float64 tensor that receives
@@ -187,7 +225,11 @@ def run_kernel(
     _, args = _kernel_args(x, ids, weights, gate_up_bank, down_bank, out)
     gu, dn = codec_ids(codecs, int8_act)
     moe_args = (args[0], gu, args[1], dn, *args[2:])
-    return _checked(lib.ft_moe(*moe_args, threads, unit_bytes, None if trace is None else trace.data_ptr()))
+    fn_c = expert_fn_c(fn, gate_up_bias)
+    trace_ptr = None if trace is None else trace.data_ptr()
+    return _checked(
+        lib.ft_moe(*moe_args, threads, unit_bytes, trace_ptr, None if fn_c is None else ctypes.byref(fn_c))
+    )
 
 
 class KernelWorker:

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "bf16_dot.h"
+#include "expert_fn.h"
 
 int ft_linear_bf16(const uint16_t *w, const float *x, float *out, int n_rows, int hidden, int tokens, float *xs,
                    int threads);
@@ -34,7 +35,8 @@ void ft_add_rms_norm(const void *x, const void *residual, const void *weight, fl
                      int elem, void *out_h, void *out_sum, float *scratch);
 int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
            int inter, const float *x, const int64_t *ids, const float *weights, int tokens, int top_k,
-           float *scratch, float *out, int threads, long unit_bytes, double *trace);
+           float *scratch, float *out, int threads, long unit_bytes, double *trace,
+           const ft_expert_fn *fn);
 
 #define MAX_ROWS 16
 #define MAX_EXPERTS 4096
@@ -244,7 +246,7 @@ int ft_decode_step(const ft_decoder *m, int rows, const int64_t *tokens, const i
         }
         widen(hn, xf, (long)rows * h);
         if (ft_moe(L->gate_up, L->gu_codec, L->down, L->dn_codec, e, h, m->inter, xf, ids, rw, rows, k, ex, ey,
-                   expert_threads, 0, NULL) < 0)
+                   expert_threads, 0, NULL, NULL) < 0)
             return -3;
         narrow(ey, x, (long)rows * h);
         distinct_out[moe_layer++] = distinct(ids, rows * k, e);

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "bf16_dot.h"
+#include "expert_fn.h"
 #include "kquant_dot.h"
 #include "quant_dot.h"
 #include "table_dot.h"
@@ -200,11 +201,13 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
 // [T, top_k] (ids -1 for pairs another branch computes); out: [T, H] fp32, written; scratch: at least
 // T·top_k·(I + H) + T·H fp32; unit_bytes: the size of a unit (0: UNIT_BYTES); trace: NULL, or
 // [threads, 4] doubles per thread: seconds from the call's start to its first unit and after its last,
-// seconds spent waiting, units done. Returns the number of pairs computed; -1 out of memory, -2 a codec
+// seconds spent waiting, units done; fn: the experts' function and gate/up biases (NULL: SiLU, none).
+// Returns the number of pairs computed; -1 out of memory, -2 a codec
 // this build does not know or a row that is not whole blocks.
 int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
            int inter, const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
-           float *scratch, float *out, int threads, long unit_bytes, double *trace) {
+           float *scratch, float *out, int threads, long unit_bytes, double *trace,
+           const ft_expert_fn *fn) {
     const int gq8 = codec_act8(gu_codec), dq8 = codec_act8(dn_codec);  // against int8 activation blocks
     const int gq = gu_codec != FT_CODEC_BF16, dq = dn_codec != FT_CODEC_BF16;  // activations in natural order
     // weight-only Q4_K/Q5_K take the activations' sums per 32 for their mins
@@ -305,7 +308,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                         const long at = dq ? i : split_at(i, inter);
                         for (int j = 0; j < cnt; j++) {
                             float *a = act + (n + j) * (long)inter + at;
-                            *a = p.weight[n + j] * (*a / (1.0f + expf(-*a))) * d[j];
+                            *a = p.weight[n + j] * expert_glu(fn, p.expert[k], inter, i, *a, d[j]);
                         }
                     }
                 }
@@ -371,7 +374,7 @@ int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts,
                 const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
                 float *scratch, float *out, int threads, long unit_bytes, double *trace) {
     return ft_moe(gate_up, FT_CODEC_BF16, down, FT_CODEC_BF16, bank_experts, hidden, inter, x, ids, weights,
-                  tokens, top_k, scratch, out, threads, unit_bytes, trace);
+                  tokens, top_k, scratch, out, threads, unit_bytes, trace, NULL);
 }
 
 // STREAM-like read of `n` floats over `threads` threads; returns the sum so nothing is optimised away.

@@ -33,7 +33,9 @@ SOURCES = tuple(
         "branch_coordinator.c",
     )
 )
-HEADERS = (HERE / "bf16_dot.h", HERE / "quant_dot.h", HERE / "kquant_dot.h", HERE / "table_dot.h")
+HEADERS = tuple(
+    HERE / name for name in ("bf16_dot.h", "quant_dot.h", "kquant_dot.h", "table_dot.h", "expert_fn.h")
+)
 # FMAs contracted from the kernel's multiply-adds; on x86, full-width vectors where the CPU has them
 # (compilers otherwise stop at 256 bits on AVX-512 machines).
 X86_FLAGS = ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ()
@@ -120,8 +122,8 @@ def declare(lib: ctypes.CDLL) -> None:
     # unit bytes, trace
     lib.ft_moe_bf16.argtypes = [vp, vp, i32, i32, i32, vp, vp, vp, i32, i32, vp, vp, i32, ctypes.c_long, vp]
     lib.ft_moe_bf16.restype = i32
-    # as ft_moe_bf16's, with each bank's codec id after it
-    lib.ft_moe.argtypes = [vp, i32, vp, i32, *lib.ft_moe_bf16.argtypes[2:]]
+    # as ft_moe_bf16's, with each bank's codec id after it, and the experts' function (ExpertFnC) last
+    lib.ft_moe.argtypes = [vp, i32, vp, i32, *lib.ft_moe_bf16.argtypes[2:], vp]
     lib.ft_moe.restype = i32
     # the native worker: new, submit (the worker, then ft_moe_bf16's arguments without the trace), wait, free
     lib.ft_worker_new.argtypes, lib.ft_worker_new.restype = [], vp
@@ -149,9 +151,10 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.ft_decode_step_scratch.argtypes, lib.ft_decode_step_scratch.restype = [vp, i32], ctypes.c_long
     # logits, element size, rows, vocab, out [rows, 2] int64 (argmax, finite)
     lib.ft_greedy_rows.argtypes, lib.ft_greedy_rows.restype = [vp, i32, i32, ctypes.c_long, vp], None
-    # the stream branch: per-layer gate_up/down pointers and codec ids, layers, bank experts, hidden,
-    # inter, top_k, max rows, threads, stall seconds; its region (bytes, offsets [3] out); stop, free
-    lib.ft_branch_new.argtypes = [vp, vp, vp, vp, *[i32] * 7, ctypes.c_double]
+    # the stream branch: per-layer gate_up/down pointers, codec ids and experts' functions (or NULL), layers,
+    # bank experts, hidden, inter, top_k, max rows, threads, stall seconds; its region (bytes, offsets [3]
+    # out); stop, free
+    lib.ft_branch_new.argtypes = [vp, vp, vp, vp, vp, *[i32] * 7, ctypes.c_double]
     lib.ft_branch_new.restype = vp
     lp = ctypes.POINTER(ctypes.c_long)
     lib.ft_branch_region.argtypes, lib.ft_branch_region.restype = [vp, lp, lp], vp

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from freetoken.env import moe_decode_blocks
+from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
 
 MAX_DECODE_TOKENS = 16  # beyond this a grouped (per-expert) kernel reads each expert once, not per pair
 
@@ -65,9 +66,12 @@ def fused_moe_decode(
     gate_up_bank: torch.Tensor,
     down_bank: torch.Tensor,
     blocks: DecodeBlocks = DEFAULT_BLOCKS,
+    fn: ExpertFn = SILU,
+    bias: PairBias | None = None,
 ) -> torch.Tensor:
     """x [T, H], topk_ids [T, K] (-1: skip) and topk_weights [T, K] on x's device, gate_up_bank [S, 2I, H]
-    and down_bank [S, H, I] (rows contiguous) -> [T, H] in x's dtype."""
+    and down_bank [S, H, I] (rows contiguous) -> [T, H] in x's dtype. `fn`: the experts' function; `bias`:
+    each pair's gate/up bias (its tensors on x's device)."""
     t, h = x.shape
     k = topk_ids.shape[1]
     i = down_bank.shape[2]
@@ -86,10 +90,15 @@ def fused_moe_decode(
     act = torch.empty(pairs, i, dtype=torch.float32, device=x.device)
     out = torch.empty(t, h, dtype=x.dtype, device=x.device)
     b = blocks
+    if bias is None:
+        bias_bank, bias_ids = act, ids  # never read
+    else:
+        bias_bank = bias.gate_up.float().contiguous()
+        bias_ids = bias.ids.reshape(pairs).contiguous()
     gate_up_act[(pairs, -(-i // b.gate_up_n))](
-        x, ids, gate_up_bank, act, gate_up_bank.stride(0), gate_up_bank.stride(1),
-        H=h, INTER=i, K=k, BLOCK_N=b.gate_up_n, BLOCK_K=b.gate_up_k,
-        num_warps=b.num_warps, num_stages=b.num_stages,
+        x, ids, gate_up_bank, act, bias_bank, bias_ids, gate_up_bank.stride(0), gate_up_bank.stride(1),
+        fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=b.gate_up_n, BLOCK_K=b.gate_up_k, ACT=fn.code,
+        HAS_BIAS=bias is not None, num_warps=b.num_warps, num_stages=b.num_stages,
     )  # fmt: skip
     down[(t, -(-h // b.down_n))](
         act, ids, weights, down_bank, out, down_bank.stride(0), down_bank.stride(1),

@@ -5,10 +5,13 @@ block of output rows over all its choices; each reads its experts' weights
 in place from the bank by id: no `bank[ids]` copies. A pair whose id is -1 (computed by another
 branch) loads nothing (its loads are masked off) and contributes zero.
 
-  gate_up_act: act[p, n] = silu(W_gu[e, n] · x[t]) * (W_gu[e, I + n] · x[t])     W_gu [S, 2I, H]
+  gate_up_act: act[p, n] = glu(W_gu[e, n] · x[t] + b[p, n], W_gu[e, I + n] · x[t] + b[p, I + n])
+                                                                                  W_gu [S, 2I, H]
   down_sum:    out[t, n] = Σ_k w[p] * (W_d[e, n] · act[p])                       W_d  [S, H, I]
 
-with p = t·K + k and e = ids[p]. Accumulation in fp32; the sum over k and the cast to the output dtype
+with p = t·K + k and e = ids[p]; glu is the experts' function (ACT: 0 silu(g)·u, 1 gpt-oss's clamped form,
+expert_fn.py) and b[p] the pair's expert's gate/up bias (bias [E, 2I] at expert id bias_ids[p], when
+HAS_BIAS). Accumulation in fp32; the sum over k and the cast to the output dtype
 happen in the down kernel (no reduction launches after it).
 """
 
@@ -24,13 +27,19 @@ def gate_up_act_kernel(
     ids_ptr,  # [T * K] int
     w_ptr,  # [S, 2I, H], rows contiguous
     act_ptr,  # [T * K, I] fp32 out
+    bias_ptr,  # [E, 2I] fp32 (HAS_BIAS)
+    bias_ids_ptr,  # [T * K] int: expert ids of the pairs (HAS_BIAS)
     stride_we,
     stride_wn,
+    alpha,
+    limit,
     H: tl.constexpr,  # constants per model: loop bounds known to the compiler
     INTER: tl.constexpr,
     K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -51,7 +60,16 @@ def gate_up_act_kernel(
         up = tl.load(base + rows + INTER * stride_wn, mask=mask, other=0.0).to(tl.float32)
         acc_gate += tl.sum(gate * xk[None, :], axis=1)
         acc_up += tl.sum(up * xk[None, :], axis=1)
-    act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
+    if HAS_BIAS:
+        row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
+        acc_gate += tl.load(row + offs_n, mask=mask_n, other=0.0)
+        acc_up += tl.load(row + INTER + offs_n, mask=mask_n, other=0.0)
+    if ACT == 1:
+        gate = tl.minimum(acc_gate, limit)
+        up = tl.minimum(tl.maximum(acc_up, -limit), limit)
+        act = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
+    else:
+        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
     tl.store(act_ptr + pair * INTER + offs_n, act, mask=mask_n)
 
 
