@@ -30,9 +30,16 @@ LAYER_NAMES = {  # transformers name -> GGUF name, per layer (written independen
     "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
     "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+    # gpt-oss's (its router is `mlp.router`; GPT_OSS_NAMES)
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.sinks": "attn_sinks.weight",
 }
+GPT_OSS_NAMES = {"mlp.router.weight": "ffn_gate_inp.weight", "mlp.router.bias": "ffn_gate_inp.bias"}
 # model_type -> llama.cpp's arch
-ARCHS = {"qwen3_moe": "qwen3moe", "olmoe": "olmoe", "glm4_moe": "glm4moe", "minimax_m2": "minimax-m2"}
+ARCHS = {
+    "qwen3_moe": "qwen3moe", "olmoe": "olmoe", "glm4_moe": "glm4moe", "minimax_m2": "minimax-m2",
+    "gpt_oss": "gpt-oss",
+}  # fmt: skip
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -47,7 +54,10 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
     from gguf.quants import dequantize
 
     back = {g: h for h, g in LAYER_NAMES.items()}
-    back["post_attention_norm.weight"] = "post_attention_layernorm.weight"  # glm4moe's
+    back["post_attention_norm.weight"] = "post_attention_layernorm.weight"  # glm4moe's and gpt-oss's
+    gpt_oss = hf.config.model_type == "gpt_oss"
+    if gpt_oss:
+        back.update({g: h for h, g in GPT_OSS_NAMES.items()})
     sd = {k: v.clone() for k, v in hf.state_dict().items()}
     inter = expert_size(hf.config)
     for t in gguf.GGUFReader(path).tensors:
@@ -59,7 +69,17 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
             continue
         _, layer, rest = t.name.split(".", 2)
         prefix = f"model.layers.{layer}."
-        if rest in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
+        if gpt_oss and "_exps." in rest:  # [E, in, out] banks, gate and up columns alternating
+            experts = prefix + "mlp.experts."
+            part, kind = rest[len("ffn_") :].split("_exps.")
+            suffix = "_bias" if kind == "bias" else ""
+            if part == "down":
+                sd[experts + "down_proj" + suffix] = value if suffix else value.transpose(1, 2)
+            else:
+                column = 0 if part == "gate" else 1
+                target = sd[experts + "gate_up_proj" + suffix]
+                target[..., column::2] = value if suffix else value.transpose(1, 2)
+        elif rest in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
             rows = slice(0, inter) if rest.startswith("ffn_gate") else slice(inter, 2 * inter)
             sd[prefix + "mlp.experts.gate_up_proj"][:, rows] = value
         elif rest == "ffn_down_exps.weight":
@@ -74,7 +94,8 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
 
 def expert_size(cfg: Any) -> int:
     """An expert's intermediate size (OLMoE and MiniMax-M2 call it intermediate_size)."""
-    return cfg.intermediate_size if cfg.model_type in ("olmoe", "minimax_m2") else cfg.moe_intermediate_size
+    as_intermediate = ("olmoe", "minimax_m2", "gpt_oss")
+    return cfg.intermediate_size if cfg.model_type in as_intermediate else cfg.moe_intermediate_size
 
 
 def _tokenizer_fields(folder: Path) -> dict[str, Any]:
@@ -158,8 +179,16 @@ def write_gguf(
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_expert_count(getattr(cfg, "n_routed_experts", None) or cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
-    if arch in ("qwen3moe", "glm4moe", "minimax-m2"):
+    if arch in ("qwen3moe", "glm4moe", "minimax-m2", "gpt-oss"):
         w.add_expert_feed_forward_length(i_moe)
+    if arch == "gpt-oss":
+        names.update(GPT_OSS_NAMES)
+        names["post_attention_layernorm.weight"] = "post_attention_norm.weight"
+        w.add_sliding_window(cfg.sliding_window)
+        rope = cfg.rope_parameters
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     if arch == "minimax-m2":
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters.get("partial_rotary_factor", 1.0)))
@@ -207,7 +236,15 @@ def write_gguf(
         for hf_name, g_name in names.items():
             if prefix + hf_name in sd:
                 add(f"blk.{layer}.{g_name}", sd[prefix + hf_name])
-        if prefix + "mlp.experts.gate_up_proj" in sd and expert_types is not None:
+        if arch == "gpt-oss":  # [E, in, out] banks, gate and up columns alternating, with biases
+            experts = prefix + "mlp.experts."
+            gate_up, gate_up_bias = sd[experts + "gate_up_proj"], sd[experts + "gate_up_proj_bias"]
+            for part, column in (("gate", 0), ("up", 1)):
+                add(f"blk.{layer}.ffn_{part}_exps.weight", gate_up[..., column::2].transpose(0, 2, 1))
+                add(f"blk.{layer}.ffn_{part}_exps.bias", gate_up_bias[:, column::2])
+            add(f"blk.{layer}.ffn_down_exps.weight", sd[experts + "down_proj"].transpose(0, 2, 1))
+            add(f"blk.{layer}.ffn_down_exps.bias", sd[experts + "down_proj_bias"])
+        elif prefix + "mlp.experts.gate_up_proj" in sd and expert_types is not None:
             e, h = cfg.num_experts, cfg.hidden_size
             for n, (part, shape, kind) in enumerate(
                 (

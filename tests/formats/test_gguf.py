@@ -174,3 +174,15 @@ def test_the_header_reader_agrees_with_the_gguf_package(tiny_model: tuple[Path, 
     (tmp_path / "cut.gguf").write_bytes(path.read_bytes()[:5000])
     with pytest.raises(FreeTokenError, match="not a readable GGUF file"):
         GgufCheckpoint(tmp_path / "cut.gguf")
+
+
+def test_gpt_4o_pre_tokenizer_splits_as_o200k() -> None:
+    """gpt-oss GGUFs name their pre-tokenizer `gpt-4o`: words keep their case run and contraction, numbers
+    go in threes, a slash starts a punctuation run."""
+    from tokenizers import Regex, pre_tokenizers
+
+    from freetoken.formats.gguf_meta import PRE_TOKENIZER_SPLITS
+
+    split = pre_tokenizers.Split(Regex(PRE_TOKENIZER_SPLITS["gpt-4o"]), behavior="isolated")
+    pieces = [piece for piece, _ in split.pre_tokenize_str("Hello WORLD's 1234567 foo/bar\n\n  x")]
+    assert pieces == ["Hello", " WORLD's", " ", "123", "456", "7", " foo", "/bar", "\n\n", " ", " x"]

@@ -46,6 +46,13 @@ LAYER_NAMES = {
     "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
     "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+    # gpt-oss: sinks, the output projection's and the router's biases, the experts' biases
+    "attn_sinks.weight": "self_attn.sinks",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "ffn_gate_inp.bias": "mlp.gate.bias",
+    "ffn_gate_exps.bias": "mlp.experts.gate_proj_bias",
+    "ffn_up_exps.bias": "mlp.experts.up_proj_bias",
+    "ffn_down_exps.bias": "mlp.experts.down_proj_bias",
 }
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",

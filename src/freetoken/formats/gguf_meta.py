@@ -8,7 +8,10 @@ from freetoken.errors import FreeTokenError
 from freetoken.formats.gguf_checkpoint import GgufCheckpoint
 
 # llama.cpp's arch -> model_type
-ARCHITECTURES = {"qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2"}
+ARCHITECTURES = {
+    "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
+    "gpt-oss": "gpt_oss",
+}  # fmt: skip
 # per arch: the transformers class, and whether llama.cpp's graph renormalises the top-k weights (its
 # qwen3moe graph always does; its olmoe graph never does)
 ARCH_FIELDS: dict[str, dict[str, Any]] = {
@@ -16,9 +19,11 @@ ARCH_FIELDS: dict[str, dict[str, Any]] = {
     "olmoe": {"architectures": ["OlmoeForCausalLM"], "norm_topk_prob": False},
     "glm4moe": {"architectures": ["Glm4MoeForCausalLM"], "norm_topk_prob": True},
     "minimax-m2": {"architectures": ["MiniMaxM2ForCausalLM"], "norm_topk_prob": True},
+    # llama.cpp's gpt-oss graph: sliding layers every other one from the first, alpha 1.702, limit 7
+    "gpt-oss": {"architectures": ["GptOssForCausalLM"], "swiglu_alpha": 1.702, "swiglu_limit": 7.0},
 }
 # archs whose config calls an expert's size `intermediate_size` (the file's expert_feed_forward_length)
-EXPERT_SIZE_AS_INTERMEDIATE = ("minimax-m2",)
+EXPERT_SIZE_AS_INTERMEDIATE = ("minimax-m2", "gpt-oss")
 # HF config field <- GGUF key under "{arch}."
 CONFIG_KEYS = {
     "num_hidden_layers": "block_count",
@@ -39,6 +44,7 @@ CONFIG_KEYS = {
     "norm_topk_prob": "expert_weights_norm",
     "n_group": "expert_group_count",
     "topk_group": "expert_group_used_count",
+    "sliding_window": "attention.sliding_window",
 }
 # token_type values (llama.cpp): 3 = control, 4 = user defined
 CONTROL, USER_DEFINED = 3, 4
@@ -46,6 +52,12 @@ PRE_TOKENIZER_SPLITS = {
     # Qwen2/3: digits one at a time, contractions, letters with one leading non-letter, punctuation runs
     "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    # gpt-oss (o200k): cased words with an optional contraction, numbers in threes
+    "gpt-4o": r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 }
 
 
@@ -84,7 +96,10 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
             "rope_type": "yarn",
             "factor": float(ckpt.get(f"{arch}.rope.scaling.factor")),
             "original_max_position_embeddings": int(ckpt.get(f"{arch}.rope.scaling.original_context_length")),
+            "truncate": arch != "gpt-oss",  # llama.cpp's yarn for gpt-oss keeps the fractional bounds
         }
+    elif arch == "gpt-oss":
+        raw["rope_scaling"] = {"rope_type": "default"}
     raw["torch_dtype"] = stored_dtype(ckpt)
     raw["num_hidden_layers"] -= int(ckpt.get(f"{arch}.nextn_predict_layers", 0) or 0)  # MTP blocks: not read
     if arch in EXPERT_SIZE_AS_INTERMEDIATE and "moe_intermediate_size" in raw:

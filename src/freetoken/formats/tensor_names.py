@@ -113,3 +113,14 @@ GPT_OSS_EXPERTS = ExpertNaming(
     rewrites=((re.compile(r"\.mlp\.router\."), ".mlp.gate."),),
     layouts=dict.fromkeys(("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"), LAYOUTS[1]),
 )  # fmt: skip
+
+# gpt-oss from a GGUF (formats/gguf_checkpoint.py's names): banks as the pool lays them out, gate and up
+# apart, each with its bias
+GPT_OSS_GGUF_EXPERTS = ExpertNaming(
+    per_expert=QWEN3_MOE_EXPERTS.per_expert,
+    fused=re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.((?:gate|up|down)_proj(?:_bias)?)"),
+    projection_parts={
+        "gate_proj": "gate", "up_proj": "up", "down_proj": "down", "gate_proj_bias": "gate_bias",
+        "up_proj_bias": "up_bias", "down_proj_bias": "down_bias",
+    },
+)  # fmt: skip

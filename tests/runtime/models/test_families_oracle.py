@@ -136,7 +136,7 @@ GGUF_SHAPE = dict(hidden_size=64, intermediate_size=64, head_dim=16)  # rows of 
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
-@pytest.mark.parametrize("family", ["olmoe", "glm4_moe", "minimax_m2"])
+@pytest.mark.parametrize("family", ["olmoe", "glm4_moe", "minimax_m2", "gpt_oss"])
 def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> None:
     """The families llama.cpp reads here (its `olmoe`, `glm4moe` and `minimax-m2`; GLM's file with a
     next-token block after the trunk, which is skipped): the GGUF gives the logits and greedy tokens of
@@ -144,7 +144,11 @@ def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> 
     from gguf_fixture import dequantised_state_dict, write_gguf
 
     folder = tmp_path / family
-    extra = {"glm4_moe": {"moe_intermediate_size": 64}, "minimax_m2": {"rotary_dim": 8}}.get(family, {})
+    extra = {
+        "glm4_moe": {"moe_intermediate_size": 64},
+        "minimax_m2": {"rotary_dim": 8},
+        "gpt_oss": {"swiglu_limit": 7.0},  # llama.cpp's graph has no other
+    }.get(family, {})
     shape = {**GGUF_SHAPE, **extra}
     model = build_family_model(folder, family, **shape)
     path = write_gguf(model, folder, tmp_path / f"{family}-{qtype}.gguf", qtype)
@@ -156,6 +160,9 @@ def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> 
         assert cfg.architecture == family and cfg.num_layers == 3
         if family == "olmoe":
             assert not cfg.norm_topk_prob and cfg.clip_qkv == 2.5
+        elif family == "gpt_oss":
+            assert (cfg.sliding_window, cfg.sliding_layers, cfg.expert_bias) == (4, (0, 2), True)
+            assert cfg.rope.type == "yarn" and cfg.moe_intermediate_size == 64
         elif family == "minimax_m2":
             assert (
                 cfg.router_scoring == "sigmoid" and cfg.qk_norm == "full" and cfg.moe_intermediate_size == 64

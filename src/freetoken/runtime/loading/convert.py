@@ -100,14 +100,15 @@ def convert_to_ftw(
     tmp.mkdir()
     try:
         with source as ckpt:
-            plan = plan_checkpoint(model, cfg, ckpt, arch.expert_naming)
+            naming = arch.naming(gguf)
+            plan = plan_checkpoint(model, cfg, ckpt, naming)
             total = sum(ckpt.nbytes(n) for n, _ in plan.dense) + sum(
                 ckpt.nbytes(n) for items in plan.experts.values() for n, _ in items
             )
             done = 0
             writer = FtwWriter(tmp, shard_bytes, label=out)
             for name, _ in plan.dense:  # stored under the model's own names (FTW loads them as they are)
-                writer.add(arch.expert_naming.canonical(name) or name, ckpt.read(name).to(target))
+                writer.add(naming.canonical(name) or name, ckpt.read(name).to(target))
                 done += ckpt.nbytes(name)
                 if progress is not None:
                     progress(done, total)

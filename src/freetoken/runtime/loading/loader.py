@@ -89,7 +89,8 @@ def load_model(
         pool = weights(model, model_config, dtype, progress)
     else:
         with gguf or SafetensorsCheckpoint(path) as ckpt:
-            pool = load_weights(model, model_config, ckpt, arch.expert_naming, dtype, progress, keep)
+            naming = arch.naming(gguf is not None)
+            pool = load_weights(model, model_config, ckpt, naming, dtype, progress, keep)
     if device.type == "cuda":
         pool.pin()  # only now, once every bank is filled
     return LoadedModel(model_config, tokenizer, model, pool, dtype)

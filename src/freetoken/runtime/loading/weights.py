@@ -11,7 +11,7 @@ from torch import nn
 from freetoken.codecs import Codec
 from freetoken.errors import FreeTokenError
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
-from freetoken.formats.tensor_names import ExpertNaming, ExpertTensor
+from freetoken.formats.tensor_names import BIAS_PARTS, ExpertNaming, ExpertTensor
 from freetoken.runtime.config import ModelConfig
 from freetoken.runtime.moe.expert_fn import expert_fn_of
 from freetoken.runtime.moe.pool import HostExpertPool, expert_tensor_shape
@@ -89,6 +89,8 @@ def stored_codecs(ckpt: object, plan: CheckpointPlan, keep: frozenset[str]) -> d
         found: dict[str, set[Codec]] = {}
         try:
             for name, target in items:
+                if target.part in BIAS_PARTS:  # fp32 beside the banks whatever the file stores
+                    continue
                 codec = codec_of(name)
                 for part in ("gate", "up") if target.part == "gate_up" else (target.part,):
                     found.setdefault(part, set()).add(codec)
@@ -110,7 +112,8 @@ def fill_experts(
     checkpoint bytes read."""
     read = 0
     for name, target in items:
-        tensor = ckpt.read_stored(name) if target.layer in pool.stored else ckpt.read(name)  # type: ignore[attr-defined]
+        as_stored = target.layer in pool.stored and target.part not in BIAS_PARTS
+        tensor = ckpt.read_stored(name) if as_stored else ckpt.read(name)  # type: ignore[attr-defined]
         pool.write(target, name, tensor)
         read += ckpt.nbytes(name)
         del tensor

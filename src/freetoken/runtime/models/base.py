@@ -21,3 +21,8 @@ class Architecture:
     parse_config: Callable[[dict[str, Any], str], ModelConfig]
     build_model: Callable[[ModelConfig], nn.Module]
     expert_naming: ExpertNaming
+    gguf_naming: ExpertNaming | None = None  # where a GGUF's names need another table (gpt-oss)
+
+    def naming(self, gguf: bool) -> ExpertNaming:
+        """The expert-name table for a checkpoint: a GGUF file's, or the safetensors/FTW one."""
+        return self.gguf_naming if gguf and self.gguf_naming is not None else self.expert_naming

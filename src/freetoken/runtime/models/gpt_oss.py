@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from freetoken.formats.tensor_names import GPT_OSS_EXPERTS
+from freetoken.formats.tensor_names import GPT_OSS_EXPERTS, GPT_OSS_GGUF_EXPERTS
 from freetoken.runtime.config import ModelConfig
 from freetoken.runtime.json_keys import BOOL, POSITIVE, POSITIVE_INT, JsonObject, Kind
 from freetoken.runtime.models.base import Architecture
@@ -69,4 +69,5 @@ ARCHITECTURE = Architecture(
     parse_config=parse_config,
     build_model=Qwen3MoeForCausalLM,
     expert_naming=GPT_OSS_EXPERTS,
+    gguf_naming=GPT_OSS_GGUF_EXPERTS,
 )
