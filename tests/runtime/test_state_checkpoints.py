@@ -28,9 +28,8 @@ def test_anchor_table_from_the_tokenizer(hybrid: Path) -> None:
     engine = build_engine(hybrid, device="cpu", dtype="float32", moe_backend="fused")
     tok = engine.tokenizer
     table = AnchorTable.from_tokenizer(tok)
-    assert {(k, e) for _, k, e in table.markers} == {
-        (k, e) for k in ("think", "tool_call", "tool_response", "turn") for e in ("open", "close")
-    }
+    kinds = ("think", "tool_call", "tool_response", "turn", "message", "call")  # harmony's spelled out
+    assert {(k, e) for _, k, e in table.markers} == {(k, e) for k in kinds for e in ("open", "close")}
     ids = tok.encode("<|im_start|>assistant\n<think>\nhm\n</think>\n\nok<|im_end|>\n")
     think = tok.token_to_id("<think>")
     found = table.find(ids)

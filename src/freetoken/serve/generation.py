@@ -21,6 +21,7 @@ from freetoken.runtime.batcher import Batcher, Overloaded, Unavailable
 from freetoken.runtime.logprobs import TokenLogprobs
 from freetoken.runtime.sampling import NonFiniteLogits, SamplingParams
 from freetoken.runtime.sequence import TokenEvent
+from freetoken.serve import harmony_parser
 from freetoken.serve.errors import ApiError, sse_guard
 from freetoken.serve.output_parser import Event, OutputParser, ToolCallDelta
 from freetoken.serve.state import ServeState
@@ -34,6 +35,7 @@ class Prompt:
     ids: list[int]
     in_reasoning: bool  # the template opened a <think> block the model continues
     tools: bool
+    harmony: bool = False  # the template ends in harmony's `<|start|>assistant` (gpt-oss): its parser
 
 
 async def chat_prompt(
@@ -81,7 +83,8 @@ def render_chat(
     except Exception as exc:  # a template that raises on these messages
         raise ApiError(400, f"the chat template cannot render these messages: {exc}", "messages") from None
     in_reasoning = text.rstrip().endswith("<think>")
-    return Prompt(tokenizer.encode(text), in_reasoning, bool(tools))
+    harmony = text.rstrip().endswith(harmony_parser.GENERATION_PROMPT)
+    return Prompt(tokenizer.encode(text), in_reasoning, bool(tools), harmony)
 
 
 async def stream(
@@ -174,7 +177,11 @@ async def parsed(
 ) -> AsyncIterator[Event | TokenLogprobs | Outcome]:
     """Parsed output events as they come, each token's log-probabilities (when asked for) before the
     events its text produced, then one Outcome."""
-    parser = OutputParser(reasoning=reasoning, tools=prompt.tools, starts_in_reasoning=prompt.in_reasoning)
+    parser: OutputParser | harmony_parser.HarmonyParser = (
+        harmony_parser.HarmonyParser(reasoning=reasoning, tools=prompt.tools)
+        if prompt.harmony
+        else OutputParser(reasoning=reasoning, tools=prompt.tools, starts_in_reasoning=prompt.in_reasoning)
+    )
     outcome = Outcome(prompt_tokens=len(prompt.ids))
     async for event in stream(batcher, prompt.ids, params):
         if event.logprobs is not None:

@@ -132,7 +132,7 @@ def _parse_call(body: str) -> tuple[str, str] | None:
     return name, json.dumps(args, ensure_ascii=False)
 
 
-def _partial_tag_len(text: str, tags: tuple[str, ...]) -> int:
+def partial_tag_len(text: str, tags: tuple[str, ...]) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of one of `tags`."""
     return max((n for tag in tags for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
 
@@ -176,7 +176,7 @@ class OutputParser:
             tags = self._tags()
             hits = [(i, tag) for tag in tags if (i := self._buf.find(tag)) >= 0]
             if not hits:
-                cut = len(self._buf) - _partial_tag_len(self._buf, tags)
+                cut = len(self._buf) - partial_tag_len(self._buf, tags)
                 self._text(self._buf[:cut], out)
                 self._buf = self._buf[cut:]
                 break

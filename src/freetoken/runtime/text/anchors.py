@@ -5,6 +5,7 @@ The prefix before a block's opener survives any edit inside it, and so does the 
 closer when what follows changes. So a recurrent-state checkpoint is worth most at two kinds of position:
   before an opener   <think>, <tool_call>, <tool_response>, <|im_start|>   (the block may be edited)
   after a closer     </think>, </tool_call>, </tool_response>, <|im_end|>   (what follows may be)
+and harmony's (gpt-oss) messages: before <|start|>, after <|end|> or <|call|> (a tool call's end).
 A position p means "the state after tokens [0, p)". The table comes from the tokenizer: each marker
 becomes its token-id sequence (one special token in Qwen's vocabularies, several where a tokenizer splits
 it), and markers the tokenizer cannot encode as themselves are left out.
@@ -18,11 +19,13 @@ from dataclasses import dataclass
 from freetoken.runtime.text.tokenizer import Tokenizer
 
 # kind -> (opener, closer)
-QWEN_BLOCKS = {
+CHAT_BLOCKS = {
     "think": ("<think>", "</think>"),
     "tool_call": ("<tool_call>", "</tool_call>"),
     "tool_response": ("<tool_response>", "</tool_response>"),
     "turn": ("<|im_start|>", "<|im_end|>"),
+    "message": ("<|start|>", "<|end|>"),  # harmony's
+    "call": ("<|start|>", "<|call|>"),
 }
 
 
@@ -39,7 +42,7 @@ class AnchorTable:
 
     @classmethod
     def from_tokenizer(
-        cls, tokenizer: Tokenizer, blocks: dict[str, tuple[str, str]] = QWEN_BLOCKS
+        cls, tokenizer: Tokenizer, blocks: dict[str, tuple[str, str]] = CHAT_BLOCKS
     ) -> AnchorTable:
         markers = []
         for kind, (opener, closer) in blocks.items():
