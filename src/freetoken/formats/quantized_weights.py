@@ -7,6 +7,8 @@ to read it dequantised or as a codec's rows (codecs/fp8.py, codecs/nvfp4.py).
       multiplier) [+ `X.input_scale`]
   NVFP4, compressed-tensors: `X.weight_packed` U8 + `X.weight_scale` + `X.weight_global_scale` (a divisor)
       [+ `X.input_global_scale`]; the logical weight is `X.weight`
+  MXFP4, gpt-oss: `X_blocks` U8 [E, R, C/32, 16] + `X_scales` U8 [E, R, C/32] (codecs/mxfp4.py); the
+      logical weight `X` is [E, C, R], as transformers holds it dequantised (and a bf16 checkpoint stores it)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from freetoken.codecs import fp8, nvfp4
+from freetoken.codecs import CODECS, fp8, mxfp4, nvfp4
 from freetoken.errors import FreeTokenError
 
 Reader = Callable[[str], torch.Tensor]
@@ -25,21 +27,31 @@ Reader = Callable[[str], torch.Tensor]
 
 @dataclass(frozen=True)
 class QuantizedWeight:
-    codec: str  # "FP8" or "NVFP4"
+    codec: str  # "FP8", "NVFP4" or "MXFP4"
     values: str  # the tensor holding the quantized values
     scale: str  # its block scales
     global_scale: str | None  # NVFP4's per-tensor scale
     divides: bool  # compressed-tensors: w = fp4 · scale / global
-    shape: tuple[int, int]  # the logical [R, C]
+    shape: tuple[int, ...]  # the logical [R, C] ([E, C, R] for MXFP4)
     parts: tuple[str, ...]  # every checkpoint tensor it consumes
 
     def dequantize(self, get: Reader) -> torch.Tensor:
+        if self.codec == "MXFP4":
+            rows = self.rows(get)  # [E, R, G · 17]
+            values = CODECS["MXFP4"].dequantize(rows, self.shape[-2], self.values)  # [E, R, C]
+            return torch.from_numpy(values).transpose(-1, -2).contiguous()
         if self.codec == "FP8":
             return torch.from_numpy(fp8.dequantize_tiles(*self._fp8(get)))
         return torch.from_numpy(nvfp4.dequantize_packed(*self._nvfp4(get)))
 
     def rows(self, get: Reader) -> np.ndarray:
-        """The codec's rows, uint8 [R, row bytes]."""
+        """The codec's rows, uint8 [R, row bytes] ([E, R, row bytes] for MXFP4)."""
+        if self.codec == "MXFP4":
+            blocks, scales = get(self.values).numpy(), get(self.scale).numpy()
+            try:
+                return mxfp4.gguf_rows(blocks, scales)
+            except ValueError as exc:
+                raise FreeTokenError(f"{self.values}: {exc}") from None
         if self.codec == "FP8":
             return fp8.block_rows(*self._fp8(get))
         return nvfp4.block_rows(*self._nvfp4(get))
@@ -70,6 +82,17 @@ def find_quantized(dtypes: dict[str, str], shapes: dict[str, tuple[int, ...]]) -
     """Logical weight name -> how it is stored, for every quantized weight among a checkpoint's tensors."""
     out: dict[str, QuantizedWeight] = {}
     for name, dtype in dtypes.items():
+        if (
+            dtype == "U8"
+            and name.endswith("_blocks")
+            and dtypes.get(name[: -len("blocks")] + "scales") == "U8"
+        ):
+            base, shape = name[: -len("_blocks")], shapes[name]  # [E, R, G, 16]
+            if len(shape) == 4:
+                scale = base + "_scales"
+                logical = (shape[0], shape[2] * mxfp4.BLOCK, shape[1])
+                out[base] = QuantizedWeight("MXFP4", name, scale, None, False, logical, (name, scale))
+            continue
         if dtype == "F8_E4M3" and name + "_scale_inv" in dtypes:
             rows, cols = shapes[name]
             out[name] = QuantizedWeight("FP8", name, name + "_scale_inv", None, False, (rows, cols),

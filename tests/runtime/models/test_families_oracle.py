@@ -213,3 +213,52 @@ def test_gpt_oss_through_ftw_keeps_its_expert_biases(tmp_path: Path, expert_dtyp
         for _ in range(12):
             ids.append(int(reference(model, ids)[-1].argmax()))
         assert runs["cpu"] == ids[len(PROMPT) :]
+
+
+def write_mxfp4_gpt_oss(folder: Path) -> Any:
+    """A tiny gpt-oss checkpoint whose experts are MXFP4 as OpenAI publishes them (`*_blocks` [E, R, C/32,
+    16] with weights 2j, 2j+1 in a byte's low and high nibble, `*_scales` e8m0 [E, R, C/32]); -> transformers'
+    model with the weights its own MXFP4 dequantiser gives (the reference)."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    model = build_family_model(folder, "gpt_oss", hidden_size=64, intermediate_size=64, head_dim=16)
+    state = load_file(str(folder / "model.safetensors"))
+    gen = torch.Generator().manual_seed(9)
+    for name in [n for n in state if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        e, c, r = state.pop(name).shape  # [E, in, out]
+        blocks = torch.randint(0, 256, (e, r, c // 32, 16), generator=gen, dtype=torch.uint8)
+        scales = torch.randint(121, 125, (e, r, c // 32), generator=gen, dtype=torch.uint8)  # 2^-6 .. 2^-3
+        state[name + "_blocks"], state[name + "_scales"] = blocks, scales
+        value = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)  # [E, in, out]
+        model.get_parameter(name).data.copy_(value)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return model
+
+
+def test_gpt_oss_mxfp4_experts_kept_as_stored(tmp_path: Path) -> None:
+    """Published gpt-oss experts: the cpu backend keeps them MXFP4 (pool bytes 17 per 32 weights), from the
+    folder or its FTW conversion, and the fused backend dequantises them; all give the logits and greedy
+    tokens of transformers' own dequantisation."""
+    from freetoken.runtime.loading.convert import convert_to_ftw
+
+    model = write_mxfp4_gpt_oss(tmp_path / "hf")
+    convert_to_ftw(tmp_path / "hf", tmp_path / "ftw", dtype="float32")  # keeps the MXFP4 rows
+    ids = list(PROMPT)
+    for _ in range(12):
+        ids.append(int(reference(model, ids)[-1].argmax()))
+    for folder, backend in ((tmp_path / "hf", "cpu"), (tmp_path / "hf", "fused"), (tmp_path / "ftw", "cpu")):
+        engine = build_engine(folder, device="cpu", dtype="float32", moe_backend=backend)
+        try:
+            if backend == "cpu":
+                pool = engine.pool
+                assert pool.describe()["dtypes"] == ["MXFP4"]
+                weights = 3 * 64 * 64 * 6 * 3  # [gate, up, down] x H x I x experts x layers
+                biases = (2 * 64 + 64) * 6 * 3 * 4
+                assert pool.nbytes == weights // 32 * 17 + biases
+            got = engine.forward(engine.new_sequence(), PROMPT, all_logits=True)
+            assert rel_err(got, reference(model, PROMPT)) < 1e-4
+            out = engine.generate(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True))
+            assert [e.token_id for e in out] == ids[len(PROMPT) :]
+        finally:
+            engine.close()

@@ -1,7 +1,8 @@
 """Random-weight MoE models of any shape, written as ordinary HF folders; the built-in `demo`.
 
-`family` picks the architecture's config and checkpoint layout: Qwen3-MoE (the demo's), Mixtral, OLMoE or
-GLM-4.5 (its first layer dense, one shared expert, partial rope), so each can be tried with no download.
+`family` picks the architecture's config and checkpoint layout: Qwen3-MoE (the demo's), Mixtral, OLMoE,
+GLM-4.5 (its first layer dense, one shared expert, partial rope) or gpt-oss (sinks, sliding layers, biased
+experts in transformers' fused layout), so each can be tried with no download.
 
 Weights are drawn from a fixed seed per tensor name, so the same spec always gives the same bytes.
 """
@@ -52,10 +53,10 @@ class RandomModelSpec:
     dtype: str = "bfloat16"
     seed: int = 0
     init_std: float = 0.02
-    family: str = "qwen3_moe"  # or "mixtral", "olmoe", "glm4_moe"
+    family: str = "qwen3_moe"  # or "mixtral", "olmoe", "glm4_moe", "gpt_oss"
 
 
-FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "glm4_moe")
+FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "glm4_moe", "gpt_oss")
 DEMO_SPEC = RandomModelSpec()
 # The shape GPU benchmarks use: Qwen3-30B-A3B (about 30.5B parameters, 57 GiB in bf16).
 QWEN3_30B_A3B_SPEC = RandomModelSpec(
@@ -100,6 +101,13 @@ def hf_config(spec: RandomModelSpec, vocab_size: int, eos_id: int, pad_id: int) 
             attention_bias=True,
         )  # fmt: skip
         config["rope_parameters"]["partial_rotary_factor"] = 0.5
+    elif spec.family == "gpt_oss":
+        config.update(
+            model_type="gpt_oss", architectures=["GptOssForCausalLM"], num_local_experts=spec.num_experts,
+            intermediate_size=spec.moe_intermediate_size, attention_bias=True, sliding_window=128,
+            layer_types=[("full" if i % 2 else "sliding") + "_attention" for i in range(spec.num_layers)],
+            swiglu_limit=7.0, rms_norm_eps=1e-5,
+        )  # fmt: skip
     else:
         raise ValueError(f"unknown model family {spec.family!r}; one of {', '.join(FAMILIES)}")
     return config
@@ -149,8 +157,10 @@ def tensor_plan(spec: RandomModelSpec, vocab_size: int) -> list[tuple[str, tuple
             (f"{p}.self_attn.v_proj.weight", (nkv, h)),
             (f"{p}.self_attn.o_proj.weight", (h, nq)),
         ]
-        if family == "glm4_moe":
+        if family in ("glm4_moe", "gpt_oss"):
             plan += [(f"{p}.self_attn.{x}_proj.bias", (n,)) for x, n in (("q", nq), ("k", nkv), ("v", nkv))]
+        if family == "gpt_oss":
+            plan += [(f"{p}.self_attn.o_proj.bias", (h,)), (f"{p}.self_attn.sinks", (spec.num_heads,))]
         if family in ("qwen3_moe", "glm4_moe"):
             plan += [(f"{p}.self_attn.q_norm.weight", (d,)), (f"{p}.self_attn.k_norm.weight", (d,))]
         elif family == "olmoe":  # over the whole projection
@@ -161,7 +171,13 @@ def tensor_plan(spec: RandomModelSpec, vocab_size: int) -> list[tuple[str, tuple
             is_moe = layer not in spec.mlp_only_layers and (layer + 1) % spec.decoder_sparse_step == 0
         else:
             is_moe = True
-        if is_moe and family == "mixtral":
+        if family == "gpt_oss":  # transformers' layout: [E, in, out] banks, gate and up columns alternating
+            e = spec.num_experts
+            plan += [(f"{p}.mlp.router.weight", (e, h)), (f"{p}.mlp.router.bias", (e,))]
+            q = f"{p}.mlp.experts"
+            plan += [(f"{q}.gate_up_proj", (e, h, 2 * mi)), (f"{q}.gate_up_proj_bias", (e, 2 * mi))]
+            plan += [(f"{q}.down_proj", (e, mi, h)), (f"{q}.down_proj_bias", (e, h))]
+        elif is_moe and family == "mixtral":
             plan.append((f"{p}.block_sparse_moe.gate.weight", (spec.num_experts, h)))
             for e in range(spec.num_experts):
                 q = f"{p}.block_sparse_moe.experts.{e}"

@@ -23,7 +23,8 @@ FTW_MANIFEST = "ftw.json"  # formats.ftw.MANIFEST
 FTW_FORMAT, FTW_VERSIONS = "freetoken-ftw", (1, 2)  # formats.ftw.FORMAT, formats.ftw.READABLE_VERSIONS
 DEMO_FOLDER = "demo-v1"  # runtime.demo.DEMO_NAME
 GGUF_ARCHITECTURES = {  # formats.gguf_meta.ARCHITECTURES
-    "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2"
+    "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
+    "gpt-oss": "gpt_oss",
 }  # fmt: skip
 DEMO = "demo"
 BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}

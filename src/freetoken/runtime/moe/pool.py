@@ -15,7 +15,7 @@ and `fn` says what an expert computes between its projections (expert_fn.py).
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -59,6 +59,13 @@ def to_pool_layout(target: ExpertTensor, tensor: torch.Tensor | np.ndarray) -> t
     if target.part == "gate_up_bias":
         return torch.cat((t[..., 0::2], t[..., 1::2]), dim=-1)
     return t.transpose(-1, -2) if target.part == "down" else t
+
+
+def stored_rows_in_pool_layout(target: ExpertTensor, rows: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A gpt-oss bank kept as codec rows ([E, out, row bytes], as its MXFP4 blocks are stored): the gate_up
+    bank's alternating gate and up rows, gate rows first; the down bank as it is."""
+    t = torch.as_tensor(rows)
+    return torch.cat((t[:, 0::2], t[:, 1::2]), dim=1) if target.part == "gate_up" else t
 
 
 @dataclass
@@ -175,16 +182,18 @@ class HostExpertPool:
         if target.expert is not None and not 0 <= target.expert < self.num_experts:
             raise FreeTokenError(f"unexpected tensor {name}: expert {target.expert} >= {self.num_experts}")
         expected = self.expected_shape(target)
-        if target.layout != "rows":  # the checkpoint's layout first, then the pool's
+        blocks = target.layer in self.stored and target.part not in BIAS_PARTS
+        if target.layout != "rows" and blocks:  # codec rows come [E, out, bytes]: gate/up rows alternate
+            tensor = stored_rows_in_pool_layout(target, tensor)
+            expected = self.expected_shape(replace(target, layout="rows"))
+        elif target.layout != "rows":  # the checkpoint's layout first, then the pool's
             if tuple(tensor.shape) != expected:
                 raise FreeTokenError(
                     f"tensor {name} has shape {list(tensor.shape)}, expected {list(expected)}"
                 )
             tensor = to_pool_layout(target, tensor)
             expected = tuple(tensor.shape)
-        if (
-            target.layer in self.stored and target.part not in BIAS_PARTS
-        ):  # codec blocks: the last dim is bytes
+        if blocks:  # codec blocks: the last dim is bytes
             gu, dn = self.stored[target.layer]
             codec = dn if target.part == "down" else gu
             expected = (*expected[:-1], codec.row_bytes(expected[-1]))
