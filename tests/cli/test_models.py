@@ -20,7 +20,9 @@ from gguf_fixture import write_gguf
 
 runner = CliRunner()
 COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
-SUPPORTED = "glm4_moe, minimax_m2, mixtral, olmoe, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"
+SUPPORTED = (
+    "glm4_moe, gpt_oss, minimax_m2, mixtral, olmoe, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"
+)
 
 
 def hf_repo(cache: Path, repo_id: str, files: dict[str, bytes]) -> Path:

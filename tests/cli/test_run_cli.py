@@ -106,7 +106,7 @@ def test_bad_model_folder_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert (
         result.stderr.strip() == "error: unsupported model_type 'mamba'; supported: "
-        "glm4_moe, minimax_m2, mixtral, olmoe, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"
+        "glm4_moe, gpt_oss, minimax_m2, mixtral, olmoe, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"
     )
 
 

@@ -65,7 +65,7 @@ def test_num_local_experts_is_accepted(tmp_path: Path) -> None:
 def test_unknown_model_type_lists_supported(tmp_path: Path) -> None:
     with pytest.raises(
         FreeTokenError,
-        match=r"unsupported model_type 'llama'; supported: glm4_moe, minimax_m2, mixtral, olmoe, qwen3_5_moe",
+        match=r"unsupported model_type 'llama'; supported: glm4_moe, gpt_oss, minimax_m2, mixtral, olmoe",
     ):
         load_model_config(write_config(tmp_path, model_type="llama"))
 
