@@ -38,8 +38,18 @@ GPT_OSS_NAMES = {"mlp.router.weight": "ffn_gate_inp.weight", "mlp.router.bias": 
 # model_type -> llama.cpp's arch
 ARCHS = {
     "qwen3_moe": "qwen3moe", "olmoe": "olmoe", "glm4_moe": "glm4moe", "minimax_m2": "minimax-m2",
-    "gpt_oss": "gpt-oss",
+    "gpt_oss": "gpt-oss", "mixtral": "llama",
 }  # fmt: skip
+
+
+def rope_permuted(rows: np.ndarray, heads: int, back: bool = False) -> np.ndarray:
+    """llama.cpp's converter permutes the `llama` arch's q/k rows for its interleaved rope: per head,
+    (half j, pair i) -> (pair i, half j); `back` undoes it."""
+    d = rows.shape[0] // heads
+    split = (heads, d // 2, 2) if back else (heads, 2, d // 2)
+    return rows.reshape(*split, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -63,7 +73,11 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
     for t in gguf.GGUFReader(path).tensors:
         if ".nextn." in t.name:
             continue
-        value = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
+        value = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if hf.config.model_type == "mixtral" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = hf.config.num_attention_heads if "attn_q" in t.name else hf.config.num_key_value_heads
+            value = rope_permuted(value, heads, back=True)
+        value = torch.from_numpy(value)
         if t.name in GLOBAL_NAMES:
             sd[GLOBAL_NAMES[t.name]] = value.reshape(sd[GLOBAL_NAMES[t.name]].shape)
             continue
@@ -94,7 +108,7 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
 
 def expert_size(cfg: Any) -> int:
     """An expert's intermediate size (OLMoE and MiniMax-M2 call it intermediate_size)."""
-    as_intermediate = ("olmoe", "minimax_m2", "gpt_oss")
+    as_intermediate = ("olmoe", "minimax_m2", "gpt_oss", "mixtral")
     return cfg.intermediate_size if cfg.model_type in as_intermediate else cfg.moe_intermediate_size
 
 
@@ -216,6 +230,9 @@ def write_gguf(
 
     def add(name: str, array: np.ndarray) -> None:
         array = np.ascontiguousarray(array, dtype=np.float32)
+        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = cfg.num_attention_heads if "attn_q" in name else cfg.num_key_value_heads
+            array = rope_permuted(array, heads)
         if array.ndim >= 2 and qt != Q.F32:
             w.add_tensor(name, gq.quantize(array, qt), raw_dtype=qt)
         else:

@@ -140,7 +140,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # Tiny Mixtral and OLMoE configs (odd shapes: 6 experts, top-3, GQA 4:2, head_dim 12); OLMoE clamps q/k/v.
 FAMILY_TINY: dict[str, dict[str, Any]] = {
-    "mixtral": dict(num_local_experts=6, sliding_window=None),
+    "mixtral": dict(num_local_experts=6, sliding_window=5),  # every layer's window: 5 keys
     "olmoe": dict(num_experts=6, clip_qkv=2.5, norm_topk_prob=False),
     # a dense first layer, a shared expert, two groups (the best one kept), partial rope, q/k norms, biases
     "glm4_moe": dict(

@@ -186,3 +186,78 @@ def test_gpt_4o_pre_tokenizer_splits_as_o200k() -> None:
     split = pre_tokenizers.Split(Regex(PRE_TOKENIZER_SPLITS["gpt-4o"]), behavior="isolated")
     pieces = [piece for piece, _ in split.pre_tokenize_str("Hello WORLD's 1234567 foo/bar\n\n  x")]
     assert pieces == ["Hello", " WORLD's", " ", "123", "456", "7", " foo", "/bar", "\n\n", " ", " x"]
+
+
+def write_spm_gguf(path: Path) -> list[str]:
+    """A GGUF holding only a SentencePiece ("llama") vocabulary: <unk>, <s>, </s>, the 256 byte pieces, then
+    pieces of a BPE trained here, scored by their order (as SentencePiece scores BPE pieces)."""
+    import gguf
+    import numpy as np
+    from tokenizers import SentencePieceBPETokenizer
+
+    corpus = ["the cat sat on the mat", "the dog ate the bone", "a cat and a dog", "hello world"] * 20
+    corpus += ["naïve café résumé", "numbers 12345 and 678"] * 20
+    trained = SentencePieceBPETokenizer()
+    trained.train_from_iterator(corpus, vocab_size=120, min_frequency=2, show_progress=False)
+    pieces = [t for t, _ in sorted(trained.get_vocab().items(), key=lambda kv: kv[1]) if t != "<unk>"]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, value in ((w.add_block_count, 1), (w.add_embedding_length, 8), (w.add_head_count, 1)):
+        add(value)
+    w.add_expert_count(2)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(pieces))])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tokens
+
+
+def test_sentencepiece_vocabulary_encodes_as_transformers_and_llama_cpp(tmp_path: Path) -> None:
+    """Mixtral's GGUFs carry a SentencePiece vocabulary with scores and no merges: the merges recovered from
+    the scores give transformers' tokens (its GGUF reader, the oracle) and round-trip the text, unknown
+    characters falling back to bytes. Where the two readers part, llama.cpp's rule holds: every text piece
+    gets a "▁" prefix, also one that starts with a space or follows a special token."""
+    from transformers import AutoTokenizer
+
+    from freetoken.formats.gguf_checkpoint import GgufCheckpoint
+    from freetoken.formats.gguf_meta import build_tokenizer
+
+    tokens = write_spm_gguf(tmp_path / "spm.gguf")
+    ref = AutoTokenizer.from_pretrained(tmp_path, gguf_file="spm.gguf")
+    ours, config = build_tokenizer(GgufCheckpoint(tmp_path / "spm.gguf"))
+    assert (config["bos_token"], config["eos_token"]) == ("<s>", "</s>")
+    for text in ["the cat sat", "naïve café ☃ 12345", "hello\nworld", "x", "the  dog ate"]:
+        ids = ours.encode(text).ids
+        assert ids == ref.encode(text, add_special_tokens=False)
+        assert ours.decode(ids) == text
+    space, the, cat = (tokens.index(t) for t in ("\u2581", "\u2581the", "\u2581cat"))
+    assert ours.encode(" the").ids == [space, the]  # "▁▁the"
+    assert ours.encode("<s>the</s> cat").ids == [1, the, 2, space, cat]
+    assert ours.encode("☃").ids[1:] == [tokens.index(f"<0x{b:02X}>") for b in "☃".encode()]
+
+
+def test_a_dense_llama_gguf_is_refused_in_one_line(tmp_path: Path) -> None:
+    """`llama` with experts is Mixtral; without, a dense model this engine does not run."""
+    import gguf
+
+    from freetoken.formats.gguf_meta import config_dict
+
+    path = tmp_path / "dense.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(8)
+    w.add_head_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(FreeTokenError, match=r"dense\.gguf: GGUF architecture 'llama' without experts"):
+        config_dict(GgufCheckpoint(path))

@@ -60,6 +60,9 @@ GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+_ONE_EXPERT = re.compile(r"ffn_(gate|up|down)\.(\d+)\.weight")  # older Mixtral files: expert by expert
+# archs whose q/k rows llama.cpp's converter permuted for its interleaved rope (HF's pairs are halves apart)
+ROPE_PERMUTED = ("llama",)
 
 
 def hf_name(name: str) -> str | None:
@@ -68,7 +71,16 @@ def hf_name(name: str) -> str | None:
     match = _LAYER.fullmatch(name)
     if match and match.group(2) in LAYER_NAMES:
         return f"model.layers.{match.group(1)}.{LAYER_NAMES[match.group(2)]}"
+    one = _ONE_EXPERT.fullmatch(match.group(2)) if match else None
+    if match and one:
+        return f"model.layers.{match.group(1)}.mlp.experts.{one.group(2)}.{one.group(1)}_proj.weight"
     return None
+
+
+def unpermute_rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: per head, rows (pair i, half j) back to (half j, pair i)."""
+    rows, rest = weight.shape[0], weight.shape[1:]
+    return weight.reshape(heads, rows // heads // 2, 2, *rest).swapaxes(1, 2).reshape(weight.shape)
 
 
 def shard_paths(path: Path) -> list[Path]:
@@ -184,6 +196,9 @@ class GgufCheckpoint:
         widen = widths.get(tensor.tensor_type.name)
         if widen is not None:
             raw = np.asarray(tensor.data).view(np.uint8).view(widen[0]).reshape(self.shape(name))
+            heads = self._permuted_heads(name)
+            if heads:
+                raw = unpermute_rope_rows(raw, heads)
             return torch.from_numpy(raw.copy()).view(widen[1]).float()
         try:
             values = dequantize(tensor.data, tensor.tensor_type)
@@ -193,9 +208,24 @@ class GgufCheckpoint:
                 "which the gguf package cannot dequantise"
             ) from None
         array = np.ascontiguousarray(values, dtype=np.float32).reshape(self.shape(name))
+        heads = self._permuted_heads(name)
+        if heads:
+            array = unpermute_rope_rows(array, heads)
         if not array.flags.writeable:  # F32 tensors come back as views of the read-only memmap
             array = array.copy()
         return torch.from_numpy(array)
+
+    def _permuted_heads(self, name: str) -> int:
+        """The heads of a q/k projection whose rows the file holds permuted (ROPE_PERMUTED), else 0."""
+        arch = self.get("general.architecture")
+        if arch not in ROPE_PERMUTED:
+            return 0
+        if name.endswith("self_attn.q_proj.weight"):
+            return int(self.get(f"{arch}.attention.head_count"))
+        if name.endswith("self_attn.k_proj.weight"):
+            key = f"{arch}.attention.head_count_kv"
+            return int(self.get(key, self.get(f"{arch}.attention.head_count")))
+        return 0
 
     def close(self) -> None:
         self._files.clear()

@@ -6,11 +6,12 @@ from typing import Any
 
 from freetoken.errors import FreeTokenError
 from freetoken.formats.gguf_checkpoint import GgufCheckpoint
+from freetoken.formats.gguf_spm import build_spm_tokenizer
 
 # llama.cpp's arch -> model_type
 ARCHITECTURES = {
     "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
-    "gpt-oss": "gpt_oss",
+    "gpt-oss": "gpt_oss", "llama": "mixtral",
 }  # fmt: skip
 # per arch: the transformers class, and whether llama.cpp's graph renormalises the top-k weights (its
 # qwen3moe graph always does; its olmoe graph never does)
@@ -21,6 +22,8 @@ ARCH_FIELDS: dict[str, dict[str, Any]] = {
     "minimax-m2": {"architectures": ["MiniMaxM2ForCausalLM"], "norm_topk_prob": True},
     # llama.cpp's gpt-oss graph: sliding layers every other one from the first, alpha 1.702, limit 7
     "gpt-oss": {"architectures": ["GptOssForCausalLM"], "swiglu_alpha": 1.702, "swiglu_limit": 7.0},
+    # llama.cpp stores Mixtral as `llama` with experts (feed_forward_length: an expert's size)
+    "llama": {"architectures": ["MixtralForCausalLM"]},
 }
 # archs whose config calls an expert's size `intermediate_size` (the file's expert_feed_forward_length)
 EXPERT_SIZE_AS_INTERMEDIATE = ("minimax-m2", "gpt-oss")
@@ -81,6 +84,10 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
         value = ckpt.get(f"{arch}.{key}")
         if value is not None:
             raw[field] = value
+    if arch == "llama" and not raw.get("num_experts"):
+        raise FreeTokenError(
+            f"{ckpt.path}: GGUF architecture 'llama' without experts (a dense model): not supported"
+        )
     for required in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_experts"):
         if required not in raw:
             raise FreeTokenError(f"{ckpt.path}: GGUF lacks {arch}.{CONFIG_KEYS[required]}")
@@ -123,11 +130,20 @@ def build_tokenizer(ckpt: GgufCheckpoint) -> tuple[Any, dict[str, Any]]:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     kind = ckpt.get("tokenizer.ggml.model")
+    tokens: list[str] = ckpt.get("tokenizer.ggml.tokens")
+    if kind == "llama":
+        spm = build_spm_tokenizer(
+            tokens,
+            ckpt.get("tokenizer.ggml.scores"),
+            ckpt.get("tokenizer.ggml.token_type"),
+            bool(ckpt.get("tokenizer.ggml.add_space_prefix", True)),
+        )
+        return spm, _tokenizer_config(ckpt, tokens)
     if kind != "gpt2":
         raise FreeTokenError(
-            f"{ckpt.path}: tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' is)"
+            f"{ckpt.path}: tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' and "
+            "SentencePiece 'llama' are)"
         )
-    tokens: list[str] = ckpt.get("tokenizer.ggml.tokens")
     types = ckpt.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     merges = [tuple(m.split(" ", 1)) for m in ckpt.get("tokenizer.ggml.merges") or []]
     special = [i for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
@@ -153,15 +169,20 @@ def build_tokenizer(ckpt: GgufCheckpoint) -> tuple[Any, dict[str, Any]]:
         if tokenizer.token_to_id(tokens[i]) != i:
             raise FreeTokenError(f"{ckpt.path}: added token {tokens[i]!r} does not keep its id {i}")
 
+    return tokenizer, _tokenizer_config(ckpt, tokens)
+
+
+def _tokenizer_config(ckpt: GgufCheckpoint, tokens: list[str]) -> dict[str, Any]:
+    """tokenizer_config fields: the special tokens the file names, and its chat template."""
+
     def token(key: str) -> str | None:
         index = ckpt.get(f"tokenizer.ggml.{key}_token_id")
         return tokens[int(index)] if index is not None and int(index) < len(tokens) else None
 
-    config = {
+    return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": token("eos"),
         "bos_token": token("bos"),
         "pad_token": token("padding"),
         "chat_template": ckpt.get("tokenizer.chat_template"),
     }
-    return tokenizer, config

@@ -54,6 +54,8 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
     if family == "glm4_moe":
         assert (cfg.router_scoring, cfg.n_group, cfg.topk_group, cfg.n_shared_experts) == ("sigmoid", 2, 1, 1)
         assert cfg.routed_scaling_factor == 1.7 and cfg.rope.partial_rotary_factor == 0.5
+    if family == "mixtral":
+        assert (cfg.sliding_window, cfg.sliding_layers, cfg.attention_sinks) == (5, (0, 1, 2), False)
     if family == "gpt_oss":
         assert (cfg.sliding_window, cfg.sliding_layers, cfg.attention_sinks) == (4, (0, 2), True)
         assert (cfg.expert_act, cfg.swiglu_limit, cfg.expert_bias, cfg.router_bias) == (
@@ -136,10 +138,11 @@ GGUF_SHAPE = dict(hidden_size=64, intermediate_size=64, head_dim=16)  # rows of 
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
-@pytest.mark.parametrize("family", ["olmoe", "glm4_moe", "minimax_m2", "gpt_oss"])
+@pytest.mark.parametrize("family", ["mixtral", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss"])
 def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> None:
-    """The families llama.cpp reads here (its `olmoe`, `glm4moe` and `minimax-m2`; GLM's file with a
-    next-token block after the trunk, which is skipped): the GGUF gives the logits and greedy tokens of
+    """The families llama.cpp reads here (its `olmoe`, `glm4moe`, `minimax-m2`, `gpt-oss`, and Mixtral as
+    `llama` with experts and q/k rows permuted for its rope; GLM's file with a next-token block after the
+    trunk, which is skipped): the GGUF gives the logits and greedy tokens of
     transformers given the file's dequantised weights; the cpu backend keeps Q8_0 experts as stored."""
     from gguf_fixture import dequantised_state_dict, write_gguf
 
@@ -148,6 +151,7 @@ def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> 
         "glm4_moe": {"moe_intermediate_size": 64},
         "minimax_m2": {"rotary_dim": 8},
         "gpt_oss": {"swiglu_limit": 7.0},  # llama.cpp's graph has no other
+        "mixtral": {"sliding_window": None},  # llama.cpp's `llama` graph has no window
     }.get(family, {})
     shape = {**GGUF_SHAPE, **extra}
     model = build_family_model(folder, family, **shape)
@@ -160,6 +164,8 @@ def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> 
         assert cfg.architecture == family and cfg.num_layers == 3
         if family == "olmoe":
             assert not cfg.norm_topk_prob and cfg.clip_qkv == 2.5
+        elif family == "mixtral":
+            assert cfg.qk_norm == "none" and cfg.moe_intermediate_size == 64 and cfg.sliding_window is None
         elif family == "gpt_oss":
             assert (cfg.sliding_window, cfg.sliding_layers, cfg.expert_bias) == (4, (0, 2), True)
             assert cfg.rope.type == "yarn" and cfg.moe_intermediate_size == 64

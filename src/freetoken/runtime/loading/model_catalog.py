@@ -24,7 +24,7 @@ FTW_FORMAT, FTW_VERSIONS = "freetoken-ftw", (1, 2)  # formats.ftw.FORMAT, format
 DEMO_FOLDER = "demo-v1"  # runtime.demo.DEMO_NAME
 GGUF_ARCHITECTURES = {  # formats.gguf_meta.ARCHITECTURES
     "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
-    "gpt-oss": "gpt_oss",
+    "gpt-oss": "gpt_oss", "llama": "mixtral",
 }  # fmt: skip
 DEMO = "demo"
 BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -156,8 +156,12 @@ def gguf_meta(path: Path) -> Meta:
     arch, kind, reason = fields.get("general.architecture"), fields.get("tokenizer.ggml.model"), None
     if arch not in GGUF_ARCHITECTURES:
         reason = f"GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHITECTURES)})"
-    elif kind != "gpt2":
-        reason = f"tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' is)"
+    elif arch == "llama" and not fields.get("llama.expert_count"):
+        reason = "GGUF architecture 'llama' without experts (a dense model): not supported"
+    elif kind not in ("gpt2", "llama"):
+        reason = (
+            f"tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' and SentencePiece 'llama' are)"
+        )
     return (arch if isinstance(arch, str) else None), reason, experts or None
 
 
