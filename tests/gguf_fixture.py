@@ -98,6 +98,11 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
             sd[prefix + "mlp.experts.gate_up_proj"][:, rows] = value
         elif rest == "ffn_down_exps.weight":
             sd[prefix + "mlp.experts.down_proj"] = value
+        elif rest.count(".") == 2:  # one expert's: ffn_gate.E.weight
+            part, expert, _ = rest.split(".")
+            rows = {"ffn_gate": slice(0, inter), "ffn_up": slice(inter, 2 * inter)}.get(part)
+            name = "gate_up_proj" if rows is not None else "down_proj"
+            sd[prefix + "mlp.experts." + name][int(expert), rows if rows is not None else slice(None)] = value
         else:
             key = prefix + back[rest]
             if key not in sd and rest == "exp_probs_b.bias":  # MiniMax-M2 keeps it beside the router
@@ -161,6 +166,7 @@ def write_gguf(
     qtype: str = "F32",
     split_max_tensors: int = 0,
     expert_types: tuple[str, str] | None = None,
+    one_per_expert: bool = False,
 ) -> Path:
     """hf: a Qwen3MoeForCausalLM or OlmoeForCausalLM; folder: where its tokenizer files are; qtype: type
     of 2-D/3-D weights.
@@ -272,6 +278,12 @@ def write_gguf(
             ):
                 raw = random_blocks(kind, shape, seed=10 * layer + n)
                 w.add_tensor(f"blk.{layer}.ffn_{part}_exps.weight", raw, raw_dtype=Q[kind])
+        elif one_per_expert:  # older Mixtral files: blk.N.ffn_gate.E.weight, ...
+            gate_up, down = sd[prefix + "mlp.experts.gate_up_proj"], sd[prefix + "mlp.experts.down_proj"]
+            for e in range(gate_up.shape[0]):
+                add(f"blk.{layer}.ffn_gate.{e}.weight", gate_up[e, :i_moe])
+                add(f"blk.{layer}.ffn_up.{e}.weight", gate_up[e, i_moe:])
+                add(f"blk.{layer}.ffn_down.{e}.weight", down[e])
         elif prefix + "mlp.experts.gate_up_proj" in sd:  # transformers keeps experts fused in memory
             gate_up = sd[prefix + "mlp.experts.gate_up_proj"]  # [E, 2I, H]
             add(f"blk.{layer}.ffn_gate_exps.weight", gate_up[:, :i_moe])

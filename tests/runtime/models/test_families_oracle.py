@@ -268,3 +268,21 @@ def test_gpt_oss_mxfp4_experts_kept_as_stored(tmp_path: Path) -> None:
             assert [e.token_id for e in out] == ids[len(PROMPT) :]
         finally:
             engine.close()
+
+
+def test_an_older_mixtral_gguf_with_one_tensor_per_expert(tmp_path: Path) -> None:
+    """Mixtral GGUFs converted before whole-layer banks hold `blk.N.ffn_gate.E.weight` and the like."""
+    from gguf_fixture import dequantised_state_dict, write_gguf
+
+    model = build_family_model(tmp_path / "hf", "mixtral", sliding_window=None, **GGUF_SHAPE)
+    path = write_gguf(model, tmp_path / "hf", tmp_path / "mixtral.gguf", "F32", one_per_expert=True)
+    ref = type(model)(model.config).eval()
+    ref.load_state_dict(dequantised_state_dict(path, model))
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="offload", cache_size=4)
+    try:
+        assert (
+            rel_err(engine.forward(engine.new_sequence(), PROMPT, all_logits=True), reference(ref, PROMPT))
+            < 1e-4
+        )
+    finally:
+        engine.close()
