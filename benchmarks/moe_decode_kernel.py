@@ -2,9 +2,11 @@
 
     python benchmarks/moe_decode_kernel.py                  # Qwen3-30B-A3B experts, batch 1..16
     python benchmarks/moe_decode_kernel.py --sweep --json   # also try tile sizes
+    python benchmarks/moe_decode_kernel.py --codec Q4_K     # experts kept as Q4_K blocks (Q8_0, MXFP4 too)
 
 One MoE layer's routed experts for T tokens: bytes = the distinct experts' weights (gate_up + down)
-read once. Times are CUDA-graph replays (no launch overhead), median of repeats; `GB/s` = bytes / time,
+read once, in the bytes the banks hold (bf16, or a codec's blocks as stored). Times are CUDA-graph
+replays (no launch overhead), median of repeats; `GB/s` = bytes / time,
 `x read` = that over a plain reduction's read bandwidth measured in the same run; `x peak` over the
 card's data-sheet HBM bandwidth.
 """
@@ -17,8 +19,11 @@ import statistics
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
 import torch
 
+from freetoken.codecs import get_codec
+from freetoken.codecs.torch_dequant import DEVICE_CODECS, dequantize_rows
 from freetoken.runtime.moe.experts import gathered_experts, grouped_experts
 from freetoken.runtime.moe.kernels.moe_decode import DEFAULT_BLOCKS, DecodeBlocks, fused_moe_decode
 
@@ -65,13 +70,27 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--sweep", action="store_true", help="time every tile size in SWEEP at batch 1 first")
+    ap.add_argument("--codec", choices=("bf16", *DEVICE_CODECS), default="bf16", help="the banks' form")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     h, i, e, k = args.hidden, args.moe_inter, args.experts, args.top_k
     g = torch.Generator(device="cuda").manual_seed(0)
-    gate_up = (torch.randn(e, 2 * i, h, device="cuda", generator=g) / h**0.5).bfloat16()
-    down = (torch.randn(e, h, i, device="cuda", generator=g) / i**0.5).bfloat16()
-    expert_bytes = 3 * h * i * 2
+    codecs = None if args.codec == "bf16" else (args.codec, args.codec)
+    if codecs is None:
+        gate_up = (torch.randn(e, 2 * i, h, device="cuda", generator=g) / h**0.5).bfloat16()
+        down = (torch.randn(e, h, i, device="cuda", generator=g) / i**0.5).bfloat16()
+        expert_bytes = 3 * h * i * 2
+        plain_gate_up, plain_down = gate_up.float(), down.float()
+    else:
+        codec, rng = get_codec(args.codec), np.random.default_rng(0)
+        scale = {"Q8_0": 5e-3, "Q4_K": 1e-3, "MXFP4": 2**-4}[args.codec]
+        blocks = [np.empty((e, rows, codec.row_bytes(n)), np.uint8) for rows, n in ((2 * i, h), (h, i))]
+        gate_up, down = (torch.from_numpy(codec.random_blocks(b, rng, scale)).cuda() for b in blocks)
+        expert_bytes = codec.tensor_bytes(2 * i, h) + codec.tensor_bytes(h, i)
+        plain_gate_up, plain_down = (
+            dequantize_rows(gate_up, args.codec, h),
+            dequantize_rows(down, args.codec, i),
+        )
     copy = read_bandwidth()
     blocks, sweep_rows = DEFAULT_BLOCKS, []
     if args.sweep:
@@ -79,7 +98,7 @@ def main() -> None:
         ids = torch.randperm(e, device="cuda", generator=g)[:k][None]
         w = torch.rand(1, k, device="cuda")
         for candidate in SWEEP:
-            s = graph_time(lambda c=candidate: fused_moe_decode(x, ids, w, gate_up, down, c))
+            s = graph_time(lambda c=candidate: fused_moe_decode(x, ids, w, gate_up, down, c, codecs=codecs))
             sweep_rows.append({**asdict(candidate), "us": s * 1e6, "x_read": k * expert_bytes / s / copy})
         best = min(sweep_rows, key=lambda r: r["us"])
         blocks = DecodeBlocks(**{f: best[f] for f in asdict(DEFAULT_BLOCKS)})
@@ -89,10 +108,16 @@ def main() -> None:
         ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
         w = torch.rand(t, k, device="cuda")
         nbytes = int(torch.unique(ids).numel()) * expert_bytes
-        fused = graph_time(lambda x=x, ids=ids, w=w: fused_moe_decode(x, ids, w, gate_up, down, blocks))
-        gathered = graph_time(lambda x=x, ids=ids, w=w: gathered_experts(x, ids, w, gate_up, down), reps=5)
-        ref = grouped_experts(x.float(), ids, w, gate_up.float(), down.float())
-        got = fused_moe_decode(x, ids, w, gate_up, down, blocks).float()
+        fused = graph_time(
+            lambda x=x, ids=ids, w=w: fused_moe_decode(x, ids, w, gate_up, down, blocks, codecs=codecs)
+        )
+        gathered = (  # the torch path a stored bank takes dequantises what it uses: not graph-capturable
+            graph_time(lambda x=x, ids=ids, w=w: gathered_experts(x, ids, w, gate_up, down), reps=5)
+            if codecs is None
+            else float("nan")
+        )
+        ref = grouped_experts(x.float(), ids, w, plain_gate_up, plain_down)
+        got = fused_moe_decode(x, ids, w, gate_up, down, blocks, codecs=codecs).float()
         err = float((got - ref).norm() / ref.norm())
         rows.append(
             {
@@ -109,6 +134,7 @@ def main() -> None:
         )
     doc = {
         "shape": {"hidden": h, "moe_inter": i, "experts": e, "top_k": k},
+        "codec": args.codec,
         "device": torch.cuda.get_device_name(),
         "read_gbps": copy / 1e9,
         "blocks": asdict(blocks),
@@ -124,7 +150,7 @@ def main() -> None:
                 f"sweep {r['gate_up_n']}x{r['gate_up_k']} / {r['down_n']}x{r['down_k']} w{r['num_warps']}: "
                 f"{r['us']:.1f} us ({r['x_read']:.2f} x read)"
             )
-    shape = f"H {h} I {i} E {e} K {k}"
+    shape = f"H {h} I {i} E {e} K {k} {args.codec}"
     print(f"{doc['device']} · read {copy / 1e9:.0f} GB/s · {shape} · blocks {asdict(blocks)}")
     head = ("T", "experts", "fused us", "GB/s", "x read", "x peak", "gathered us", "speedup")
     print(" ".join(f"{c:>{w}}" for c, w in zip(head, (3, 7, 9, 7, 7, 7, 12, 8), strict=True)))

@@ -69,8 +69,11 @@ def test_a_gguf_converts_with_its_blocks_and_loads_them(tiny_model: tuple[Path, 
     cached = build_engine(
         tmp_path / "ftw", device="cpu", dtype="float32", moe_backend="offload", cache_size=4
     )
-    assert not cached.pool.stored  # slots take the dtype: the blocks were dequantised at load
+    assert cached.executor.bank.codecs == ("Q8_0", "Q8_0")  # the slots hold the FTW's blocks too
     assert greedy(cached, PROMPTS[:2], TOKENS) == want
+    fused = build_engine(tmp_path / "ftw", device="cpu", dtype="float32", moe_backend="fused")
+    assert not fused.pool.stored  # fused on a CPU device: dequantised at load
+    assert greedy(fused, PROMPTS[:2], TOKENS) == want
     plain = convert_to_ftw(path, tmp_path / "plain", expert_dtype="dtype")
     assert plain.expert_dtypes == ("bfloat16",) and bank_codecs(tmp_path / "plain") == {None}
 

@@ -1,6 +1,7 @@
-"""GGUF experts kept as stored: the cpu backend's pool holds the file's Q8_0 blocks (no dequantisation),
+"""GGUF experts kept as stored: the cpu backend's pool holds the file's blocks (no dequantisation),
 reports them in `expert_pool`, and decodes the greedy tokens of transformers given the package's
-dequantisation of the same file. Backends with slots dequantise at load, as before."""
+dequantisation of the same file. Backends with slots keep the codecs the device kernels read (Q8_0, Q4_K,
+MXFP4) in the pool and the slots alike, when every layer has one pair; others are dequantised at load."""
 
 from __future__ import annotations
 
@@ -89,11 +90,54 @@ def test_cpu_backend_keeps_the_blocks_and_decodes_the_reference_tokens(q8_file: 
     assert greedy(engine, prompts, TOKENS) == want
 
 
-def test_backends_with_slots_dequantise_at_load(q8_file: tuple[Path, Any]) -> None:
+@pytest.mark.parametrize(
+    ("backend", "options"),
+    [
+        ("offload", {"cache_size": 2}),
+        ("offload", {"cache_size": 4}),
+        ("offload", {"cache_size": 16}),
+        ("cpu", {"cache_size": 4}),
+        ("hybrid", {"cache_size": 4, "pcie_gbps": 25.0, "host_gbps": 100.0}),
+    ],
+)
+def test_slots_hold_the_blocks_as_stored(q8_file: tuple[Path, Any], backend: str, options: dict) -> None:
+    """The slot backends keep Q8_0 in the pool and in the slots (fills copy blocks; the device computes
+    from them), and decode the reference tokens at every cache size, one sequence and three."""
     path, ref = q8_file
-    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="offload", cache_size=4)
-    assert not engine.pool.stored and engine.pool.describe()["dtypes"] == ["f32"]
-    assert greedy(engine, PROMPTS[:1], TOKENS) == [reference_greedy(ref, PROMPTS[0], TOKENS)]
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend=backend, **options)
+    try:
+        bank = engine.executor.bank
+        assert engine.pool.describe()["dtypes"] == ["Q8_0"] and bank.codecs == ("Q8_0", "Q8_0")
+        assert bank.gate_up.dtype == torch.uint8 and engine.pool.expert_nbytes == 3 * 64 * 32 // 32 * 34
+        prompts = PROMPTS[:3]
+        want = [reference_greedy(ref, prompt, TOKENS) for prompt in prompts]
+        assert greedy(engine, prompts[:1], TOKENS) == want[:1]
+        assert greedy(engine, prompts, TOKENS) == want
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize(
+    ("expert_types", "kept"),
+    [(("Q4_K", "Q4_K"), True), (("MXFP4", "MXFP4"), True), (("Q4_K", "Q6_K"), False)],
+    ids=["Q4_K", "MXFP4", "Q4_K_M-like"],
+)
+def test_slots_take_the_device_codecs_in_one_form(
+    make_model: Any, tmp_path: Path, expert_types: tuple[str, str], kept: bool
+) -> None:
+    """Q4_K and MXFP4 experts stay as stored in slots; a pair the device kernels do not read (Q6_K) is
+    dequantised at load. The greedy tokens are the reference's either way."""
+    folder, hf = make_model(hidden_size=256, moe_intermediate_size=256, num_experts=4)
+    path = write_gguf(hf, folder, tmp_path / "k.gguf", "F32", expert_types=expert_types)
+    ref = type(hf)(hf.config).eval()
+    ref.load_state_dict(dequantised_state_dict(path, hf))
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="hybrid", cache_size=3)
+    try:
+        assert (engine.executor.bank.codecs == expert_types) == kept
+        assert bool(engine.pool.stored) == kept
+        assert greedy(engine, PROMPTS[:2], TOKENS) == [reference_greedy(ref, p, TOKENS) for p in PROMPTS[:2]]
+    finally:
+        engine.close()
 
 
 def test_run_json_reports_the_expert_pool(q8_file: tuple[Path, Any]) -> None:

@@ -77,3 +77,37 @@ def test_tokens_sharing_experts_read_them_once_and_match(t: int) -> None:
     ids[0] = torch.tensor([1, 4, -1])  # ... except one, with a skipped choice
     got = fused_moe_decode(x, ids, weights, gate_up, down, SMALL)
     torch.testing.assert_close(got, grouped_experts(x, ids, weights, gate_up, down), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("codecs", "h", "i"),
+    [
+        (("Q8_0", "Q8_0"), 96, 64),
+        (("Q4_K", "Q4_K"), 256, 256),
+        (("MXFP4", "MXFP4"), 64, 96),
+        (("Q4_K", "Q8_0"), 256, 96),
+    ],
+)
+def test_banks_of_codec_blocks_are_read_in_place(codecs: tuple[str, str], h: int, i: int) -> None:
+    """Slots holding blocks as stored: the kernel dequantises in registers, with the clamped function and
+    biases on, and gives the plain sum over gguf's dequantisation of the same blocks."""
+    import numpy as np
+
+    from freetoken.codecs import get_codec
+    from freetoken.runtime.moe.expert_fn import ExpertFn, PairBias
+
+    rng = np.random.default_rng(1)
+    scale = {"Q8_0": 5e-3, "Q4_K": 1e-3, "MXFP4": 2**-4}
+    gu, dn = (get_codec(name) for name in codecs)
+    gu_blocks = gu.random_blocks(np.empty((5, 2 * i, gu.row_bytes(h)), np.uint8), rng, scale[gu.name])
+    dn_blocks = dn.random_blocks(np.empty((5, h, dn.row_bytes(i)), np.uint8), rng, scale[dn.name])
+    gate_up, down = (
+        torch.from_numpy(gu.dequantize(gu_blocks, h)),
+        torch.from_numpy(dn.dequantize(dn_blocks, i)),
+    )
+    x, ids, w = torch.randn(3, h), torch.tensor([[0, 4], [2, -1], [3, 1]]), torch.rand(3, 2)
+    fn, bias = ExpertFn("clamped", limit=2.0), PairBias(torch.randn(5, 2 * i) * 0.1, ids)
+    want = grouped_experts(x, ids, w, gate_up, down, fn, bias)
+    blocks = torch.from_numpy(gu_blocks), torch.from_numpy(dn_blocks)
+    got = fused_moe_decode(x, ids, w, *blocks, DecodeBlocks(16, 64, 16, 64), fn=fn, bias=bias, codecs=codecs)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))

@@ -47,18 +47,27 @@ def materialise(model: nn.Module, device: torch.device) -> None:
             setattr(module, name, torch.empty(buf.shape, dtype=buf.dtype, device=device))
 
 
-def stored_expert_codecs(config: EngineConfig, backend: str, device: torch.device) -> frozenset[str]:
-    """Codecs whose expert blocks the pool keeps as the file stores them: those the CPU expert kernel
-    computes from, when every expert is computed on this CPU from the pool (the cpu backend on a cpu
-    device with no slots). Elsewhere experts are dequantised at load: slots and GPU kernels take the
-    pool dtype for now."""
+def stored_expert_codecs(
+    config: EngineConfig, backend: str, device: torch.device
+) -> tuple[frozenset[str], bool]:
+    """(codecs whose expert blocks the pool keeps as the file stores them, whether every layer must keep
+    the same pair). Every expert computed on this CPU from the pool (the cpu backend on a cpu device with
+    no slots): what the CPU expert kernel computes from, layer by layer. `fused` on CUDA: what the decode
+    kernel reads in place (DEVICE_CODECS), layer by layer. The slot backends: those too, in one form for
+    every layer, as the slots hold it (the cpu device standing in dequantises in torch). Other codecs, and
+    other cases, are dequantised at load."""
+    from freetoken.codecs.torch_dequant import DEVICE_CODECS
     from freetoken.runtime.moe.kernels.cpu_experts import CODEC_IDS, kernel_available
+    from freetoken.runtime.moe.kernels.moe_decode import triton_available
 
     moe = config.moe
     no_slots = moe.cache_size in (None, 0) and moe.cache_ratio is None and moe.vram_budget is None
     if backend == "cpu" and device.type == "cpu" and no_slots and kernel_available():
-        return frozenset(CODEC_IDS)
-    return frozenset()
+        return frozenset(CODEC_IDS), False
+    device_kernel = device.type == "cpu" or (device.type == "cuda" and triton_available())
+    if backend == "fused":
+        return (frozenset(DEVICE_CODECS) if device.type == "cuda" and device_kernel else frozenset()), False
+    return (frozenset(DEVICE_CODECS) if device_kernel else frozenset()), True
 
 
 def load_model(
@@ -82,15 +91,15 @@ def load_model(
         model = arch.build_model(model_config).to(dtype)
     materialise(model, device)
     model.tie_weights()
-    keep = stored_expert_codecs(config, backend, device)
+    keep, uniform = stored_expert_codecs(config, backend, device)
     if weights is None and is_ftw(path):
-        weights = ftw_weights(path, verify=config.verify, keep_stored=keep)
+        weights = ftw_weights(path, verify=config.verify, keep_stored=keep, uniform_stored=uniform)
     if weights is not None:
         pool = weights(model, model_config, dtype, progress)
     else:
         with gguf or SafetensorsCheckpoint(path) as ckpt:
             naming = arch.naming(gguf is not None)
-            pool = load_weights(model, model_config, ckpt, naming, dtype, progress, keep)
+            pool = load_weights(model, model_config, ckpt, naming, dtype, progress, keep, uniform)
     if device.type == "cuda":
         pool.pin()  # only now, once every bank is filled
     return LoadedModel(model_config, tokenizer, model, pool, dtype)

@@ -149,6 +149,9 @@ class CachedExecutor(ExpertExecutor):
         return self.fetches_all(layer) and small and pairs <= self.residency.num_slots
 
     def graph_blocker(self, rows: int) -> str | None:
+        stored = self.stored_blocker()
+        if stored is not None:
+            return stored
         if self._in_stream(rows):
             return None
         if self.stream_off is not None:
@@ -354,7 +357,8 @@ class CachedExecutor(ExpertExecutor):
         biases, by expert id."""
         if x.device.type == "cpu" or slot_ids.numel() > GATHER_MAX_PAIRS:
             slot_ids = slot_ids.cpu()  # grouping happens on the host anyway
-        return routed_experts(x, slot_ids, topk_weights, self.bank.gate_up, self.bank.down, self.fn, bias)
+        bank = self.bank
+        return routed_experts(x, slot_ids, topk_weights, bank.gate_up, bank.down, self.fn, bias, bank.codecs)
 
     def probe(self) -> None:
         """One layer step's worth of experts on each path, folded into B_H and B_P (moving averages)."""

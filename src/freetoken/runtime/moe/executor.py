@@ -85,6 +85,14 @@ class ExpertExecutor(ABC):
     def graph_blocker(self, rows: int) -> str | None:
         """Why a decode step of `rows` rows cannot be captured in a CUDA graph; None: it can (every
         expert's work stays on the device, with no host read-back)."""
+        return self.stored_blocker()
+
+    def stored_blocker(self) -> str | None:
+        """Experts kept as stored blocks stay on the device only through the Triton decode kernel."""
+        from freetoken.runtime.moe.experts import decode_kernel_on
+
+        if self.pool.stored and self.device.type == "cuda" and not decode_kernel_on():
+            return "experts kept as stored blocks need the Triton decode kernel (it is off)"
         return None
 
     def resize_slots(self, num_slots: int) -> None:

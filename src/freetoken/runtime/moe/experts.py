@@ -9,10 +9,12 @@ pair's gate/up bias (`bias`); the down projection's bias is the executors' (expe
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from freetoken.codecs.torch_dequant import dequantize_rows
 from freetoken.env import moe_decode_kernel_choice
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
 from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS, fused_moe_decode, triton_available
@@ -107,6 +109,32 @@ def gathered_experts(
     return y.view(t, k, -1).sum(dim=1).to(x.dtype)
 
 
+def stored_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    gate_up_bank: torch.Tensor,
+    down_bank: torch.Tensor,
+    codecs: tuple[str, str],
+    fn: ExpertFn = SILU,
+    bias: PairBias | None = None,
+    dequantize: Callable[[torch.Tensor, str, int], torch.Tensor] = dequantize_rows,
+) -> torch.Tensor:
+    """`grouped_experts` over banks of codec blocks (uint8 [S, 2I, row bytes] / [S, H, row bytes]): the
+    experts the ids use are dequantised (`dequantize`: rows, codec name, weights per row -> float rows;
+    by default in torch on the banks' device) into x's dtype, then computed as plain banks. Reads the ids
+    back (a sync)."""
+    h, i = x.shape[1], gate_up_bank.shape[1] // 2
+    ids = topk_ids.to(gate_up_bank.device)
+    used = torch.unique(ids[ids >= 0])  # [U]
+    gate_up = dequantize(gate_up_bank[used], codecs[0], h).to(x.dtype)  # [U, 2I, H]
+    down = dequantize(down_bank[used], codecs[1], i).to(x.dtype)  # [U, H, I]
+    compact = torch.full((gate_up_bank.shape[0],), -1, dtype=torch.int64, device=ids.device)
+    compact[used] = torch.arange(len(used), device=ids.device)
+    local = torch.where(ids >= 0, compact[ids.clamp(min=0)], -1)
+    return grouped_experts(x, local.to(topk_ids.device), topk_weights, gate_up, down, fn, bias)
+
+
 # Below this many (token, expert) pairs on an accelerator, gather weights instead of grouping tokens:
 # grouping reads the routing back to the host, a sync per layer.
 GATHER_MAX_PAIRS = 64
@@ -120,18 +148,24 @@ def routed_experts(
     down_bank: torch.Tensor,
     fn: ExpertFn = SILU,
     bias: PairBias | None = None,
+    codecs: tuple[str, str] | None = None,
 ) -> torch.Tensor:
     """A few tokens on CUDA: the fused Triton decode kernel (weights read in place by id); a few pairs on
     another accelerator: the gathered path; otherwise the grouped one. All without a host sync but the
-    last."""
+    last. `codecs`: the banks hold those codecs' blocks as stored (the decode kernel reads them in
+    place; larger steps dequantise the experts they use)."""
     on_device = x.device.type != "cpu" and topk_ids.device == x.device
-    if on_device and x.device.type == "cuda" and x.shape[0] <= MAX_DECODE_TOKENS and _decode_kernel_on():
-        return fused_moe_decode(x, topk_ids, topk_weights, gate_up_bank, down_bank, fn=fn, bias=bias)
+    if on_device and x.device.type == "cuda" and x.shape[0] <= MAX_DECODE_TOKENS and decode_kernel_on():
+        return fused_moe_decode(
+            x, topk_ids, topk_weights, gate_up_bank, down_bank, fn=fn, bias=bias, codecs=codecs
+        )
+    if codecs is not None:
+        return stored_experts(x, topk_ids, topk_weights, gate_up_bank, down_bank, codecs, fn, bias)
     if on_device and topk_ids.numel() <= GATHER_MAX_PAIRS:
         return gathered_experts(x, topk_ids, topk_weights, gate_up_bank, down_bank, fn, bias)
     return grouped_experts(x, topk_ids, topk_weights, gate_up_bank, down_bank, fn, bias)
 
 
 @functools.cache
-def _decode_kernel_on() -> bool:
+def decode_kernel_on() -> bool:
     return moe_decode_kernel_choice() != "torch" and triton_available()

@@ -136,8 +136,30 @@ class HostExpertPool:
 
     @property
     def expert_nbytes(self) -> int:
-        """Bytes of one expert in `dtype`: what an expert slot on the device holds."""
-        return 3 * self.hidden_size * self.intermediate_size * torch.empty(0, dtype=self.dtype).element_size()
+        """Bytes of one expert as the pool holds it (the largest layer's, where layers differ): what an
+        expert slot on the device holds, and what a fetch or a CPU pass reads."""
+        return max(self.layer_expert_nbytes(layer) for layer in self.layers) if self.layers else 0
+
+    def layer_expert_nbytes(self, layer: int) -> int:
+        """Bytes of one expert of `layer`'s banks (codec blocks as stored, or `dtype` values)."""
+        h, i = self.hidden_size, self.intermediate_size
+        if layer in self.stored:
+            gu, dn = self.stored[layer]
+            return gu.tensor_bytes(2 * i, h) + dn.tensor_bytes(h, i)
+        return 3 * h * i * torch.empty(0, dtype=self.dtype).element_size()
+
+    def slot_codecs(self) -> tuple[Codec, Codec] | None:
+        """The one (gate_up, down) codec pair every layer keeps as stored, which slots then hold too; None
+        when the banks hold `dtype` values. Layers kept in different codecs cannot share slots."""
+        pairs = {self.stored.get(layer) for layer in self.layers}
+        if pairs == {None}:
+            return None
+        if len(pairs) != 1:
+            raise FreeTokenError(
+                "expert slots need every MoE layer in one form: these layers keep "
+                + ", ".join(sorted({f"{p[0].name}/{p[1].name}" if p else str(self.dtype) for p in pairs}))
+            )
+        return next(iter(pairs))
 
     def codec_names(self, layer: int) -> tuple[str, str]:
         """(gate_up, down) codec names of a layer's banks: the stored codecs, or the dtype's."""

@@ -1,4 +1,6 @@
-"""Expert slots on the compute device: gate_up [N, 2I, H], down [N, H, I].
+"""Expert slots on the compute device: gate_up [N, 2I, H], down [N, H, I]; or, when the pool keeps every
+layer in one codec pair as stored, uint8 [N, 2I, row bytes(H)] and [N, H, row bytes(I)] of its blocks
+(`codecs`), filled byte for byte and read by the kernels as they are.
 
 Which expert each slot holds is residency.py's business. Fills issued from the host (warm start, probes,
 steps that read the policy back, prefill streaming) copy from the pinned pool on a transfer stream
@@ -17,11 +19,18 @@ class SlotBank:
     def __init__(self, pool: HostExpertPool, num_slots: int, device: torch.device) -> None:
         self.pool = pool
         self.device = device
+        stored = pool.slot_codecs()
+        self.codecs: tuple[str, str] | None = None if stored is None else (stored[0].name, stored[1].name)
         self.gate_up, self.down = self._allocate(num_slots)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def _allocate(self, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         pool, h, i = self.pool, self.pool.hidden_size, self.pool.intermediate_size
+        if self.codecs is not None:
+            layer = pool.layers[0]
+            gu_shape, dn_shape = pool.gate_up[layer].shape[1:], pool.down[layer].shape[1:]
+            gate_up = torch.empty(num_slots, *gu_shape, dtype=torch.uint8, device=self.device)
+            return gate_up, torch.empty(num_slots, *dn_shape, dtype=torch.uint8, device=self.device)
         gate_up = torch.empty(num_slots, 2 * i, h, dtype=pool.dtype, device=self.device)  # [N, 2I, H]
         down = torch.empty(num_slots, h, i, dtype=pool.dtype, device=self.device)  # [N, H, I]
         return gate_up, down

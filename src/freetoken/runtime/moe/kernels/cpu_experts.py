@@ -14,7 +14,7 @@ import torch
 
 from freetoken.codecs import get_codec
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
-from freetoken.runtime.moe.experts import grouped_experts
+from freetoken.runtime.moe.experts import grouped_experts, stored_experts
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.pool import HUGE_PAGES
 
@@ -104,16 +104,15 @@ def stored_reference(
 ) -> torch.Tensor:
     """The plain path over banks of codec blocks: the routed experts dequantised by each codec's reference
     (gguf's for GGUF types), then the fp32 grouped experts. -> [T, H] float32."""
-    hidden, inter = bank_sizes(gate_up_bank, down_bank)
-    used = torch.unique(ids[ids >= 0]).to(torch.int64)  # [U]
-    gu, dn = (get_codec(name) for name in codecs)
-    gate_up = torch.from_numpy(gu.dequantize(gate_up_bank[used].numpy(), hidden, "gate_up bank"))
-    down = torch.from_numpy(dn.dequantize(down_bank[used].numpy(), inter, "down bank"))
-    compact = torch.full((gate_up_bank.shape[0],), -1, dtype=torch.int64)
-    compact[used] = torch.arange(len(used))
-    local = torch.where(ids >= 0, compact[ids.clamp(min=0).long()], -1)
     bias = None if gate_up_bias is None else PairBias(gate_up_bias, ids)
-    return grouped_experts(x.float(), local, weights.float(), gate_up, down, fn, bias)
+    return stored_experts(
+        x.float(), ids.long(), weights.float(), gate_up_bank, down_bank, codecs, fn, bias, _reference_rows
+    )
+
+
+def _reference_rows(raw: torch.Tensor, codec: str, elements: int) -> torch.Tensor:
+    """Rows of blocks dequantised by the codec's reference (gguf's for GGUF types)."""
+    return torch.from_numpy(get_codec(codec).dequantize(raw.numpy(), elements, f"{codec} bank"))
 
 
 def cpu_experts(

@@ -147,10 +147,13 @@ def _check(
         raise ValueError(f"dst_gate_up must be [S, 2I, H], not {tuple(dst_gate_up.shape)}")
     e, two_i, h = src_gate_up.shape
     s, dtype = dst_gate_up.shape[0], src_gate_up.dtype
+    # codec blocks (uint8): rows are bytes, whose count the down bank itself says; values: [H, I]
+    blocks = dtype == torch.uint8 and src_down.dim() == 3
+    down_rows = tuple(src_down.shape[1:]) if blocks else (h, two_i // 2)
     _check_bank("src_gate_up", src_gate_up, (e, two_i, h), dtype)
-    _check_bank("src_down", src_down, (e, h, two_i // 2), dtype)
+    _check_bank("src_down", src_down, (e, *down_rows), dtype)
     _check_bank("dst_gate_up", dst_gate_up, (s, two_i, h), dtype)
-    _check_bank("dst_down", dst_down, (s, h, two_i // 2), dtype)
+    _check_bank("dst_down", dst_down, (s, *down_rows), dtype)
     device = dst_gate_up.device
     for name, t in (("plan", plan), ("count", count), ("dst_down", dst_down)):
         if t.device != device:

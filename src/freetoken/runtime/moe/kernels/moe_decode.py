@@ -14,9 +14,12 @@ from typing import Any
 
 import torch
 
+from freetoken.codecs import get_codec
 from freetoken.env import moe_decode_blocks
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
 
+# codecs the kernels read as stored, by the numbers quant_tile_triton.py (and the CPU kernel) use
+QUANT_CODECS = {"Q8_0": 1, "Q4_K": 3, "MXFP4": 12}
 MAX_DECODE_TOKENS = 16  # beyond this a grouped (per-expert) kernel reads each expert once, not per pair
 
 
@@ -68,16 +71,22 @@ def fused_moe_decode(
     blocks: DecodeBlocks = DEFAULT_BLOCKS,
     fn: ExpertFn = SILU,
     bias: PairBias | None = None,
+    codecs: tuple[str, str] | None = None,
 ) -> torch.Tensor:
     """x [T, H], topk_ids [T, K] (-1: skip) and topk_weights [T, K] on x's device, gate_up_bank [S, 2I, H]
     and down_bank [S, H, I] (rows contiguous) -> [T, H] in x's dtype. `fn`: the experts' function; `bias`:
-    each pair's gate/up bias (its tensors on x's device)."""
+    each pair's gate/up bias (its tensors on x's device); `codecs`: banks of codec blocks as stored, uint8
+    [S, 2I, row bytes] / [S, H, row bytes] (QUANT_CODECS)."""
     t, h = x.shape
     k = topk_ids.shape[1]
-    i = down_bank.shape[2]
+    gu_code, dn_code = (0, 0) if codecs is None else (QUANT_CODECS[codecs[0]], QUANT_CODECS[codecs[1]])
+    i = down_bank.shape[2] if codecs is None else gate_up_bank.shape[1] // 2
     if gate_up_bank.stride(2) != 1 or down_bank.stride(2) != 1:
         raise ValueError("expert banks need contiguous rows")
-    if gate_up_bank.shape[1:] != (2 * i, h) or down_bank.shape[1] != h:
+    widths = (
+        (h, i) if codecs is None else (get_codec(codecs[0]).row_bytes(h), get_codec(codecs[1]).row_bytes(i))
+    )
+    if gate_up_bank.shape[1:] != (2 * i, widths[0]) or down_bank.shape[1:] != (h, widths[1]):
         shapes = f"{tuple(gate_up_bank.shape)} / {tuple(down_bank.shape)}"
         raise ValueError(f"bank shapes {shapes} do not fit x of width {h}")
     gate_up_act, down, interpreted = _kernels()
@@ -98,11 +107,11 @@ def fused_moe_decode(
     gate_up_act[(pairs, -(-i // b.gate_up_n))](
         x, ids, gate_up_bank, act, bias_bank, bias_ids, gate_up_bank.stride(0), gate_up_bank.stride(1),
         fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=b.gate_up_n, BLOCK_K=b.gate_up_k, ACT=fn.code,
-        HAS_BIAS=bias is not None, num_warps=b.num_warps, num_stages=b.num_stages,
+        HAS_BIAS=bias is not None, CODEC=gu_code, num_warps=b.num_warps, num_stages=b.num_stages,
     )  # fmt: skip
     down[(t, -(-h // b.down_n))](
         act, ids, weights, down_bank, out, down_bank.stride(0), down_bank.stride(1),
-        H=h, INTER=i, K=k, BLOCK_N=b.down_n, BLOCK_K=b.down_k,
+        H=h, INTER=i, K=k, BLOCK_N=b.down_n, BLOCK_K=b.down_k, CODEC=dn_code,
         num_warps=b.num_warps, num_stages=b.num_stages,
     )  # fmt: skip
     return out

@@ -11,14 +11,17 @@ branch) loads nothing (its loads are masked off) and contributes zero.
 
 with p = t·K + k and e = ids[p]; glu is the experts' function (ACT: 0 silu(g)·u, 1 gpt-oss's clamped form,
 expert_fn.py) and b[p] the pair's expert's gate/up bias (bias [E, 2I] at expert id bias_ids[p], when
-HAS_BIAS). Accumulation in fp32; the sum over k and the cast to the output dtype
-happen in the down kernel (no reduction launches after it).
+HAS_BIAS). Banks hold values (CODEC 0) or a codec's blocks as stored (uint8 rows, strides in bytes,
+dequantised in registers: quant_tile_triton.py). Accumulation in fp32; the sum over k and the cast to the
+output dtype happen in the down kernel (no reduction launches after it).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from freetoken.runtime.moe.kernels.quant_tile_triton import quant_tile
 
 
 @triton.jit
@@ -40,6 +43,7 @@ def gate_up_act_kernel(
     BLOCK_K: tl.constexpr,
     ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    CODEC: tl.constexpr,
 ):
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -55,9 +59,13 @@ def gate_up_act_kernel(
         mask_k = offs_k < H
         xk = tl.load(x_ptr + token * H + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         mask = rows_live[:, None] & mask_k[None, :]
-        rows = offs_n[:, None] * stride_wn + offs_k[None, :]
-        gate = tl.load(base + rows, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(base + rows + INTER * stride_wn, mask=mask, other=0.0).to(tl.float32)
+        rows = base + offs_n[:, None] * stride_wn
+        if CODEC == 0:
+            gate = tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+            up = tl.load(rows + INTER * stride_wn + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        else:
+            gate = quant_tile(rows, offs_k[None, :], mask, CODEC)
+            up = quant_tile(rows + INTER * stride_wn, offs_k[None, :], mask, CODEC)
         acc_gate += tl.sum(gate * xk[None, :], axis=1)
         acc_up += tl.sum(up * xk[None, :], axis=1)
     if HAS_BIAS:
@@ -87,6 +95,7 @@ def down_sum_kernel(
     K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    CODEC: tl.constexpr,
 ):
     token = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -104,7 +113,11 @@ def down_sum_kernel(
             mask_k = offs_k < INTER
             a = tl.load(act_ptr + pair * INTER + offs_k, mask=mask_k, other=0.0)
             mask = rows_live[:, None] & mask_k[None, :]
-            w = tl.load(base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=mask, other=0.0)
-            acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+            rows = base + offs_n[:, None] * stride_wn
+            if CODEC == 0:
+                w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+            else:
+                w = quant_tile(rows, offs_k[None, :], mask, CODEC)
+            acc += tl.sum(w * a[None, :], axis=1)
         total += acc * tl.where(valid, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
     tl.store(out_ptr + token * H + offs_n, total.to(out_ptr.dtype.element_ty), mask=mask_n)
