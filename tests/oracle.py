@@ -158,6 +158,33 @@ FAMILY_TINY: dict[str, dict[str, Any]] = {
     ),
     # the Hub's spelling of a partial rope (transformers keeps the key; the engine reads it)
     "minimax_m2": dict(num_local_experts=6, rotary_dim=6),
+    # latent attention (q through a low rank, yarn with mscale), a dense first layer, a shared expert, two
+    # groups of experts (the best one kept)
+    "deepseek_v3": dict(
+        n_routed_experts=6,
+        moe_intermediate_size=40,
+        intermediate_size=56,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.7,
+        num_key_value_heads=4,
+        q_lora_rank=24,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        head_dim=4,  # transformers' rotary dims: the rope part's
+        v_head_dim=10,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 256,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    ),
     # sinks, a window of 4 on layers 0 and 2, yarn rope, biases everywhere, a clamp the activations reach
     "gpt_oss": dict(
         num_local_experts=6,
@@ -173,6 +200,8 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
     """Save a random transformers model of `family` (FAMILY_TINY, the demo tokenizer) into `folder`;
     `overrides` change the shared shape (hidden 48, head_dim 12, ...)."""
     from transformers import (
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
         GptOssConfig,
@@ -191,6 +220,7 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
         "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
         "minimax_m2": (MiniMaxM2Config, MiniMaxM2ForCausalLM),
         "gpt_oss": (GptOssConfig, GptOssForCausalLM),
+        "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
     }[family]
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_demo_tokenizer(folder)

@@ -119,6 +119,13 @@ class ModelConfig:
     attention_sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
     sliding_window: int | None = None  # keys a query of a sliding layer sees, itself included
     sliding_layers: tuple[int, ...] = ()
+    # multi-head latent attention (DeepSeek-V3): kv_lora_rank > 0 turns it on (models/mla.py)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def is_moe_layer(self, layer: int) -> bool:
@@ -131,6 +138,21 @@ class ModelConfig:
     @property
     def moe_layers(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dims of a head that rope rotates."""
+        if self.kv_lora_rank:
+            return self.qk_rope_head_dim
+        return int(self.head_dim * self.rope.partial_rotary_factor)
+
+    @property
+    def kv_dims(self) -> tuple[int, int, int]:
+        """What the KV cache holds per attention layer and position: (heads, key dims, value dims); MLA
+        caches one latent and its rope key, no values."""
+        if self.kv_lora_rank:
+            return 1, self.kv_lora_rank + self.qk_rope_head_dim, 0
+        return self.num_kv_heads, self.head_dim, self.head_dim
 
     @property
     def expert_numel(self) -> int:

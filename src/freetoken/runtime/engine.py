@@ -32,7 +32,7 @@ from freetoken.runtime.loading.loader import WeightSource, load_model
 from freetoken.runtime.loading.weights import ProgressFn
 from freetoken.runtime.measure.cpu_share import CpuThreads, clamp_threads
 from freetoken.runtime.measure.profile import load_profile, with_profile
-from freetoken.runtime.memory import held_bytes, plan_slots, slot_ceiling
+from freetoken.runtime.memory import held_bytes, kv_bytes_per_token, plan_slots, slot_ceiling
 from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
 from freetoken.runtime.models.slot_decode import prepare_for_slot_decode, supports_slot_decode
 from freetoken.runtime.moe.counters import MoeCounters
@@ -216,6 +216,10 @@ class Engine:
             "kv_sequences": self.kv_pool.slots,
             "kv_capacity_tokens": self.kv_pool.slots * self.kv_pool.capacity,
             "kv_bytes": self.kv_pool.nbytes,
+            # per position over every layer: as cached, and as keys and values per head would be (latent
+            # attention caches one latent and its rope key instead)
+            "kv_bytes_per_token": kv_bytes_per_token(self.config, self.dtype),
+            "kv_bytes_per_token_expanded": kv_bytes_per_token(self.config, self.dtype, expanded=True),
             "resplits": self.resplits,
         }
 
@@ -224,8 +228,9 @@ class Engine:
         layers = getattr(self.model, "attention_layers", tuple(range(cfg.num_layers)))
         shapes = getattr(self.model, "state_shapes", None)  # hybrid models: recurrent states in slots too
         states = shapes(self.dtype) if shapes is not None else None
+        heads, k_dim, v_dim = cfg.kv_dims
         return KVSlotPool(
-            slots, layers, cfg.num_kv_heads, cfg.head_dim, self.max_seq_len, self.dtype, self.device, states
+            slots, layers, heads, k_dim, self.max_seq_len, self.dtype, self.device, states, v_dim
         )
 
     def new_sequence(self) -> Sequence:
@@ -233,8 +238,8 @@ class Engine:
         cache_class = getattr(self.model, "cache_class", KVCache)  # hybrid models add recurrent state
         kv = cache_class(
             cfg.num_layers,
-            cfg.num_kv_heads,
-            cfg.head_dim,
+            cfg.kv_dims[0],
+            cfg.kv_dims[1],
             self.dtype,
             self.device,
             self.max_seq_len,

@@ -26,12 +26,17 @@ def kv_layer_count(cfg: ModelConfig) -> int:
     kinds = cfg.raw.get("layer_types")
     if not isinstance(kinds, list):
         return cfg.num_layers
-    return sum(kind == "full_attention" for kind in kinds[: cfg.num_layers])
+    return sum(kind != "linear_attention" for kind in kinds[: cfg.num_layers])  # sliding layers keep K/V
 
 
-def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, expanded: bool = False) -> int:
+    """K/V bytes a position costs over every attention layer; `expanded`: what keys and values per head
+    would cost (heads × (key + value dims)), against which latent attention's cache is measured."""
     element = torch.empty(0, dtype=dtype).element_size()
-    return 2 * kv_layer_count(cfg) * cfg.num_kv_heads * cfg.head_dim * element
+    heads, k_dim, v_dim = cfg.kv_dims
+    if expanded and cfg.kv_lora_rank:
+        heads, k_dim, v_dim = cfg.num_heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim
+    return kv_layer_count(cfg) * heads * (k_dim + v_dim) * element
 
 
 def device_memory_total(device: torch.device) -> int:

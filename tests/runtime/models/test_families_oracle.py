@@ -1,5 +1,5 @@
-"""Mixtral, OLMoE, GLM-4.5, MiniMax-M2 and gpt-oss against transformers' implementations on tiny
-odd-shaped random models: the config, fp32 logits on the prompt and 16 decode steps, and the reference's
+"""Mixtral, OLMoE, GLM-4.5, MiniMax-M2, gpt-oss and DeepSeek-V3 against transformers' implementations on
+tiny odd-shaped random models: the config, fp32 logits on the prompt and 16 decode steps, and the reference's
 32 greedy tokens under every MoE backend and cache size {top-k, 25%, 100%}."""
 
 from __future__ import annotations
@@ -43,17 +43,26 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
     family, folder, _ = family_model
     cfg = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused").config
     assert cfg.architecture == family
-    assert cfg.moe_layers == ((1, 2) if family == "glm4_moe" else (0, 1, 2))
+    assert cfg.moe_layers == ((1, 2) if family in ("glm4_moe", "deepseek_v3") else (0, 1, 2))
     assert cfg.num_experts == 6 and cfg.num_experts_per_tok == 3 and cfg.moe_intermediate_size == 40
     assert cfg.norm_topk_prob == (family != "olmoe")
-    norms = {"mixtral": "none", "olmoe": "full", "glm4_moe": "head", "minimax_m2": "full", "gpt_oss": "none"}
-    assert cfg.qk_norm == norms[family]
-    scoring = {"glm4_moe": "sigmoid", "minimax_m2": "sigmoid", "gpt_oss": "topk_softmax"}
+    norms = {"mixtral": "none", "olmoe": "full", "glm4_moe": "head", "minimax_m2": "full"}
+    assert cfg.qk_norm == norms.get(family, "none")
+    scoring = {
+        "glm4_moe": "sigmoid",
+        "minimax_m2": "sigmoid",
+        "gpt_oss": "topk_softmax",
+        "deepseek_v3": "sigmoid",
+    }
     assert cfg.router_scoring == scoring.get(family, "softmax")
     assert cfg.clip_qkv == (2.5 if family == "olmoe" else None)
     if family == "glm4_moe":
         assert (cfg.router_scoring, cfg.n_group, cfg.topk_group, cfg.n_shared_experts) == ("sigmoid", 2, 1, 1)
         assert cfg.routed_scaling_factor == 1.7 and cfg.rope.partial_rotary_factor == 0.5
+    if family == "deepseek_v3":
+        assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.v_head_dim) == (24, 16, 4, 10)
+        assert cfg.kv_dims == (1, 20, 0) and cfg.rope_interleave and cfg.rope.mscale_all_dim == 1.0
+        assert (cfg.n_group, cfg.n_shared_experts, cfg.routed_scaling_factor) == (2, 1, 1.7)
     if family == "mixtral":
         assert (cfg.sliding_window, cfg.sliding_layers, cfg.attention_sinks) == (5, (0, 1, 2), False)
     if family == "gpt_oss":
@@ -286,3 +295,58 @@ def test_an_older_mixtral_gguf_with_one_tensor_per_expert(tmp_path: Path) -> Non
         )
     finally:
         engine.close()
+
+
+def test_latent_attention_decodes_absorbed_as_expanded(family_model: tuple[str, Path, Any]) -> None:
+    """MLA: a decode step in the absorbed form (scores against the cached latent) gives the expanded
+    form's output, and the cache holds one latent and rope key per position: (r + d_rope) numbers against
+    heads × (d_qk + d_v)."""
+    family, folder, _ = family_model
+    if family != "deepseek_v3":
+        pytest.skip("latent attention: deepseek_v3")
+    engine = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused")
+    attn = engine.model.model.layers[0].self_attn
+    seq = engine.new_sequence()
+    engine.forward(seq, PROMPT)
+    x = torch.randn(1, engine.config.hidden_size)
+    cos, sin = engine.model.rotary(torch.tensor([len(PROMPT)]), x.dtype)
+    q_nope, q_pe, latent = attn._project(x, cos, sin)
+    cache = torch.cat((seq.kv.k[0][:, : len(PROMPT)], latent), dim=1)
+    torch.testing.assert_close(
+        attn._absorbed(q_nope, q_pe, cache), attn._expanded(q_nope, q_pe, cache), rtol=1e-5, atol=1e-6
+    )
+    report = engine.memory_report()
+    layers = engine.config.num_layers
+    assert report["kv_bytes_per_token"] == layers * (16 + 4) * 4
+    assert report["kv_bytes_per_token_expanded"] == layers * 4 * (12 + 10) * 4
+
+
+def test_multi_token_prediction_blocks_are_skipped(
+    family_model: tuple[str, Path, Any], tmp_path: Path
+) -> None:
+    """Published DeepSeek-V3 and GLM-4.5 checkpoints append `num_nextn_predict_layers` blocks after the
+    trunk: skipped when the config declares them, unexpected tensors otherwise."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from freetoken.errors import FreeTokenError
+
+    family, folder, model = family_model
+    if family not in ("deepseek_v3", "glm4_moe"):
+        pytest.skip("families with multi-token-prediction blocks")
+    shutil.copytree(folder, tmp_path / "m")
+    state = load_file(str(tmp_path / "m" / "model.safetensors"))
+    state["model.layers.3.eh_proj.weight"] = torch.zeros(48, 96)
+    state["model.layers.3.mlp.experts.0.gate_proj.weight"] = torch.zeros(40, 48)
+    save_file(state, str(tmp_path / "m" / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 1  # transformers' default for both
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
+    with pytest.raises(FreeTokenError, match=r"unexpected tensors: model\.layers\.3\."):
+        build_engine(tmp_path / "m", device="cpu", dtype="float32", moe_backend="fused")
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    engine = build_engine(tmp_path / "m", device="cpu", dtype="float32", moe_backend="fused")
+    got = engine.forward(engine.new_sequence(), PROMPT, all_logits=True)
+    assert rel_err(got, reference(model, PROMPT)) < 1e-4

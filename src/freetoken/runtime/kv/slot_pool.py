@@ -41,9 +41,11 @@ class KVSlotPool:
         dtype: torch.dtype,
         device: torch.device,
         state_shapes: dict[int, tuple[StateShape, ...]] | None = None,
+        v_dim: int | None = None,
     ) -> None:
         """`state_shapes`: per recurrent layer, the (shape, dtype) of each tensor of its state (a hybrid
-        model's DeltaNet layers); each gets a fixed per-slot block too."""
+        model's DeltaNet layers); each gets a fixed per-slot block too. `v_dim`: value dims when they
+        differ from `head_dim` (0: no values, as latent attention caches)."""
         if slots < 1 or capacity < 1:
             raise FreeTokenError(
                 f"a KV pool needs at least one slot and one position, got {slots}×{capacity}"
@@ -52,16 +54,17 @@ class KVSlotPool:
         self.layers = tuple(layers)  # model layers that keep K/V, in the order of k and v
         self.index = {layer: i for i, layer in enumerate(self.layers)}
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.v_dim = head_dim if v_dim is None else v_dim
         self.dtype, self.device = dtype, device
         self.generation = 0  # changes whenever the storage moves
         self.state_shapes = dict(state_shapes or {})
-        self.k, self.v = self._allocate(slots), self._allocate(slots)
+        self.k, self.v = self._allocate(slots), self._allocate(slots, self.v_dim)
         self.states = self._allocate_states(slots)  # layer -> [slots, *shape] per state tensor
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out the lowest slot first
         self._holders: weakref.WeakSet[SlotHolder] = weakref.WeakSet()
 
-    def _allocate(self, slots: int) -> list[torch.Tensor]:
-        shape = (slots, self.num_kv_heads, self.capacity, self.head_dim)
+    def _allocate(self, slots: int, dim: int | None = None) -> list[torch.Tensor]:
+        shape = (slots, self.num_kv_heads, self.capacity, self.head_dim if dim is None else dim)
         return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
 
     def _allocate_states(self, slots: int) -> dict[int, list[torch.Tensor]]:
@@ -82,7 +85,7 @@ class KVSlotPool:
         if slots <= self.slots:
             return
         log.info("KV cache grows to %d sequence slots of %d positions", slots, self.capacity)
-        k, v, states = self._allocate(slots), self._allocate(slots), self._allocate_states(slots)
+        k, v, states = self._allocate(slots), self._allocate(slots, self.v_dim), self._allocate_states(slots)
         old_states = [t for layer in self.states for t in self.states[layer]]
         new_states = [t for layer in states for t in states[layer]]
         for new, old in zip((*k, *v, *new_states), (*self.k, *self.v, *old_states), strict=True):
@@ -109,5 +112,8 @@ class KVSlotPool:
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v, *states))
 
     @staticmethod
-    def bytes_per_token(layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * layers * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+    def bytes_per_token(
+        layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, v_dim: int | None = None
+    ) -> int:
+        dims = head_dim + (head_dim if v_dim is None else v_dim)
+        return layers * num_kv_heads * dims * torch.empty(0, dtype=dtype).element_size()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ def plan_checkpoint(
     unexpected: list[str] = []
     for name in ckpt.names():
         canon = naming.canonical(name)  # the plan keeps the checkpoint's name for reading
-        if canon is None:
+        if canon is None or multi_token_block(canon, cfg):
             continue
         target = naming.classify(canon)
         if target is not None:
@@ -74,6 +75,19 @@ def plan_checkpoint(
     if missing:
         raise FreeTokenError(f"{where}: missing tensors: {_listing(missing)}")
     return plan
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def multi_token_block(name: str, cfg: ModelConfig) -> bool:
+    """Whether `name` is in a multi-token-prediction block published checkpoints append after the trunk
+    (`num_nextn_predict_layers` layers from `num_hidden_layers` on: DeepSeek-V3's, GLM-4.5's): not read."""
+    extra = cfg.raw.get("num_nextn_predict_layers")
+    match = _LAYER.match(name)
+    return (
+        isinstance(extra, int) and extra > 0 and match is not None and int(match.group(1)) >= cfg.num_layers
+    )
 
 
 def stored_codecs(ckpt: object, plan: CheckpointPlan, keep: frozenset[str]) -> dict[int, tuple[Codec, Codec]]:

@@ -27,6 +27,7 @@ ARCHITECTURES: dict[str, str] = {
     "glm4_moe": "freetoken.runtime.models.glm4_moe",
     "minimax_m2": "freetoken.runtime.models.minimax_m2",
     "gpt_oss": "freetoken.runtime.models.gpt_oss",
+    "deepseek_v3": "freetoken.runtime.models.deepseek_v3",
 }
 
 

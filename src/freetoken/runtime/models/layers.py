@@ -54,7 +54,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     qg = q.reshape(kvh, nh // kvh, d)  # [KVH, G, D]: the query heads that share one KV head
     scores = torch.bmm(qg, k.transpose(1, 2)) * scale  # [KVH, G, S]
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-    return torch.bmm(probs, v).reshape(1, nh * d)  # [KVH, G, D] -> [1, NH * D]
+    return torch.bmm(probs, v).reshape(1, -1)  # [KVH, G, Dv] -> [1, NH * Dv]
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

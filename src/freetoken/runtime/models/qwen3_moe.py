@@ -34,6 +34,7 @@ from freetoken.runtime.models.layers import (
     causal_attention,
     sink_window_attention,
 )
+from freetoken.runtime.models.mla import LatentAttention
 from freetoken.runtime.models.rope import RotaryEmbedding, partial_rotary
 from freetoken.runtime.moe.executor import ExpertExecutor
 from freetoken.runtime.moe.kernels.router_topk import router_topk, use_router_kernel
@@ -198,7 +199,7 @@ class SparseMoeBlock(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn: nn.Module = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
         self.mlp: nn.Module = (
             SparseMoeBlock(cfg, layer)
             if cfg.is_moe_layer(layer)
@@ -239,7 +240,7 @@ class Qwen3MoeForCausalLM(nn.Module):
         self.slot_decode = cfg.architecture == "qwen3_moe"
         self.model = Backbone(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(cfg.rope, int(cfg.head_dim * cfg.rope.partial_rotary_factor))
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
