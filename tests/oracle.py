@@ -236,5 +236,5 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
         bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
         bias = bias if bias is not None else getattr(layer.mlp, "e_score_correction_bias", None)
         if bias is not None:
-            bias.copy_(0.3 * torch.randn(6, generator=gen))
+            bias.copy_(0.3 * torch.randn(bias.shape, generator=gen))
     return save_redrawn(model, folder, seed)

@@ -350,3 +350,31 @@ def test_multi_token_prediction_blocks_are_skipped(
     engine = build_engine(tmp_path / "m", device="cpu", dtype="float32", moe_backend="fused")
     got = engine.forward(engine.new_sequence(), PROMPT, all_logits=True)
     assert rel_err(got, reference(model, PROMPT)) < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("backend", "options"),
+    [
+        ("offload", {"cache_size": 8}),
+        ("hybrid", {"cache_ratio": 0.25, "pcie_gbps": 25.0, "host_gbps": 100.0}),
+    ],
+)
+def test_deepseek_v3_at_full_expert_count(tmp_path: Path, backend: str, options: dict) -> None:
+    """DeepSeek-V3's routing at its real scale with a tiny hidden size: 256 experts a layer in 8 groups of
+    which 4 are kept, 8 chosen; the slots (top-k, then 25% of the pool), the global LRU and the residency
+    give the reference's greedy tokens."""
+    overrides = dict(
+        n_routed_experts=256, num_experts_per_tok=8, n_group=8, topk_group=4, moe_intermediate_size=8,
+        hidden_size=32,
+    )  # fmt: skip
+    model = build_family_model(tmp_path, "deepseek_v3", **overrides)
+    ids = list(PROMPT)
+    for _ in range(12):
+        ids.append(int(reference(model, ids)[-1].argmax()))
+    engine = build_engine(tmp_path, device="cpu", dtype="float32", moe_backend=backend, **options)
+    try:
+        assert engine.pool.num_experts == 256 and engine.num_slots == (8 if backend == "offload" else 128)
+        out = engine.generate(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True))
+        assert [e.token_id for e in out] == ids[len(PROMPT) :]
+    finally:
+        engine.close()
