@@ -138,7 +138,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-# Tiny Mixtral and OLMoE configs (odd shapes: 6 experts, top-3, GQA 4:2, head_dim 12); OLMoE clamps q/k/v.
+# every model_type the architecture registry knows, as its errors list them
+SUPPORTED_ARCHITECTURES = "deepseek_v3, glm4_moe, gpt_oss, minimax_m2, mixtral, olmoe, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"
+# Tiny configs per family (odd shapes: 6 experts, top-3, GQA 4:2, head_dim 12); OLMoE clamps q/k/v.
 FAMILY_TINY: dict[str, dict[str, Any]] = {
     "mixtral": dict(num_local_experts=6, sliding_window=5),  # every layer's window: 5 keys
     "olmoe": dict(num_experts=6, clip_qkv=2.5, norm_topk_prob=False),

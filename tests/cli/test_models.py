@@ -17,12 +17,11 @@ from typer.testing import CliRunner
 from freetoken.cli import models as models_module
 from freetoken.cli.app import app
 from gguf_fixture import write_gguf
+from oracle import SUPPORTED_ARCHITECTURES
 
 runner = CliRunner()
 COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
-SUPPORTED = (
-    "glm4_moe, gpt_oss, minimax_m2, mixtral, olmoe, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"
-)
+SUPPORTED = SUPPORTED_ARCHITECTURES
 
 
 def hf_repo(cache: Path, repo_id: str, files: dict[str, bytes]) -> Path:

@@ -14,6 +14,7 @@ from freetoken.runtime.config import MOE_BACKEND_NAMES, EngineConfig, MoeConfig,
 from freetoken.runtime.loading.generation_config import generation_defaults
 from freetoken.runtime.models import load_model_config
 from freetoken.runtime.models.rope import rope_inv_freq
+from oracle import SUPPORTED_ARCHITECTURES
 
 
 def write_config(folder: Path, **fields: object) -> Path:
@@ -65,7 +66,7 @@ def test_num_local_experts_is_accepted(tmp_path: Path) -> None:
 def test_unknown_model_type_lists_supported(tmp_path: Path) -> None:
     with pytest.raises(
         FreeTokenError,
-        match=r"unsupported model_type 'llama'; supported: glm4_moe, gpt_oss, minimax_m2, mixtral, olmoe",
+        match=r"unsupported model_type 'llama'; supported: " + SUPPORTED_ARCHITECTURES,
     ):
         load_model_config(write_config(tmp_path, model_type="llama"))
 

@@ -22,11 +22,10 @@ from freetoken.runtime.loading.model_catalog import (
     remove_own_model,
 )
 from gguf_fixture import write_gguf
+from oracle import SUPPORTED_ARCHITECTURES
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-SUPPORTED = (
-    "glm4_moe, gpt_oss, minimax_m2, mixtral, olmoe, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"
-)
+SUPPORTED = SUPPORTED_ARCHITECTURES
 # tiny_model: 3 layers, layer 1 dense -> 2 MoE layers of 8 experts, hidden 64, moe_intermediate 32
 TINY_EXPERT_NUMEL = 2 * 8 * 3 * 64 * 32
 
