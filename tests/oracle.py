@@ -140,8 +140,10 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # every model_type the architecture registry knows, as its errors list them
 SUPPORTED_ARCHITECTURES = ", ".join(
-    ("deepseek_v3", "glm4_moe", "gpt_oss", "minimax_m2", "mixtral", "olmoe")
-    + ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe", "qwen3_next")
+    [
+        *("deepseek_v3", "glm4_moe", "gpt_oss", "minimax_m2", "mixtral", "olmoe"),
+        *("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe", "qwen3_next"),
+    ]
 )
 # Tiny configs per family (odd shapes: 6 experts, top-3, GQA 4:2, head_dim 12); OLMoE clamps q/k/v.
 FAMILY_TINY: dict[str, dict[str, Any]] = {
