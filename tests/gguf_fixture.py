@@ -38,8 +38,17 @@ GPT_OSS_NAMES = {"mlp.router.weight": "ffn_gate_inp.weight", "mlp.router.bias": 
 # model_type -> llama.cpp's arch
 ARCHS = {
     "qwen3_moe": "qwen3moe", "olmoe": "olmoe", "glm4_moe": "glm4moe", "minimax_m2": "minimax-m2",
-    "gpt_oss": "gpt-oss", "mixtral": "llama",
+    "gpt_oss": "gpt-oss", "mixtral": "llama", "deepseek_v3": "deepseek2",
 }  # fmt: skip
+# DeepSeek-V3's latent attention (llama.cpp's deepseek2); kv_b_proj is written split (attn_k_b, attn_v_b)
+DEEPSEEK2_NAMES = {
+    "self_attn.q_a_proj.weight": "attn_q_a.weight",
+    "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
+    "self_attn.q_b_proj.weight": "attn_q_b.weight",
+    "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+    "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight",
+    "self_attn.kv_b_proj.weight": "attn_kv_b.weight",
+}
 
 
 def rope_permuted(rows: np.ndarray, heads: int, back: bool = False) -> np.ndarray:
@@ -68,6 +77,7 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
     gpt_oss = hf.config.model_type == "gpt_oss"
     if gpt_oss:
         back.update({g: h for h, g in GPT_OSS_NAMES.items()})
+    back.update({g: h for h, g in DEEPSEEK2_NAMES.items()})
     sd = {k: v.clone() for k, v in hf.state_dict().items()}
     inter = expert_size(hf.config)
     for t in gguf.GGUFReader(path).tensors:
@@ -98,6 +108,15 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
             sd[prefix + "mlp.experts.gate_up_proj"][:, rows] = value
         elif rest == "ffn_down_exps.weight":
             sd[prefix + "mlp.experts.down_proj"] = value
+        elif rest in ("attn_k_b.weight", "attn_v_b.weight"):  # deepseek2's kv_b_proj, split per head
+            cfg = hf.config
+            kv_b = sd[prefix + "self_attn.kv_b_proj.weight"].view(
+                cfg.num_attention_heads, -1, cfg.kv_lora_rank
+            )
+            if rest.startswith("attn_k_b"):
+                kv_b[:, : cfg.qk_nope_head_dim] = value.transpose(1, 2)
+            else:
+                kv_b[:, cfg.qk_nope_head_dim :] = value
         elif rest.count(".") == 2:  # one expert's: ffn_gate.E.weight
             part, expert, _ = rest.split(".")
             rows = {"ffn_gate": slice(0, inter), "ffn_up": slice(inter, 2 * inter)}.get(part)
@@ -109,6 +128,27 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
                 key = prefix + "mlp.e_score_correction_bias"
             sd[key] = value.reshape(sd[key].shape)
     return sd
+
+
+def _latent_attention_header(w: Any, cfg: Any) -> None:
+    """deepseek2's keys: the latent's ranks, key/value lengths as llama.cpp's absorbed MQA sees them (the
+    latent and rope key; the latent) and per head (`_mla`), rope dims, yarn with its log multiplier."""
+    import gguf
+
+    rank, rope = cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    w.add_q_lora_rank(cfg.q_lora_rank)
+    w.add_kv_lora_rank(rank)
+    w.add_key_length(rank + rope)
+    w.add_value_length(rank)
+    w.add_key_length_mla(cfg.qk_nope_head_dim + rope)
+    w.add_value_length_mla(cfg.v_head_dim)
+    w.add_rope_dimension_count(rope)
+    params = cfg.rope_parameters
+    if params.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(params["factor"])
+        w.add_rope_scaling_orig_ctx_len(params["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_log_mul(0.1 * params["mscale_all_dim"])
 
 
 def expert_size(cfg: Any) -> int:
@@ -167,6 +207,7 @@ def write_gguf(
     split_max_tensors: int = 0,
     expert_types: tuple[str, str] | None = None,
     one_per_expert: bool = False,
+    split_kv_b: bool = True,
 ) -> Path:
     """hf: a Qwen3MoeForCausalLM or OlmoeForCausalLM; folder: where its tokenizer files are; qtype: type
     of 2-D/3-D weights.
@@ -193,13 +234,19 @@ def write_gguf(
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
+    if arch == "deepseek2":
+        _latent_attention_header(w, cfg)
+        names.update(DEEPSEEK2_NAMES)
+        if split_kv_b:
+            del names["self_attn.kv_b_proj.weight"]
+    else:
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_expert_count(getattr(cfg, "n_routed_experts", None) or cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
-    if arch in ("qwen3moe", "glm4moe", "minimax-m2", "gpt-oss"):
+    if arch in ("qwen3moe", "glm4moe", "minimax-m2", "gpt-oss", "deepseek2"):
         w.add_expert_feed_forward_length(i_moe)
     if arch == "gpt-oss":
         names.update(GPT_OSS_NAMES)
@@ -212,8 +259,9 @@ def write_gguf(
     if arch == "minimax-m2":
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters.get("partial_rotary_factor", 1.0)))
-    if arch == "glm4moe":
-        w.add_nextn_predict_layers(1)
+    if arch in ("glm4moe", "deepseek2"):
+        if arch == "glm4moe":
+            w.add_nextn_predict_layers(1)
         w.add_expert_shared_count(cfg.n_shared_experts)
         w.add_leading_dense_block_count(cfg.first_k_dense_replace)
         w.add_expert_weights_scale(cfg.routed_scaling_factor)
@@ -221,7 +269,8 @@ def write_gguf(
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         w.add_expert_group_count(cfg.n_group)
         w.add_expert_group_used_count(cfg.topk_group)
-        w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
+        if arch == "glm4moe":
+            w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
     elif arch == "olmoe" and cfg.clip_qkv is not None:
         w.add_clamp_kqv(cfg.clip_qkv)
     tok = _tokenizer_fields(folder)
@@ -259,6 +308,11 @@ def write_gguf(
         for hf_name, g_name in names.items():
             if prefix + hf_name in sd:
                 add(f"blk.{layer}.{g_name}", sd[prefix + hf_name])
+        if arch == "deepseek2" and split_kv_b:  # per head: k_b [H, r, dn] (transposed), v_b [H, dv, r]
+            kv_b = sd[prefix + "self_attn.kv_b_proj.weight"]
+            kv_b = kv_b.reshape(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, -1)
+            add(f"blk.{layer}.attn_k_b.weight", kv_b[:, : cfg.qk_nope_head_dim].transpose(0, 2, 1))
+            add(f"blk.{layer}.attn_v_b.weight", kv_b[:, cfg.qk_nope_head_dim :])
         if arch == "gpt-oss":  # [E, in, out] banks, gate and up columns alternating, with biases
             experts = prefix + "mlp.experts."
             gate_up, gate_up_bias = sd[experts + "gate_up_proj"], sd[experts + "gate_up_proj_bias"]

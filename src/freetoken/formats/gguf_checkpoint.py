@@ -53,7 +53,18 @@ LAYER_NAMES = {
     "ffn_gate_exps.bias": "mlp.experts.gate_proj_bias",
     "ffn_up_exps.bias": "mlp.experts.up_proj_bias",
     "ffn_down_exps.bias": "mlp.experts.down_proj_bias",
+    # deepseek2 (latent attention): q through a low rank, the latent's projections; newer files split
+    # kv_b_proj into attn_k_b [H, r, dn] and attn_v_b [H, dv, r] (read back as one, below)
+    "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+    "attn_k_b.weight": "self_attn.k_b_proj.weight",
+    "attn_v_b.weight": "self_attn.v_b_proj.weight",
 }
+SPLIT_KV_B = ("self_attn.k_b_proj.weight", "self_attn.v_b_proj.weight")
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -144,6 +155,12 @@ class GgufCheckpoint:
                     self.tensors[name] = GgufTensor(info, file)
         if self.unknown:
             raise FreeTokenError(f"{self.path}: unknown tensors {self.unknown[:5]}")
+        # latent attention's kv_b_proj from its two halves: name -> (k_b name, v_b name)
+        self.joined = {
+            name.replace(SPLIT_KV_B[0], "self_attn.kv_b_proj.weight"): (name, name.replace(*SPLIT_KV_B))
+            for name in self.tensors
+            if name.endswith(SPLIT_KV_B[0])
+        }
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
@@ -157,12 +174,18 @@ class GgufCheckpoint:
         return bool(extra and match) and int(match.group(1)) >= int(self.get(f"{arch}.block_count")) - extra
 
     def names(self) -> list[str]:
-        return list(self.tensors)
+        parts = {part for pair in self.joined.values() for part in pair}
+        return [name for name in self.tensors if name not in parts] + list(self.joined)
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if name in self.joined:  # [H, r, dn] and [H, dv, r] -> [H · (dn + dv), r]
+            (heads, rank, nope), (_, v_dim, _) = (self.shape(part) for part in self.joined[name])
+            return heads * (nope + v_dim), rank
         return tuple(reversed(self.tensors[name].info.ne))
 
     def nbytes(self, name: str) -> int:
+        if name in self.joined:
+            return sum(self.nbytes(part) for part in self.joined[name])
         return int(self.tensors[name].n_bytes)
 
     def type_name(self, name: str) -> str:
@@ -191,6 +214,9 @@ class GgufCheckpoint:
         walks them row group by row group, ~5 s of a 3.4 GB file's load on 2 cores)."""
         from gguf.quants import dequantize
 
+        if name in self.joined:  # per head: k_b transposed back, then v_b, as transformers' kv_b_proj
+            k_b, v_b = (self.read(part) for part in self.joined[name])
+            return torch.cat((k_b.transpose(1, 2), v_b), dim=1).reshape(self.shape(name))
         tensor = self.tensors[name]
         widths = {"BF16": (np.int16, torch.bfloat16), "F16": (np.float16, torch.float16)}
         widen = widths.get(tensor.tensor_type.name)

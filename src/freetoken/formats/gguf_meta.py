@@ -11,7 +11,7 @@ from freetoken.formats.gguf_spm import build_spm_tokenizer
 # llama.cpp's arch -> model_type
 ARCHITECTURES = {
     "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
-    "gpt-oss": "gpt_oss", "llama": "mixtral",
+    "gpt-oss": "gpt_oss", "llama": "mixtral", "deepseek2": "deepseek_v3",
 }  # fmt: skip
 # per arch: the transformers class, and whether llama.cpp's graph renormalises the top-k weights (its
 # qwen3moe graph always does; its olmoe graph never does)
@@ -24,6 +24,8 @@ ARCH_FIELDS: dict[str, dict[str, Any]] = {
     "gpt-oss": {"architectures": ["GptOssForCausalLM"], "swiglu_alpha": 1.702, "swiglu_limit": 7.0},
     # llama.cpp stores Mixtral as `llama` with experts (feed_forward_length: an expert's size)
     "llama": {"architectures": ["MixtralForCausalLM"]},
+    # DeepSeek-V3/R1, Kimi-K2: latent attention, rope on interleaved pairs (llama.cpp's norm rope)
+    "deepseek2": {"architectures": ["DeepseekV3ForCausalLM"], "rope_interleave": True},
 }
 # archs whose config calls an expert's size `intermediate_size` (the file's expert_feed_forward_length)
 EXPERT_SIZE_AS_INTERMEDIATE = ("minimax-m2", "gpt-oss")
@@ -48,6 +50,8 @@ CONFIG_KEYS = {
     "n_group": "expert_group_count",
     "topk_group": "expert_group_used_count",
     "sliding_window": "attention.sliding_window",
+    "q_lora_rank": "attention.q_lora_rank",
+    "kv_lora_rank": "attention.kv_lora_rank",
 }
 # token_type values (llama.cpp): 3 = control, 4 = user defined
 CONTROL, USER_DEFINED = 3, 4
@@ -112,7 +116,9 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
     if arch in EXPERT_SIZE_AS_INTERMEDIATE and "moe_intermediate_size" in raw:
         raw["intermediate_size"] = raw.pop("moe_intermediate_size")
     rotary = ckpt.get(f"{arch}.rope.dimension_count")
-    if rotary is not None and raw.get("head_dim"):
+    if arch == "deepseek2":
+        _latent_attention_fields(ckpt, raw, int(rotary))
+    elif rotary is not None and raw.get("head_dim"):
         raw["partial_rotary_factor"] = int(rotary) / int(raw["head_dim"])
     raw["use_qk_norm"] = any(n.endswith("self_attn.q_norm.weight") for n in ckpt.names())
     raw["attention_bias"] = any(n.endswith("self_attn.q_proj.bias") for n in ckpt.names())
@@ -123,6 +129,19 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
     if eos is not None:
         raw["eos_token_id"] = int(eos)
     return raw
+
+
+def _latent_attention_fields(ckpt: GgufCheckpoint, raw: dict[str, Any], rope_dim: int) -> None:
+    """deepseek2's head geometry: key_length_mla = nope + rope dims and value_length_mla (older files:
+    key_length and value_length themselves); yarn's mscale from its log multiplier (0.1 · mscale_all_dim)."""
+    key = ckpt.get("deepseek2.attention.key_length_mla", ckpt.get("deepseek2.attention.key_length"))
+    value = ckpt.get("deepseek2.attention.value_length_mla", ckpt.get("deepseek2.attention.value_length"))
+    raw.update(qk_rope_head_dim=rope_dim, qk_nope_head_dim=int(key) - rope_dim, v_head_dim=int(value))
+    raw.pop("head_dim", None)
+    log_mul = ckpt.get("deepseek2.rope.scaling.yarn_log_multiplier")
+    if log_mul and "rope_scaling" in raw:
+        raw["rope_scaling"].update(mscale=float(log_mul) / 0.1, mscale_all_dim=float(log_mul) / 0.1)
+    raw["rope_scaling"] = raw.get("rope_scaling", {"rope_type": "default"})
 
 
 def build_tokenizer(ckpt: GgufCheckpoint) -> tuple[Any, dict[str, Any]]:

@@ -147,7 +147,7 @@ GGUF_SHAPE = dict(hidden_size=64, intermediate_size=64, head_dim=16)  # rows of 
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
-@pytest.mark.parametrize("family", ["mixtral", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss"])
+@pytest.mark.parametrize("family", ["mixtral", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "deepseek_v3"])
 def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> None:
     """The families llama.cpp reads here (its `olmoe`, `glm4moe`, `minimax-m2`, `gpt-oss`, and Mixtral as
     `llama` with experts and q/k rows permuted for its rope; GLM's file with a next-token block after the
@@ -161,6 +161,14 @@ def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> 
         "minimax_m2": {"rotary_dim": 8},
         "gpt_oss": {"swiglu_limit": 7.0},  # llama.cpp's graph has no other
         "mixtral": {"sliding_window": None},  # llama.cpp's `llama` graph has no window
+        "deepseek_v3": {  # rows of whole Q8_0 blocks: k_b's are qk_nope_head_dim long, o_proj's heads · dv
+            "moe_intermediate_size": 64,
+            "head_dim": 4,
+            "kv_lora_rank": 32,
+            "q_lora_rank": 32,
+            "qk_nope_head_dim": 32,
+            "v_head_dim": 8,
+        },
     }.get(family, {})
     shape = {**GGUF_SHAPE, **extra}
     model = build_family_model(folder, family, **shape)
@@ -173,6 +181,11 @@ def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> 
         assert cfg.architecture == family and cfg.num_layers == 3
         if family == "olmoe":
             assert not cfg.norm_topk_prob and cfg.clip_qkv == 2.5
+        elif family == "deepseek_v3":
+            geometry = (cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.rope_interleave)
+            assert geometry == (32, 32, 8, True)
+            assert cfg.rope.type == "yarn" and cfg.rope.mscale_all_dim == pytest.approx(1.0)
+            assert cfg.moe_layers == (1, 2) and cfg.n_group == 2 and cfg.n_shared_experts == 1
         elif family == "mixtral":
             assert cfg.qk_norm == "none" and cfg.moe_intermediate_size == 64 and cfg.sliding_window is None
         elif family == "gpt_oss":
@@ -376,5 +389,22 @@ def test_deepseek_v3_at_full_expert_count(tmp_path: Path, backend: str, options:
         assert engine.pool.num_experts == 256 and engine.num_slots == (8 if backend == "offload" else 128)
         out = engine.generate(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True))
         assert [e.token_id for e in out] == ids[len(PROMPT) :]
+    finally:
+        engine.close()
+
+
+def test_an_older_deepseek2_gguf_with_kv_b_whole(tmp_path: Path) -> None:
+    """deepseek2 files converted before llama.cpp split kv_b_proj (attn_kv_b) read the same."""
+    from gguf_fixture import dequantised_state_dict, write_gguf
+
+    shape = {**GGUF_SHAPE, "moe_intermediate_size": 64, "head_dim": 4, "kv_lora_rank": 32, "q_lora_rank": 32}
+    model = build_family_model(tmp_path / "hf", "deepseek_v3", **shape)
+    path = write_gguf(model, tmp_path / "hf", tmp_path / "ds.gguf", "F32", split_kv_b=False)
+    ref = type(model)(model.config).eval()
+    ref.load_state_dict(dequantised_state_dict(path, model))
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="offload", cache_size=3)
+    try:
+        got = engine.forward(engine.new_sequence(), PROMPT, all_logits=True)
+        assert rel_err(got, reference(ref, PROMPT)) < 1e-4
     finally:
         engine.close()
