@@ -261,3 +261,16 @@ def test_a_dense_llama_gguf_is_refused_in_one_line(tmp_path: Path) -> None:
     w.close()
     with pytest.raises(FreeTokenError, match=r"dense\.gguf: GGUF architecture 'llama' without experts"):
         config_dict(GgufCheckpoint(path))
+
+
+def test_deepseek_v3_pre_tokenizer_splits_in_turn() -> None:
+    """DeepSeek-V3 GGUFs (`deepseek-v3`): numbers in threes, then runs of CJK, then words and punctuation."""
+    from tokenizers import Regex, pre_tokenizers
+
+    from freetoken.formats.gguf_meta import PRE_TOKENIZER_SPLITS
+
+    splits = [
+        pre_tokenizers.Split(Regex(p), behavior="isolated") for p in PRE_TOKENIZER_SPLITS["deepseek-v3"]
+    ]
+    pieces = [piece for piece, _ in pre_tokenizers.Sequence(splits).pre_tokenize_str("Hi, 1234567 你好world")]
+    assert pieces == ["Hi", ",", " ", "123", "456", "7", " ", "你好", "world"]

@@ -55,10 +55,18 @@ CONFIG_KEYS = {
 }
 # token_type values (llama.cpp): 3 = control, 4 = user defined
 CONTROL, USER_DEFINED = 3, 4
-PRE_TOKENIZER_SPLITS = {
+# `tokenizer.ggml.pre` -> the splits applied in turn before the byte-level BPE (llama.cpp's regexes)
+PRE_TOKENIZER_SPLITS: dict[str, str | tuple[str, ...]] = {
     # Qwen2/3: digits one at a time, contractions, letters with one leading non-letter, punctuation runs
     "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    # DeepSeek-V3/R1: numbers in threes, runs of CJK ideographs and kana, then words and punctuation
+    "deepseek-v3": (
+        r"\p{N}{1,3}",
+        r"[一-龥぀-ゟ゠-ヿ]+",
+        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+        r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
     # gpt-oss (o200k): cased words with an optional contraction, numbers in threes
     "gpt-4o": r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
@@ -168,11 +176,12 @@ def build_tokenizer(ckpt: GgufCheckpoint) -> tuple[Any, dict[str, Any]]:
     special = [i for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
     vocab = {tok: i for i, tok in enumerate(tokens) if i not in special}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    split = PRE_TOKENIZER_SPLITS.get(ckpt.get("tokenizer.ggml.pre", ""))
-    if split:
+    splits = PRE_TOKENIZER_SPLITS.get(ckpt.get("tokenizer.ggml.pre", ""))
+    if splits:
+        patterns = (splits,) if isinstance(splits, str) else splits
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                *(pre_tokenizers.Split(Regex(pattern), behavior="isolated") for pattern in patterns),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
