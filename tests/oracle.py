@@ -141,9 +141,31 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 # every model_type the architecture registry knows, as its errors list them
 SUPPORTED_ARCHITECTURES = ", ".join(
     [
-        *("deepseek_v3", "glm4_moe", "gpt_oss", "minimax_m2", "mixtral", "olmoe"),
+        *("deepseek_v3", "deepseek_v32", "glm4_moe", "gpt_oss", "minimax_m2", "mixtral", "olmoe"),
         *("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe", "qwen3_next"),
     ]
+)
+# GLM-4.5's and DeepSeek-V3's MoE, tiny: a dense first layer, a shared expert, two groups of 3 experts
+GROUPED_MOE_TINY: dict[str, Any] = dict(
+    n_routed_experts=6,
+    moe_intermediate_size=40,
+    intermediate_size=56,
+    first_k_dense_replace=1,
+    n_shared_experts=1,
+    n_group=2,
+    topk_group=1,
+    routed_scaling_factor=1.7,
+)
+# DeepSeek-V3's layers, tiny: that MoE and latent attention
+DEEPSEEK_TINY: dict[str, Any] = dict(
+    **GROUPED_MOE_TINY,
+    num_key_value_heads=4,
+    q_lora_rank=24,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    head_dim=4,  # transformers' rotary dims: the rope part's
+    v_head_dim=10,
 )
 # Tiny configs per family (odd shapes: 6 experts, top-3, GQA 4:2, head_dim 12); OLMoE clamps q/k/v.
 FAMILY_TINY: dict[str, dict[str, Any]] = {
@@ -151,14 +173,7 @@ FAMILY_TINY: dict[str, dict[str, Any]] = {
     "olmoe": dict(num_experts=6, clip_qkv=2.5, norm_topk_prob=False),
     # a dense first layer, a shared expert, two groups (the best one kept), partial rope, q/k norms, biases
     "glm4_moe": dict(
-        n_routed_experts=6,
-        moe_intermediate_size=40,
-        intermediate_size=56,
-        first_k_dense_replace=1,
-        n_shared_experts=1,
-        n_group=2,
-        topk_group=1,
-        routed_scaling_factor=1.7,
+        **GROUPED_MOE_TINY,
         use_qk_norm=True,
         attention_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
@@ -168,21 +183,7 @@ FAMILY_TINY: dict[str, dict[str, Any]] = {
     # latent attention (q through a low rank, yarn with mscale), a dense first layer, a shared expert, two
     # groups of experts (the best one kept)
     "deepseek_v3": dict(
-        n_routed_experts=6,
-        moe_intermediate_size=40,
-        intermediate_size=56,
-        first_k_dense_replace=1,
-        n_shared_experts=1,
-        n_group=2,
-        topk_group=1,
-        routed_scaling_factor=1.7,
-        num_key_value_heads=4,
-        q_lora_rank=24,
-        kv_lora_rank=16,
-        qk_nope_head_dim=8,
-        qk_rope_head_dim=4,
-        head_dim=4,  # transformers' rotary dims: the rope part's
-        v_head_dim=10,
+        **DEEPSEEK_TINY,
         rope_parameters={
             "rope_type": "yarn",
             "rope_theta": 10000.0,
@@ -192,6 +193,9 @@ FAMILY_TINY: dict[str, dict[str, Any]] = {
             "mscale_all_dim": 1.0,
         },
     ),
+    # DeepSeek-V3's shape with an indexer (index_topk covers these tests' lengths; the sparse selection's
+    # own test lowers it)
+    "deepseek_v32": dict(**DEEPSEEK_TINY, index_n_heads=4, index_head_dim=8, index_topk=64),
     # sinks, a window of 4 on layers 0 and 2, yarn rope, biases everywhere, a clamp the activations reach
     "gpt_oss": dict(
         num_local_experts=6,
@@ -209,6 +213,8 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
     from transformers import (
         DeepseekV3Config,
         DeepseekV3ForCausalLM,
+        DeepseekV32Config,
+        DeepseekV32ForCausalLM,
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
         GptOssConfig,
@@ -228,6 +234,7 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
         "minimax_m2": (MiniMaxM2Config, MiniMaxM2ForCausalLM),
         "gpt_oss": (GptOssConfig, GptOssForCausalLM),
         "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
+        "deepseek_v32": (DeepseekV32Config, DeepseekV32ForCausalLM),
     }[family]
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_demo_tokenizer(folder)

@@ -126,6 +126,10 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     rope_interleave: bool = False
+    # DeepSeek sparse attention's indexer (models/dsa.py): index_topk > 0 turns it on
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def is_moe_layer(self, layer: int) -> bool:
@@ -150,8 +154,8 @@ class ModelConfig:
     def kv_dims(self) -> tuple[int, int, int]:
         """What the KV cache holds per attention layer and position: (heads, key dims, value dims); MLA
         caches one latent and its rope key, no values."""
-        if self.kv_lora_rank:
-            return 1, self.kv_lora_rank + self.qk_rope_head_dim, 0
+        if self.kv_lora_rank:  # the latent and its rope key; the indexer's key, where there is one
+            return 1, self.kv_lora_rank + self.qk_rope_head_dim, self.index_head_dim if self.index_topk else 0
         return self.num_kv_heads, self.head_dim, self.head_dim
 
     @property

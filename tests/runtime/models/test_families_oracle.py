@@ -43,7 +43,7 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
     family, folder, _ = family_model
     cfg = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused").config
     assert cfg.architecture == family
-    assert cfg.moe_layers == ((1, 2) if family in ("glm4_moe", "deepseek_v3") else (0, 1, 2))
+    assert cfg.moe_layers == ((1, 2) if family in ("glm4_moe", "deepseek_v3", "deepseek_v32") else (0, 1, 2))
     assert cfg.num_experts == 6 and cfg.num_experts_per_tok == 3 and cfg.moe_intermediate_size == 40
     assert cfg.norm_topk_prob == (family != "olmoe")
     norms = {"mixtral": "none", "olmoe": "full", "glm4_moe": "head", "minimax_m2": "full"}
@@ -53,6 +53,7 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
         "minimax_m2": "sigmoid",
         "gpt_oss": "topk_softmax",
         "deepseek_v3": "sigmoid",
+        "deepseek_v32": "sigmoid",
     }
     assert cfg.router_scoring == scoring.get(family, "softmax")
     assert cfg.clip_qkv == (2.5 if family == "olmoe" else None)
@@ -323,7 +324,7 @@ def test_latent_attention_decodes_absorbed_as_expanded(family_model: tuple[str, 
     engine.forward(seq, PROMPT)
     x = torch.randn(1, engine.config.hidden_size)
     cos, sin = engine.model.rotary(torch.tensor([len(PROMPT)]), x.dtype)
-    q_nope, q_pe, latent = attn._project(x, cos, sin)
+    q_nope, q_pe, latent, _ = attn._project(x, cos, sin)
     cache = torch.cat((seq.kv.k[0][:, : len(PROMPT)], latent), dim=1)
     torch.testing.assert_close(
         attn._absorbed(q_nope, q_pe, cache), attn._expanded(q_nope, q_pe, cache), rtol=1e-5, atol=1e-6
@@ -408,3 +409,27 @@ def test_an_older_deepseek2_gguf_with_kv_b_whole(tmp_path: Path) -> None:
         assert rel_err(got, reference(ref, PROMPT)) < 1e-4
     finally:
         engine.close()
+
+
+def test_sparse_attention_keeps_the_indexers_choice(tmp_path: Path) -> None:
+    """DeepSeek-V3.2 with each query seeing 4 of its positions: the prompt's logits are transformers'
+    (the whole prompt in one pass), and 16 decode steps give those of transformers decoding with its cache
+    (the indexer's top-k over scores that tie at zero is not prefix-stable, so a full recompute can choose
+    differently at a tie; both engines choose alike step by step)."""
+    from transformers import DynamicCache
+
+    model = build_family_model(tmp_path, "deepseek_v32", index_topk=4)
+    engine = build_engine(tmp_path, device="cpu", dtype="float32", moe_backend="offload", cache_size=3)
+    assert engine.config.index_topk == 4 and engine.config.kv_dims == (1, 20, 8)
+    seq = engine.new_sequence()
+    got = engine.forward(seq, PROMPT, all_logits=True)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        out = model(torch.tensor([PROMPT]), past_key_values=cache, use_cache=True)
+    assert rel_err(got, out.logits[0]) < 1e-4
+    for _ in range(16):
+        token = int(out.logits[0, -1].argmax())
+        with torch.no_grad():
+            out = model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+        assert rel_err(engine.forward(seq, [token])[-1], out.logits[0, -1]) < 1e-4
+    engine.close()

@@ -28,6 +28,7 @@ ARCHITECTURES: dict[str, str] = {
     "minimax_m2": "freetoken.runtime.models.minimax_m2",
     "gpt_oss": "freetoken.runtime.models.gpt_oss",
     "deepseek_v3": "freetoken.runtime.models.deepseek_v3",
+    "deepseek_v32": "freetoken.runtime.models.deepseek_v32",
 }
 
 

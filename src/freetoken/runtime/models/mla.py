@@ -74,38 +74,48 @@ class LatentAttention(nn.Module):
 
     def _project(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [T, H] -> q_nope [NH, T, dn], q_pe [NH, T, dr] (roped), latent [1, T, r + dr] (c, roped k_pe)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """x [T, H] -> q_nope [NH, T, dn], q_pe [NH, T, dr] (roped), latent [1, T, r + dr] (c, roped k_pe),
+        and the normed low-rank query [T, q_lora_rank] (None without one)."""
         t = x.shape[0]
-        q = (
-            self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-            if hasattr(self, "q_b_proj")
-            else self.q_proj(x)
-        )
+        q_res = self.q_a_layernorm(self.q_a_proj(x)) if hasattr(self, "q_b_proj") else None
+        q = self.q_b_proj(q_res) if q_res is not None else self.q_proj(x)
         q = q.view(t, self.heads, self.d_nope + self.d_rope).transpose(0, 1)  # [NH, T, d_qk]
         q_nope, q_pe = q.split((self.d_nope, self.d_rope), dim=-1)
         c, k_pe = self.kv_a_proj_with_mqa(x).split((self.rank, self.d_rope), dim=-1)
         latent = torch.cat((self.kv_a_layernorm(c), self._rope(k_pe, cos, sin)), dim=-1)
-        return q_nope, self._rope(q_pe, cos, sin), latent[None]
+        return q_nope, self._rope(q_pe, cos, sin), latent[None], q_res
 
-    def _expanded(self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    def _expanded(
+        self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, kept: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The queries (last T positions) against the cached latents [1, S, r + dr], keys and values
-        expanded per head -> [T, NH * dv]."""
+        expanded per head -> [T, NH * dv]; `kept` [T, S] bool: the keys each query may see (default: the
+        causal ones)."""
         s = cache.shape[1]
         c, k_pe = cache[0].split((self.rank, self.d_rope), dim=-1)  # [S, r], [S, dr]
         kv = self.kv_b_proj(c).view(s, self.heads, self.d_nope + self.d_v).transpose(0, 1)  # [NH, S, dn + dv]
         k_nope, v = kv.split((self.d_nope, self.d_v), dim=-1)
         k = torch.cat((k_nope, k_pe[None].expand(self.heads, s, self.d_rope)), dim=-1)
         q = torch.cat((q_nope, q_pe), dim=-1)
-        return causal_attention(q, k, v.contiguous(), self.scale)
+        if kept is None:
+            return causal_attention(q, k, v.contiguous(), self.scale)
+        scores = torch.bmm(q, k.transpose(1, 2)).float() * self.scale  # [NH, T, S]
+        probs = torch.softmax(scores.masked_fill(~kept, float("-inf")), dim=-1).to(v.dtype)
+        return torch.bmm(probs, v).transpose(0, 1).reshape(q.shape[1], -1)
 
-    def _absorbed(self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
-        """One query per head [NH, 1, *] against the cached latents, never expanded -> [1, NH * dv]."""
+    def _absorbed(
+        self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, kept: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """One query per head [NH, 1, *] against the cached latents, never expanded -> [1, NH * dv];
+        `kept` [1, S] bool: the keys it may see (default: all)."""
         c, k_pe = cache[0].split((self.rank, self.d_rope), dim=-1)  # [S, r], [S, dr]
         w = self.kv_b_proj.weight.view(self.heads, self.d_nope + self.d_v, self.rank)
         w_uk, w_uv = w[:, : self.d_nope], w[:, self.d_nope :]  # [NH, dn, r], [NH, dv, r]
         q_latent = torch.bmm(q_nope, w_uk)  # [NH, 1, r]
         scores = (q_latent @ c.T + q_pe @ k_pe.T) * self.scale  # [NH, 1, S]
+        if kept is not None:
+            scores = scores.masked_fill(~kept, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(c.dtype)
         out = torch.bmm(probs @ c, w_uv.transpose(1, 2))  # [NH, 1, dv]
         return out.transpose(0, 1).reshape(1, self.heads * self.d_v)
@@ -113,7 +123,7 @@ class LatentAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, start: int
     ) -> torch.Tensor:
-        q_nope, q_pe, latent = self._project(x, cos, sin)
+        q_nope, q_pe, latent, _ = self._project(x, cos, sin)
         cache, _ = kv.write(self.layer, start, latent, latent[..., :0])  # [1, start + T, r + dr]
         if x.shape[0] == 1:
             return self.o_proj(self._absorbed(q_nope, q_pe, cache))
@@ -123,7 +133,7 @@ class LatentAttention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
     ) -> torch.Tensor:
         """x [B, H]: one new token of each of B sequences (row i continues kvs[i] at starts[i])."""
-        q_nope, q_pe, latent = self._project(x, cos, sin)
+        q_nope, q_pe, latent, _ = self._project(x, cos, sin)
         rows = []
         for i, (kv, start) in enumerate(zip(kvs, starts, strict=True)):
             one = latent[:, i : i + 1]

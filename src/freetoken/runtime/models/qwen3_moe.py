@@ -26,6 +26,7 @@ from freetoken.runtime.json_keys import (
 )
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.models.base import Architecture
+from freetoken.runtime.models.dsa import SparseLatentAttention
 from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.layers import (
     Embedding,
@@ -196,10 +197,17 @@ class SparseMoeBlock(nn.Module):
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
+def attention_module(cfg: ModelConfig, layer: int) -> nn.Module:
+    """Grouped-query attention, latent attention (MLA), or MLA with DeepSeek's sparse indexer."""
+    if cfg.index_topk:
+        return SparseLatentAttention(cfg, layer)
+    return LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.self_attn: nn.Module = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
+        self.self_attn: nn.Module = attention_module(cfg, layer)
         self.mlp: nn.Module = (
             SparseMoeBlock(cfg, layer)
             if cfg.is_moe_layer(layer)
