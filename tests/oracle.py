@@ -141,7 +141,16 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 # every model_type the architecture registry knows, as its errors list them
 SUPPORTED_ARCHITECTURES = ", ".join(
     [
-        *("deepseek_v3", "deepseek_v32", "glm4_moe", "gpt_oss", "minimax_m2", "mixtral", "olmoe"),
+        *(
+            "deepseek_v3",
+            "deepseek_v32",
+            "glm4_moe",
+            "glm_moe_dsa",
+            "gpt_oss",
+            "minimax_m2",
+            "mixtral",
+            "olmoe",
+        ),
         *("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe", "qwen3_next"),
     ]
 )
@@ -196,6 +205,14 @@ FAMILY_TINY: dict[str, dict[str, Any]] = {
     # DeepSeek-V3's shape with an indexer (index_topk covers these tests' lengths; the sparse selection's
     # own test lowers it)
     "deepseek_v32": dict(**DEEPSEEK_TINY, index_n_heads=4, index_head_dim=8, index_topk=64),
+    # GLM-5: DeepSeek-V3.2's layers, the indexer's rope on pairs, layer 2 reusing layer 1's choice
+    "glm_moe_dsa": dict(
+        **DEEPSEEK_TINY,
+        index_n_heads=4,
+        index_head_dim=8,
+        index_topk=64,
+        indexer_types=["full", "full", "shared"],
+    ),
     # sinks, a window of 4 on layers 0 and 2, yarn rope, biases everywhere, a clamp the activations reach
     "gpt_oss": dict(
         num_local_experts=6,
@@ -217,6 +234,8 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
         DeepseekV32ForCausalLM,
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
+        GlmMoeDsaConfig,
+        GlmMoeDsaForCausalLM,
         GptOssConfig,
         GptOssForCausalLM,
         MiniMaxM2Config,
@@ -235,6 +254,7 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
         "gpt_oss": (GptOssConfig, GptOssForCausalLM),
         "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
         "deepseek_v32": (DeepseekV32Config, DeepseekV32ForCausalLM),
+        "glm_moe_dsa": (GlmMoeDsaConfig, GlmMoeDsaForCausalLM),
     }[family]
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_demo_tokenizer(folder)

@@ -130,6 +130,8 @@ class ModelConfig:
     index_n_heads: int = 0
     index_head_dim: int = 0
     index_topk: int = 0
+    index_rope_interleave: bool = False  # the indexer's rope on pairs (GLM-5), not halves (DeepSeek-V3.2)
+    indexer_shared_layers: tuple[int, ...] = ()  # layers reusing the previous indexing layer's choice (GLM-5)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def is_moe_layer(self, layer: int) -> bool:

@@ -43,7 +43,8 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
     family, folder, _ = family_model
     cfg = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused").config
     assert cfg.architecture == family
-    assert cfg.moe_layers == ((1, 2) if family in ("glm4_moe", "deepseek_v3", "deepseek_v32") else (0, 1, 2))
+    grouped = ("glm4_moe", "deepseek_v3", "deepseek_v32", "glm_moe_dsa")  # a dense first layer
+    assert cfg.moe_layers == ((1, 2) if family in grouped else (0, 1, 2))
     assert cfg.num_experts == 6 and cfg.num_experts_per_tok == 3 and cfg.moe_intermediate_size == 40
     assert cfg.norm_topk_prob == (family != "olmoe")
     norms = {"mixtral": "none", "olmoe": "full", "glm4_moe": "head", "minimax_m2": "full"}
@@ -54,6 +55,7 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
         "gpt_oss": "topk_softmax",
         "deepseek_v3": "sigmoid",
         "deepseek_v32": "sigmoid",
+        "glm_moe_dsa": "sigmoid",
     }
     assert cfg.router_scoring == scoring.get(family, "softmax")
     assert cfg.clip_qkv == (2.5 if family == "olmoe" else None)
@@ -411,16 +413,23 @@ def test_an_older_deepseek2_gguf_with_kv_b_whole(tmp_path: Path) -> None:
         engine.close()
 
 
-def test_sparse_attention_keeps_the_indexers_choice(tmp_path: Path) -> None:
-    """DeepSeek-V3.2 with each query seeing 4 of its positions: the prompt's logits are transformers'
-    (the whole prompt in one pass), and 16 decode steps give those of transformers decoding with its cache
-    (the indexer's top-k over scores that tie at zero is not prefix-stable, so a full recompute can choose
-    differently at a tie; both engines choose alike step by step)."""
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
+def test_sparse_attention_keeps_the_indexers_choice(tmp_path: Path, family: str) -> None:
+    """DeepSeek-V3.2 and GLM-5 (its layer 2 reusing layer 1's choice) with each query seeing 4 of its
+    positions: the prompt's logits are transformers' (the whole prompt in one pass), and 16 decode steps
+    give those of transformers decoding with its cache (the indexer's top-k over scores that tie at zero
+    is not prefix-stable, so a full recompute can choose differently at a tie; both engines choose alike
+    step by step)."""
     from transformers import DynamicCache
 
-    model = build_family_model(tmp_path, "deepseek_v32", index_topk=4)
+    model = build_family_model(tmp_path, family, index_topk=4)
     engine = build_engine(tmp_path, device="cpu", dtype="float32", moe_backend="offload", cache_size=3)
     assert engine.config.index_topk == 4 and engine.config.kv_dims == (1, 20, 8)
+    shared = (2,) if family == "glm_moe_dsa" else ()
+    assert (engine.config.indexer_shared_layers, engine.config.index_rope_interleave) == (
+        shared,
+        bool(shared),
+    )
     seq = engine.new_sequence()
     got = engine.forward(seq, PROMPT, all_logits=True)
     cache = DynamicCache(config=model.config)

@@ -13,9 +13,14 @@ from typing import Any
 
 from freetoken.formats.tensor_names import QWEN3_MOE_EXPERTS
 from freetoken.runtime.config import ModelConfig
-from freetoken.runtime.json_keys import BOOL, COUNT, POSITIVE, POSITIVE_INT, JsonObject
+from freetoken.runtime.json_keys import BOOL, COUNT, POSITIVE, POSITIVE_INT, JsonObject, Kind
 from freetoken.runtime.models.base import Architecture
 from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, check_dense_layers, decoder_fields
+
+MLP_LAYER_TYPES = Kind(
+    'a list of "dense" or "sparse"',
+    lambda v: isinstance(v, list) and all(k in ("dense", "sparse") for k in v),
+)
 
 
 def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
@@ -33,13 +38,18 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
         raise cfg.error("qk_rope_head_dim", f"expected an even number, got {rope_dim}")
     nope = cfg.get("qk_nope_head_dim", POSITIVE_INT)
     fields.update(head_dim=nope + rope_dim, num_kv_heads=fields["num_heads"])
-    dense = cfg.get("first_k_dense_replace", COUNT, 0)
+    dense_layers = tuple(range(min(cfg.get("first_k_dense_replace", COUNT, 0), fields["num_layers"])))
+    kinds = cfg.get("mlp_layer_types", MLP_LAYER_TYPES, None)  # newer configs spell it per layer
+    if kinds is not None:
+        if len(kinds) != fields["num_layers"]:
+            raise cfg.error("mlp_layer_types", f"expected {fields['num_layers']} entries, got {len(kinds)}")
+        dense_layers = tuple(i for i, kind in enumerate(kinds) if kind == "dense")
     model = ModelConfig(
         architecture="deepseek_v3",
         raw=raw,
         intermediate_size=cfg.get("intermediate_size", COUNT, 0),
         norm_topk_prob=cfg.get("norm_topk_prob", BOOL, True),
-        mlp_only_layers=tuple(range(min(dense, fields["num_layers"]))),
+        mlp_only_layers=dense_layers,
         qk_norm="none",
         router_scoring="sigmoid",
         n_group=groups,

@@ -26,7 +26,7 @@ from freetoken.runtime.json_keys import (
 )
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.models.base import Architecture
-from freetoken.runtime.models.dsa import SparseLatentAttention
+from freetoken.runtime.models.dsa import SparseLatentAttention, link_shared_indexers
 from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.layers import (
     Embedding,
@@ -249,6 +249,8 @@ class Qwen3MoeForCausalLM(nn.Module):
         self.model = Backbone(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)
+        if cfg.indexer_shared_layers:
+            link_shared_indexers([layer.self_attn for layer in self.model.layers])
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
