@@ -151,7 +151,7 @@ SUPPORTED_ARCHITECTURES = ", ".join(
             "mixtral",
             "olmoe",
         ),
-        *("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe", "qwen3_next"),
+        *("kimi_linear", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe", "qwen3_next"),
     ]
 )
 # GLM-4.5's and DeepSeek-V3's MoE, tiny: a dense first layer, a shared expert, two groups of 3 experts
@@ -213,6 +213,28 @@ FAMILY_TINY: dict[str, dict[str, Any]] = {
         index_topk=64,
         indexer_types=["full", "full", "shared"],
     ),
+    # Kimi-Linear: delta-attention layers 0 and 2 around a rope-less latent attention layer, DeepSeek's MoE
+    "kimi_linear": dict(
+        num_local_experts=6,
+        num_experts_per_tok=3,
+        moe_intermediate_size=40,
+        intermediate_size=56,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.7,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=10,
+        linear_num_heads=2,
+        linear_head_dim=8,
+        linear_conv_kernel_dim=3,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse"],
+        num_key_value_heads=4,
+    ),
     # sinks, a window of 4 on layers 0 and 2, yarn rope, biases everywhere, a clamp the activations reach
     "gpt_oss": dict(
         num_local_experts=6,
@@ -238,6 +260,8 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
         GlmMoeDsaForCausalLM,
         GptOssConfig,
         GptOssForCausalLM,
+        KimiLinearConfig,
+        KimiLinearForCausalLM,
         MiniMaxM2Config,
         MiniMaxM2ForCausalLM,
         MixtralConfig,
@@ -255,6 +279,7 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
         "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
         "deepseek_v32": (DeepseekV32Config, DeepseekV32ForCausalLM),
         "glm_moe_dsa": (GlmMoeDsaConfig, GlmMoeDsaForCausalLM),
+        "kimi_linear": (KimiLinearConfig, KimiLinearForCausalLM),
     }[family]
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_demo_tokenizer(folder)

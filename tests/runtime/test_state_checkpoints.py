@@ -56,9 +56,22 @@ def test_eviction_drops_the_least_covering_oldest_first() -> None:
     assert sorted(store.saved) == [20, 40]
 
 
-def test_resuming_from_an_anchor_equals_a_full_recompute(hybrid: Path) -> None:
-    engine = build_engine(hybrid, device="cpu", dtype="float32", moe_backend="fused")
-    fresh = build_engine(hybrid, device="cpu", dtype="float32", moe_backend="fused")
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Kimi-Linear's hybrid: delta-attention layers around a latent-attention one."""
+    from oracle import build_family_model
+
+    folder = tmp_path_factory.mktemp("kimi")
+    build_family_model(folder, "kimi_linear")
+    return folder
+
+
+@pytest.mark.parametrize("model", ["hybrid", "kimi"])
+def test_resuming_from_an_anchor_equals_a_full_recompute(model: str, request: pytest.FixtureRequest) -> None:
+    """Qwen3.5's and Kimi-Linear's hybrids: an edited conversation resumes from its deepest anchor."""
+    folder = request.getfixturevalue(model)
+    engine = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused")
+    fresh = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused")
     tok = engine.tokenizer
     turn1 = [
         {"role": "user", "content": "What is the weather?"},

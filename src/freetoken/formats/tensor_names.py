@@ -124,3 +124,12 @@ GPT_OSS_GGUF_EXPERTS = ExpertNaming(
         "up_proj_bias": "up_bias", "down_proj_bias": "down_bias",
     },
 )  # fmt: skip
+
+# Kimi-Linear as published: Mixtral's expert names, and every MLP (dense, router, shared experts) under
+# `block_sparse_moe`
+KIMI_LINEAR_EXPERTS = ExpertNaming(
+    per_expert=MIXTRAL_EXPERTS.per_expert,
+    fused=QWEN3_MOE_EXPERTS.fused,
+    projection_parts={**MIXTRAL_EXPERTS.projection_parts, **QWEN3_MOE_EXPERTS.projection_parts},
+    rewrites=((re.compile(r"\.block_sparse_moe\.(?!experts\.\d)"), ".mlp."),),
+)

@@ -126,6 +126,7 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     rope_interleave: bool = False
+    mla_rope: bool = True  # Kimi-Linear's latent attention has no rope
     # DeepSeek sparse attention's indexer (models/dsa.py): index_topk > 0 turns it on
     index_n_heads: int = 0
     index_head_dim: int = 0

@@ -43,7 +43,7 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
     family, folder, _ = family_model
     cfg = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused").config
     assert cfg.architecture == family
-    grouped = ("glm4_moe", "deepseek_v3", "deepseek_v32", "glm_moe_dsa")  # a dense first layer
+    grouped = ("glm4_moe", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "kimi_linear")  # a dense first layer
     assert cfg.moe_layers == ((1, 2) if family in grouped else (0, 1, 2))
     assert cfg.num_experts == 6 and cfg.num_experts_per_tok == 3 and cfg.moe_intermediate_size == 40
     assert cfg.norm_topk_prob == (family != "olmoe")
@@ -56,6 +56,7 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
         "deepseek_v3": "sigmoid",
         "deepseek_v32": "sigmoid",
         "glm_moe_dsa": "sigmoid",
+        "kimi_linear": "sigmoid",
     }
     assert cfg.router_scoring == scoring.get(family, "softmax")
     assert cfg.clip_qkv == (2.5 if family == "olmoe" else None)
@@ -140,7 +141,8 @@ def test_a_missing_field_names_the_field_and_the_file(
 
     _, folder, _ = family_model
     raw = json.loads((folder / "config.json").read_text())
-    del raw["num_experts_per_tok"]
+    raw.pop("num_experts_per_tok", None)
+    raw.pop("num_experts_per_token", None)  # Kimi-Linear's spelling as saved
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(FreeTokenError, match=r"config\.json.*num_experts_per_tok"):
         load_model_config(tmp_path)

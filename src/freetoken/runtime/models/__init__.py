@@ -30,6 +30,7 @@ ARCHITECTURES: dict[str, str] = {
     "deepseek_v3": "freetoken.runtime.models.deepseek_v3",
     "deepseek_v32": "freetoken.runtime.models.deepseek_v32",
     "glm_moe_dsa": "freetoken.runtime.models.glm_moe_dsa",
+    "kimi_linear": "freetoken.runtime.models.kimi_linear",
 }
 
 

@@ -13,8 +13,9 @@ from typing import Any
 
 from freetoken.formats.tensor_names import QWEN3_MOE_EXPERTS
 from freetoken.runtime.config import ModelConfig
-from freetoken.runtime.json_keys import BOOL, COUNT, POSITIVE, POSITIVE_INT, JsonObject, Kind
+from freetoken.runtime.json_keys import BOOL, COUNT, JsonObject, Kind
 from freetoken.runtime.models.base import Architecture
+from freetoken.runtime.models.config_fields import grouped_router_fields, latent_attention_fields
 from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, check_dense_layers, decoder_fields
 
 MLP_LAYER_TYPES = Kind(
@@ -26,18 +27,7 @@ MLP_LAYER_TYPES = Kind(
 def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
     cfg = JsonObject(raw, source)
     fields = decoder_fields(raw, source)
-    experts = fields["num_experts"]
-    groups = cfg.get("n_group", POSITIVE_INT, 1)
-    if experts % groups:
-        raise cfg.error("n_group", f"{experts} experts do not split into {groups} groups")
-    topk_group = cfg.get("topk_group", POSITIVE_INT, 1)
-    if topk_group > groups:
-        raise cfg.error("topk_group", f"expected at most n_group={groups}, got {topk_group}")
-    rope_dim = cfg.get("qk_rope_head_dim", POSITIVE_INT)
-    if rope_dim % 2:
-        raise cfg.error("qk_rope_head_dim", f"expected an even number, got {rope_dim}")
-    nope = cfg.get("qk_nope_head_dim", POSITIVE_INT)
-    fields.update(head_dim=nope + rope_dim, num_kv_heads=fields["num_heads"])
+    fields.update(latent_attention_fields(cfg, fields["num_heads"]))
     dense_layers = tuple(range(min(cfg.get("first_k_dense_replace", COUNT, 0), fields["num_layers"])))
     kinds = cfg.get("mlp_layer_types", MLP_LAYER_TYPES, None)  # newer configs spell it per layer
     if kinds is not None:
@@ -48,20 +38,10 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
         architecture="deepseek_v3",
         raw=raw,
         intermediate_size=cfg.get("intermediate_size", COUNT, 0),
-        norm_topk_prob=cfg.get("norm_topk_prob", BOOL, True),
         mlp_only_layers=dense_layers,
         qk_norm="none",
-        router_scoring="sigmoid",
-        n_group=groups,
-        topk_group=topk_group,
-        routed_scaling_factor=cfg.get("routed_scaling_factor", POSITIVE, 1.0),
-        n_shared_experts=cfg.get("n_shared_experts", COUNT, 0),
-        q_lora_rank=cfg.get("q_lora_rank", POSITIVE_INT, None),
-        kv_lora_rank=cfg.get("kv_lora_rank", POSITIVE_INT),
-        qk_nope_head_dim=nope,
-        qk_rope_head_dim=rope_dim,
-        v_head_dim=cfg.get("v_head_dim", POSITIVE_INT),
         rope_interleave=cfg.get("rope_interleave", BOOL, True),
+        **grouped_router_fields(cfg, fields["num_experts"]),
         **fields,
     )
     return check_dense_layers(model, source)

@@ -12,35 +12,24 @@ from typing import Any
 
 from freetoken.formats.tensor_names import QWEN3_MOE_EXPERTS
 from freetoken.runtime.config import ModelConfig
-from freetoken.runtime.json_keys import BOOL, COUNT, POSITIVE, POSITIVE_INT, JsonObject
+from freetoken.runtime.json_keys import BOOL, COUNT, JsonObject
 from freetoken.runtime.models.base import Architecture
+from freetoken.runtime.models.config_fields import grouped_router_fields
 from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, check_dense_layers, decoder_fields
 
 
 def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
     cfg = JsonObject(raw, source)
     fields = decoder_fields(raw, source)
-    experts = fields["num_experts"]
-    groups = cfg.get("n_group", POSITIVE_INT, 1)
-    if experts % groups:
-        raise cfg.error("n_group", f"{experts} experts do not split into {groups} groups")
-    topk_group = cfg.get("topk_group", POSITIVE_INT, 1)
-    if topk_group > groups:
-        raise cfg.error("topk_group", f"expected at most n_group={groups}, got {topk_group}")
     dense = cfg.get("first_k_dense_replace", COUNT, 0)
     model = ModelConfig(
         architecture="glm4_moe",
         raw=raw,
         intermediate_size=cfg.get("intermediate_size", COUNT, 0),
-        norm_topk_prob=cfg.get("norm_topk_prob", BOOL, True),
         mlp_only_layers=tuple(range(min(dense, fields["num_layers"]))),
         qk_norm="head" if cfg.get("use_qk_norm", BOOL, False) else "none",
         o_proj_bias=False,
-        router_scoring="sigmoid",
-        n_group=groups,
-        topk_group=topk_group,
-        routed_scaling_factor=cfg.get("routed_scaling_factor", POSITIVE, 1.0),
-        n_shared_experts=cfg.get("n_shared_experts", COUNT, 0),
+        **grouped_router_fields(cfg, fields["num_experts"]),
         **fields,
     )
     return check_dense_layers(model, source)

@@ -63,13 +63,15 @@ class LatentAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.rank, cfg.rms_norm_eps)
         self.kv_b_proj = Linear(self.rank, self.heads * (self.d_nope + self.d_v), bias=False)
         self.o_proj = Linear(self.heads * self.d_v, h, bias=bias)
-        self.interleaved = cfg.rope_interleave
+        self.interleaved, self.roped = cfg.rope_interleave, cfg.mla_rope
         self.scale = d_qk**-0.5
         rope = cfg.rope
         if rope.type != "default" and rope.mscale_all_dim:
             self.scale *= yarn_mscale(rope.factor, rope.mscale_all_dim) ** 2
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if not self.roped:  # Kimi-Linear: positions come from its recurrent layers only
+            return x
         return interleaved_rotary(x, cos, sin) if self.interleaved else apply_rotary(x, cos, sin)
 
     def _project(

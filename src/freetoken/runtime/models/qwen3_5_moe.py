@@ -172,10 +172,15 @@ class HybridDecoderLayer(nn.Module):
         self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    @property
+    def recurrent(self) -> nn.Module:
+        """The layer's recurrent attention (its state in the cache's `linear`)."""
+        return self.linear_attn
+
     def _state(self, kv: HybridCache, x: torch.Tensor) -> LinearState:
         state = kv.linear.get(self.layer)
         if state is None:
-            state = kv.linear[self.layer] = self.linear_attn.new_state(x.device, x.dtype)
+            state = kv.linear[self.layer] = self.recurrent.new_state(x.device, x.dtype)
         return state
 
     def forward(
@@ -184,7 +189,7 @@ class HybridDecoderLayer(nn.Module):
         h = self.input_layernorm(x)
         if self.kind == "linear_attention":
             inside = tuple(p for p in kv.capture_at if start < p < start + x.shape[0])
-            h, states = self.linear_attn(h, self._state(kv, h), tuple(p - start for p in inside))
+            h, states = self.recurrent(h, self._state(kv, h), tuple(p - start for p in inside))
             for p, state in zip(inside, states, strict=True):
                 kv.captured.setdefault(p, {})[self.layer] = state
         else:
@@ -197,7 +202,7 @@ class HybridDecoderLayer(nn.Module):
     ) -> torch.Tensor:
         h = self.input_layernorm(x)
         if self.kind == "linear_attention":
-            h = torch.cat([self.linear_attn(h[i : i + 1], self._state(kv, h))[0] for i, kv in enumerate(kvs)])
+            h = torch.cat([self.recurrent(h[i : i + 1], self._state(kv, h))[0] for i, kv in enumerate(kvs)])
         else:
             h = self.self_attn.forward_batch(h, cos, sin, kvs, starts)
         x = x + h
@@ -205,12 +210,12 @@ class HybridDecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer_class: type[nn.Module], norm_class: type[nn.Module]) -> None:
         super().__init__()
         kinds = cfg.raw["layer_types"]
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(HybridDecoderLayer(cfg, i, kinds[i]) for i in range(cfg.num_layers))
-        self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(layer_class(cfg, i, kinds[i]) for i in range(cfg.num_layers))
+        self.norm = norm_class(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class Qwen3_5MoeForCausalLM(Qwen3MoeForCausalLM):
@@ -218,13 +223,15 @@ class Qwen3_5MoeForCausalLM(Qwen3MoeForCausalLM):
 
     cache_class = HybridCache
     slot_decode = False  # DeltaNet layers: decode runs eagerly through decode_batch
+    layer_class: type[nn.Module] = HybridDecoderLayer
+    norm_class: type[nn.Module] = ZeroCenteredRMSNorm
 
     def __init__(self, cfg: ModelConfig) -> None:
         nn.Module.__init__(self)
         self.config = cfg
-        self.model = Backbone(cfg)
+        self.model = Backbone(cfg, self.layer_class, self.norm_class)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(cfg.rope, int(cfg.head_dim * cfg.rope.partial_rotary_factor))
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)  # MLA without rope (Kimi): angles unused
         # the layers whose K/V the cache keeps (the DeltaNet layers keep a recurrent state instead)
         self.attention_layers = tuple(
             i for i, kind in enumerate(cfg.raw["layer_types"][: cfg.num_layers]) if kind == "full_attention"
@@ -233,7 +240,7 @@ class Qwen3_5MoeForCausalLM(Qwen3MoeForCausalLM):
     def state_shapes(self, dtype: torch.dtype) -> dict[int, tuple[tuple[tuple[int, ...], torch.dtype], ...]]:
         """Per DeltaNet layer, its state tensors' (shape, dtype): the engine keeps them in fixed slots."""
         return {
-            i: layer.linear_attn.state_shapes(dtype)
+            i: layer.recurrent.state_shapes(dtype)
             for i, layer in enumerate(self.model.layers)
             if layer.kind == "linear_attention"
         }

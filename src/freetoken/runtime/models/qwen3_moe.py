@@ -204,15 +204,18 @@ def attention_module(cfg: ModelConfig, layer: int) -> nn.Module:
     return LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
 
 
+def mlp_module(cfg: ModelConfig, layer: int) -> nn.Module:
+    """The routed experts (with any shared ones), or a dense SwiGLU on the layers the config keeps dense."""
+    if cfg.is_moe_layer(layer):
+        return SparseMoeBlock(cfg, layer)
+    return SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.self_attn: nn.Module = attention_module(cfg, layer)
-        self.mlp: nn.Module = (
-            SparseMoeBlock(cfg, layer)
-            if cfg.is_moe_layer(layer)
-            else SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size)
-        )
+        self.mlp = mlp_module(cfg, layer)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
