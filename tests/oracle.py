@@ -139,20 +139,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # every model_type the architecture registry knows, as its errors list them
-SUPPORTED_ARCHITECTURES = ", ".join(
-    [
-        *(
-            "deepseek_v3",
-            "deepseek_v32",
-            "glm4_moe",
-            "glm_moe_dsa",
-            "gpt_oss",
-            "minimax_m2",
-            "mixtral",
-            "olmoe",
-        ),
-        *("kimi_linear", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe", "qwen3_next"),
-    ]
+SUPPORTED_ARCHITECTURES = (
+    "deepseek_v3, deepseek_v32, glm4_moe, glm_moe_dsa, gpt_oss, kimi_linear, minimax_m2, "
+    "mixtral, olmoe, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"
 )
 # GLM-4.5's and DeepSeek-V3's MoE, tiny: a dense first layer, a shared expert, two groups of 3 experts
 GROUPED_MOE_TINY: dict[str, Any] = dict(
