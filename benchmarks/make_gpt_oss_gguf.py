@@ -1,0 +1,134 @@
+"""Write a random-weight GGUF with gpt-oss-20b's shapes (llama.cpp's `gpt-oss` arch), for side-by-side
+decode runs with `peer_llamacpp.py` (both engines read the same bytes).
+
+Experts are random MXFP4 blocks (e8m0 scales near 2^-5, so weights stay small) with fp32 biases, as the
+published model keeps them; attention, router and embeddings are bf16 (std 0.02), sinks and norms fp32.
+Layers of equal parity share their arrays (fast to write, small to hold). The vocabulary is byte-level
+BPE (the 256 bytes, padding up to --vocab, harmony's markers at the end), so the output projection costs
+what the real model's does.
+
+  python benchmarks/make_gpt_oss_gguf.py /dev/shm/gpt-oss-24.gguf --layers 24
+  python benchmarks/make_gpt_oss_gguf.py /tmp/tiny.gguf --layers 2 --hidden 256 --vocab 2048 --experts 8
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from freetoken.codecs import get_codec
+
+HARMONY = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>"]
+TEMPLATE = (
+    "{%- for m in messages -%}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}"
+)
+
+
+def byte_vocabulary(size: int) -> tuple[list[str], list[int]]:
+    """GPT-2's printable spelling of the 256 bytes, padding, then harmony's markers (control tokens)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    spelled, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            spelled[b] = chr(b)
+        else:
+            spelled[b] = chr(256 + extra)
+            extra += 1
+    tokens = [spelled[b] for b in range(256)]
+    tokens += [f"<pad{i}>" for i in range(size - len(tokens) - len(HARMONY))]
+    return tokens + HARMONY, [1] * (size - len(HARMONY)) + [3] * len(HARMONY)
+
+
+def main() -> None:
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--vocab", type=int, default=201088)
+    ap.add_argument("--hidden", type=int, default=2880)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--top-k", type=int, default=4)
+    ap.add_argument("--moe-inter", type=int, default=2880)
+    ap.add_argument("--heads", type=int, default=64)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=64)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    h, e, i, d = args.hidden, args.experts, args.moe_inter, args.head_dim
+    mxfp4 = get_codec("MXFP4")
+
+    def bf16(*shape: int, std: float = 0.02) -> np.ndarray:
+        return ((rng.standard_normal(shape, dtype=np.float32) * std).view(np.uint32) >> 16).astype(np.uint16)
+
+    def f32(*shape: int, std: float = 0.02) -> np.ndarray:
+        return rng.standard_normal(shape, dtype=np.float32) * std
+
+    def blocks(*shape: int) -> np.ndarray:  # [..., rows, row bytes] of MXFP4
+        out = np.empty((*shape[:-1], mxfp4.row_bytes(shape[-1])), dtype=np.uint8)
+        return mxfp4.random_blocks(out, rng, 2**-5)
+
+    w = gguf.GGUFWriter(args.out, "gpt-oss")
+    w.add_block_count(args.layers)
+    w.add_context_length(131072)
+    w.add_embedding_length(h)
+    w.add_feed_forward_length(i)
+    w.add_head_count(args.heads)
+    w.add_head_count_kv(args.kv_heads)
+    w.add_key_length(d)
+    w.add_value_length(d)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(150000.0)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(32.0)
+    w.add_rope_scaling_orig_ctx_len(4096)
+    w.add_sliding_window(128)
+    w.add_expert_count(e)
+    w.add_expert_used_count(args.top_k)
+    w.add_expert_feed_forward_length(i)
+    tokens, types = byte_vocabulary(args.vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-4o")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([])
+    w.add_eos_token_id(tokens.index("<|return|>"))
+    w.add_chat_template(TEMPLATE)
+
+    def add(name: str, array: np.ndarray, kind: Q | None = None) -> None:
+        raw = kind if kind is not None else (Q.BF16 if array.dtype == np.uint16 else None)
+        w.add_tensor(name, array, raw_dtype=raw)
+
+    add("token_embd.weight", bf16(args.vocab, h))
+    add("output_norm.weight", np.ones(h, dtype=np.float32))
+    add("output.weight", bf16(args.vocab, h))
+    parity = []
+    for _ in range(2):
+        parity.append({
+            "attn_norm.weight": np.ones(h, dtype=np.float32),
+            "post_attention_norm.weight": np.ones(h, dtype=np.float32),
+            "attn_q.weight": bf16(args.heads * d, h), "attn_q.bias": f32(args.heads * d),
+            "attn_k.weight": bf16(args.kv_heads * d, h), "attn_k.bias": f32(args.kv_heads * d),
+            "attn_v.weight": bf16(args.kv_heads * d, h), "attn_v.bias": f32(args.kv_heads * d),
+            "attn_output.weight": bf16(h, args.heads * d), "attn_output.bias": f32(h),
+            "attn_sinks.weight": f32(args.heads, std=1.0),
+            "ffn_gate_inp.weight": bf16(e, h, std=0.5), "ffn_gate_inp.bias": f32(e),
+            "ffn_gate_exps.weight": blocks(e, i, h), "ffn_gate_exps.bias": f32(e, i),
+            "ffn_up_exps.weight": blocks(e, i, h), "ffn_up_exps.bias": f32(e, i),
+            "ffn_down_exps.weight": blocks(e, h, i), "ffn_down_exps.bias": f32(e, h),
+        })  # fmt: skip
+    for layer in range(args.layers):
+        for name, array in parity[layer % 2].items():
+            kind = Q.MXFP4 if name.endswith("_exps.weight") else None
+            add(f"blk.{layer}.{name}", array, kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=True)
+    w.close()
+
+
+if __name__ == "__main__":
+    main()
