@@ -315,14 +315,12 @@ def test_an_older_mixtral_gguf_with_one_tensor_per_expert(tmp_path: Path) -> Non
         engine.close()
 
 
-def test_latent_attention_decodes_absorbed_as_expanded(family_model: tuple[str, Path, Any]) -> None:
+def test_latent_attention_decodes_absorbed_as_expanded(tmp_path: Path) -> None:
     """MLA: a decode step in the absorbed form (scores against the cached latent) gives the expanded
     form's output, and the cache holds one latent and rope key per position: (r + d_rope) numbers against
     heads × (d_qk + d_v)."""
-    family, folder, _ = family_model
-    if family != "deepseek_v3":
-        pytest.skip("latent attention: deepseek_v3")
-    engine = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused")
+    build_family_model(tmp_path, "deepseek_v3")
+    engine = build_engine(tmp_path, device="cpu", dtype="float32", moe_backend="fused")
     attn = engine.model.model.layers[0].self_attn
     seq = engine.new_sequence()
     engine.forward(seq, PROMPT)
@@ -339,22 +337,17 @@ def test_latent_attention_decodes_absorbed_as_expanded(family_model: tuple[str, 
     assert report["kv_bytes_per_token_expanded"] == layers * 4 * (12 + 10) * 4
 
 
-def test_multi_token_prediction_blocks_are_skipped(
-    family_model: tuple[str, Path, Any], tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
+def test_multi_token_prediction_blocks_are_skipped(family: str, tmp_path: Path) -> None:
     """Published DeepSeek-V3 and GLM-4.5 checkpoints append `num_nextn_predict_layers` blocks after the
     trunk: skipped when the config declares them, unexpected tensors otherwise."""
     import json
-    import shutil
 
     from safetensors.torch import load_file, save_file
 
     from freetoken.errors import FreeTokenError
 
-    family, folder, model = family_model
-    if family not in ("deepseek_v3", "glm4_moe"):
-        pytest.skip("families with multi-token-prediction blocks")
-    shutil.copytree(folder, tmp_path / "m")
+    model = build_family_model(tmp_path / "m", family)
     state = load_file(str(tmp_path / "m" / "model.safetensors"))
     state["model.layers.3.eh_proj.weight"] = torch.zeros(48, 96)
     state["model.layers.3.mlp.experts.0.gate_proj.weight"] = torch.zeros(40, 48)
