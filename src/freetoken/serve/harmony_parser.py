@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 
-from freetoken.serve.output_parser import Event, ReasoningDelta, TextDelta, ToolCallDelta, partial_tag_len
+from freetoken.serve.output_parser import Event, ParsedOutput, partial_tag_len
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>")
@@ -30,24 +29,14 @@ _CHANNEL = re.compile(r"<\|channel\|>\s*([A-Za-z_]+)")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 
 
-class HarmonyParser:
+class HarmonyParser(ParsedOutput):
     def __init__(self, reasoning: bool = True, tools: bool = True) -> None:
+        super().__init__()
         self._reasoning_on, self._tools_on = reasoning, tools
         self._mode = "header"  # "header": reading up to <|message|>; "body"; "call": a tool call's body
         self._kind = "content"  # the open body's: "content", "reasoning"
         self._recipient = ""
         self._buf = ""  # unprocessed text: the header being read, a possible partial marker, a call's body
-        self._content: list[str] = []
-        self._reasoning: list[str] = []
-        self.tool_calls: list[ToolCallDelta] = []
-
-    @property
-    def content(self) -> str:
-        return "".join(self._content)
-
-    @property
-    def reasoning(self) -> str:
-        return "".join(self._reasoning)
 
     def push(self, text: str) -> list[Event]:
         out: list[Event] = []
@@ -114,16 +103,7 @@ class HarmonyParser:
             self._kind = "content"
             self._emit(body, out)
             return
-        call = ToolCallDelta(len(self.tool_calls), "call_" + secrets.token_hex(12), name, json.dumps(args))
-        self.tool_calls.append(call)
-        out.append(call)
+        self._call(name, json.dumps(args), out)
 
     def _emit(self, text: str, out: list[Event]) -> None:
-        if not text:
-            return
-        reasoning = self._kind == "reasoning"
-        (self._reasoning if reasoning else self._content).append(text)
-        kind = ReasoningDelta if reasoning else TextDelta
-        if out and type(out[-1]) is kind:
-            text = out.pop().text + text  # type: ignore[union-attr]
-        out.append(kind(text))
+        self._deliver(text, self._kind == "reasoning", out)

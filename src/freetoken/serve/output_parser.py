@@ -137,17 +137,11 @@ def partial_tag_len(text: str, tags: tuple[str, ...]) -> int:
     return max((n for tag in tags for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
 
 
-class OutputParser:
-    def __init__(self, reasoning: bool = True, tools: bool = True, starts_in_reasoning: bool = False) -> None:
-        self._think_on = reasoning
-        self._tools_on = tools
-        # "content", "reasoning" or "tool" (inside <tool_call>, buffering the body)
-        self._mode = "reasoning" if reasoning and starts_in_reasoning else "content"
-        self._think_seen = self._mode == "reasoning"  # <think> opens reasoning at most once
-        self._buf = ""  # unprocessed text: a possible partial tag, or the body of the open tool call
-        self._open_tag = TOOL_OPEN  # the opening tag of the call block being read
-        self._ws = ""  # trailing whitespace of the current segment, held back: dropped if a tag follows
-        self._lead = self._mode == "reasoning"  # the segment follows a tag: drop its leading whitespace
+class ParsedOutput:
+    """What a parser has made of a generation so far: content, reasoning and tool calls, and the events
+    it hands out (adjacent deltas of one kind merged, none empty)."""
+
+    def __init__(self) -> None:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self.tool_calls: list[ToolCallDelta] = []
@@ -159,6 +153,34 @@ class OutputParser:
     @property
     def reasoning(self) -> str:
         return "".join(self._reasoning)
+
+    def _deliver(self, text: str, reasoning: bool, out: list[Event]) -> None:
+        if not text:
+            return
+        (self._reasoning if reasoning else self._content).append(text)
+        kind = ReasoningDelta if reasoning else TextDelta
+        if out and type(out[-1]) is kind:
+            text = out.pop().text + text  # type: ignore[union-attr]
+        out.append(kind(text))
+
+    def _call(self, name: str, arguments: str, out: list[Event]) -> None:
+        call = ToolCallDelta(len(self.tool_calls), "call_" + secrets.token_hex(12), name, arguments)
+        self.tool_calls.append(call)
+        out.append(call)
+
+
+class OutputParser(ParsedOutput):
+    def __init__(self, reasoning: bool = True, tools: bool = True, starts_in_reasoning: bool = False) -> None:
+        super().__init__()
+        self._think_on = reasoning
+        self._tools_on = tools
+        # "content", "reasoning" or "tool" (inside <tool_call>, buffering the body)
+        self._mode = "reasoning" if reasoning and starts_in_reasoning else "content"
+        self._think_seen = self._mode == "reasoning"  # <think> opens reasoning at most once
+        self._buf = ""  # unprocessed text: a possible partial tag, or the body of the open tool call
+        self._open_tag = TOOL_OPEN  # the opening tag of the call block being read
+        self._ws = ""  # trailing whitespace of the current segment, held back: dropped if a tag follows
+        self._lead = self._mode == "reasoning"  # the segment follows a tag: drop its leading whitespace
 
     def push(self, text: str) -> list[Event]:
         """Events for this chunk; adjacent deltas of the same kind are merged, none is empty."""
@@ -227,9 +249,7 @@ class OutputParser:
             self._text(self._open_tag + body + TOOL_TAGS[self._open_tag], out)
             return
         for name, arguments in calls:
-            call = ToolCallDelta(len(self.tool_calls), "call_" + secrets.token_hex(12), name, arguments)
-            self.tool_calls.append(call)
-            out.append(call)
+            self._call(name, arguments, out)
         self._ws, self._lead = "", True
 
     def _text(self, text: str, out: list[Event]) -> None:
@@ -243,14 +263,7 @@ class OutputParser:
         self._emit(body, out)
 
     def _emit(self, text: str, out: list[Event]) -> None:
-        if not text:
-            return
-        reasoning = self._mode == "reasoning"
-        (self._reasoning if reasoning else self._content).append(text)
-        kind = ReasoningDelta if reasoning else TextDelta
-        if out and type(out[-1]) is kind:
-            text = out.pop().text + text  # type: ignore[union-attr]
-        out.append(kind(text))
+        self._deliver(text, self._mode == "reasoning", out)
 
 
 def parse_output(text: str, **kwargs: bool) -> OutputParser:
