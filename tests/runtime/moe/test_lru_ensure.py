@@ -289,6 +289,32 @@ def test_the_kernel_scans_many_blocks_of_slots() -> None:
             assert torch.equal(a, b), (i, a, b)
 
 
+@needs_interpreter
+@pytest.mark.parametrize("share", [0.11, 0.37])
+def test_the_kernel_at_deepseek_v3_scale(share: float) -> None:
+    """DeepSeek-V3's pool: 58 MoE layers of 256 experts (14,848), 8 chosen per token, at the paper's 11%
+    and a consumer card's 37% of it in slots, full from the start; decode steps of 1-4 rows walking the
+    layers in order: the kernel equals the reference bit for bit after every step."""
+    layers, experts = 58, 256
+    slots = int(share * layers * experts)
+    g = torch.Generator().manual_seed(12)
+    kernel = new_state(layers, experts, slots, [1.0] * layers)
+    for slot in range(slots):
+        place(kernel, slot % layers, slot // layers, slot, stamp=slot)
+    ref = clone(kernel)
+    for i in range(2 * layers):
+        ids = random_ids(g, 1 + i % 4, 8, experts, hot=32)
+        weights = torch.rand(ids.shape, generator=g)
+        got = step(lru_ensure, kernel, ids, i % layers, BIG, weights)
+        want = step(lru_ensure_reference, ref, ids, i % layers, BIG, weights)
+        for name in STATE_KEYS:
+            assert torch.equal(kernel[name], ref[name]), (i, name)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b), (i, a, b)
+    hits, misses, _, evictions, _ = ref["counters"].sum(dim=0).tolist()
+    assert hits > 0 and misses > 0 and evictions > 0  # the slots were full: every fill evicted
+
+
 def test_dispatch_limits_and_shape_checks() -> None:
     assert use_lru_kernel(torch.zeros(16, 8, dtype=torch.int64), 1024) == lru_kernel_available("cpu")
     assert not use_lru_kernel(torch.zeros(17, 8, dtype=torch.int64), 64)
