@@ -4,6 +4,7 @@ oracle)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ GPT_OSS_NAMES = {"mlp.router.weight": "ffn_gate_inp.weight", "mlp.router.bias": 
 # model_type -> llama.cpp's arch
 ARCHS = {
     "qwen3_moe": "qwen3moe", "olmoe": "olmoe", "glm4_moe": "glm4moe", "minimax_m2": "minimax-m2",
-    "gpt_oss": "gpt-oss", "mixtral": "llama", "deepseek_v3": "deepseek2",
+    "gpt_oss": "gpt-oss", "mixtral": "llama", "deepseek_v3": "deepseek2", "glm_moe_dsa": "glm-dsa",
 }  # fmt: skip
 # DeepSeek-V3's latent attention (llama.cpp's deepseek2); kv_b_proj is written split (attn_k_b, attn_v_b)
 DEEPSEEK2_NAMES = {
@@ -48,7 +49,14 @@ DEEPSEEK2_NAMES = {
     "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
     "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight",
     "self_attn.kv_b_proj.weight": "attn_kv_b.weight",
+    # GLM-5's indexer (llama.cpp's glm-dsa)
+    "self_attn.indexer.k_norm.weight": "indexer.k_norm.weight",
+    "self_attn.indexer.k_norm.bias": "indexer.k_norm.bias",
+    "self_attn.indexer.weights_proj.weight": "indexer.proj.weight",
+    "self_attn.indexer.wk.weight": "indexer.attn_k.weight",
+    "self_attn.indexer.wq_b.weight": "indexer.attn_q_b.weight",
 }
+LATENT = ("deepseek2", "glm-dsa")
 
 
 def rope_permuted(rows: np.ndarray, heads: int, back: bool = False) -> np.ndarray:
@@ -117,7 +125,7 @@ def dequantised_state_dict(path: Path, hf: Any) -> dict[str, Any]:
                 kv_b[:, : cfg.qk_nope_head_dim] = value.transpose(1, 2)
             else:
                 kv_b[:, cfg.qk_nope_head_dim :] = value
-        elif rest.count(".") == 2:  # one expert's: ffn_gate.E.weight
+        elif re.fullmatch(r"ffn_(gate|up|down)\.\d+\.weight", rest):  # one expert's: ffn_gate.E.weight
             part, expert, _ = rest.split(".")
             rows = {"ffn_gate": slice(0, inter), "ffn_up": slice(inter, 2 * inter)}.get(part)
             name = "gate_up_proj" if rows is not None else "down_proj"
@@ -149,6 +157,10 @@ def _latent_attention_header(w: Any, cfg: Any) -> None:
         w.add_rope_scaling_factor(params["factor"])
         w.add_rope_scaling_orig_ctx_len(params["original_max_position_embeddings"])
         w.add_rope_scaling_yarn_log_mul(0.1 * params["mscale_all_dim"])
+    if getattr(cfg, "index_topk", None):
+        w.add_indexer_head_count(cfg.index_n_heads)
+        w.add_indexer_key_length(cfg.index_head_dim)
+        w.add_indexer_top_k(cfg.index_topk)
 
 
 def expert_size(cfg: Any) -> int:
@@ -234,7 +246,7 @@ def write_gguf(
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    if arch == "deepseek2":
+    if arch in LATENT:
         _latent_attention_header(w, cfg)
         names.update(DEEPSEEK2_NAMES)
         if split_kv_b:
@@ -246,7 +258,7 @@ def write_gguf(
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_expert_count(getattr(cfg, "n_routed_experts", None) or cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
-    if arch in ("qwen3moe", "glm4moe", "minimax-m2", "gpt-oss", "deepseek2"):
+    if arch in ("qwen3moe", "glm4moe", "minimax-m2", "gpt-oss", *LATENT):
         w.add_expert_feed_forward_length(i_moe)
     if arch == "gpt-oss":
         names.update(GPT_OSS_NAMES)
@@ -259,7 +271,7 @@ def write_gguf(
     if arch == "minimax-m2":
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters.get("partial_rotary_factor", 1.0)))
-    if arch in ("glm4moe", "deepseek2"):
+    if arch in ("glm4moe", *LATENT):
         if arch == "glm4moe":
             w.add_nextn_predict_layers(1)
         w.add_expert_shared_count(cfg.n_shared_experts)
@@ -308,7 +320,7 @@ def write_gguf(
         for hf_name, g_name in names.items():
             if prefix + hf_name in sd:
                 add(f"blk.{layer}.{g_name}", sd[prefix + hf_name])
-        if arch == "deepseek2" and split_kv_b:  # per head: k_b [H, r, dn] (transposed), v_b [H, dv, r]
+        if arch in LATENT and split_kv_b:  # per head: k_b [H, r, dn] (transposed), v_b [H, dv, r]
             kv_b = sd[prefix + "self_attn.kv_b_proj.weight"]
             kv_b = kv_b.reshape(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, -1)
             add(f"blk.{layer}.attn_k_b.weight", kv_b[:, : cfg.qk_nope_head_dim].transpose(0, 2, 1))

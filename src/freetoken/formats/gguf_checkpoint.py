@@ -63,6 +63,12 @@ LAYER_NAMES = {
     "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
     "attn_k_b.weight": "self_attn.k_b_proj.weight",
     "attn_v_b.weight": "self_attn.v_b_proj.weight",
+    # glm-dsa (GLM-5): the sparse attention's indexer
+    "indexer.k_norm.weight": "self_attn.indexer.k_norm.weight",
+    "indexer.k_norm.bias": "self_attn.indexer.k_norm.bias",
+    "indexer.proj.weight": "self_attn.indexer.weights_proj.weight",
+    "indexer.attn_k.weight": "self_attn.indexer.wk.weight",
+    "indexer.attn_q_b.weight": "self_attn.indexer.wq_b.weight",
 }
 SPLIT_KV_B = ("self_attn.k_b_proj.weight", "self_attn.v_b_proj.weight")
 GLOBAL_NAMES = {

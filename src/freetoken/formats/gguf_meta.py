@@ -11,7 +11,7 @@ from freetoken.formats.gguf_spm import build_spm_tokenizer
 # llama.cpp's arch -> model_type
 ARCHITECTURES = {
     "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
-    "gpt-oss": "gpt_oss", "llama": "mixtral", "deepseek2": "deepseek_v3",
+    "gpt-oss": "gpt_oss", "llama": "mixtral", "deepseek2": "deepseek_v3", "glm-dsa": "glm_moe_dsa",
 }  # fmt: skip
 # per arch: the transformers class, and whether llama.cpp's graph renormalises the top-k weights (its
 # qwen3moe graph always does; its olmoe graph never does)
@@ -26,6 +26,8 @@ ARCH_FIELDS: dict[str, dict[str, Any]] = {
     "llama": {"architectures": ["MixtralForCausalLM"]},
     # DeepSeek-V3/R1, Kimi-K2: latent attention, rope on interleaved pairs (llama.cpp's norm rope)
     "deepseek2": {"architectures": ["DeepseekV3ForCausalLM"], "rope_interleave": True},
+    # GLM-5: deepseek2's latent attention with the sparse indexer (layers without one reuse the last)
+    "glm-dsa": {"architectures": ["GlmMoeDsaForCausalLM"], "rope_interleave": True},
 }
 # archs whose config calls an expert's size `intermediate_size` (the file's expert_feed_forward_length)
 EXPERT_SIZE_AS_INTERMEDIATE = ("minimax-m2", "gpt-oss")
@@ -52,7 +54,12 @@ CONFIG_KEYS = {
     "sliding_window": "attention.sliding_window",
     "q_lora_rank": "attention.q_lora_rank",
     "kv_lora_rank": "attention.kv_lora_rank",
+    "index_n_heads": "attention.indexer.head_count",
+    "index_head_dim": "attention.indexer.key_length",
+    "index_topk": "attention.indexer.top_k",
 }
+# archs with latent attention (their geometry read by _latent_attention_fields)
+LATENT_ATTENTION = ("deepseek2", "glm-dsa")
 # token_type values (llama.cpp): 3 = control, 4 = user defined
 CONTROL, USER_DEFINED = 3, 4
 # `tokenizer.ggml.pre` -> the splits applied in turn before the byte-level BPE (llama.cpp's regexes)
@@ -124,8 +131,8 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
     if arch in EXPERT_SIZE_AS_INTERMEDIATE and "moe_intermediate_size" in raw:
         raw["intermediate_size"] = raw.pop("moe_intermediate_size")
     rotary = ckpt.get(f"{arch}.rope.dimension_count")
-    if arch == "deepseek2":
-        _latent_attention_fields(ckpt, raw, int(rotary))
+    if arch in LATENT_ATTENTION:
+        _latent_attention_fields(ckpt, arch, raw, int(rotary))
     elif rotary is not None and raw.get("head_dim"):
         raw["partial_rotary_factor"] = int(rotary) / int(raw["head_dim"])
     raw["use_qk_norm"] = any(n.endswith("self_attn.q_norm.weight") for n in ckpt.names())
@@ -139,14 +146,19 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
     return raw
 
 
-def _latent_attention_fields(ckpt: GgufCheckpoint, raw: dict[str, Any], rope_dim: int) -> None:
-    """deepseek2's head geometry: key_length_mla = nope + rope dims and value_length_mla (older files:
-    key_length and value_length themselves); yarn's mscale from its log multiplier (0.1 · mscale_all_dim)."""
-    key = ckpt.get("deepseek2.attention.key_length_mla", ckpt.get("deepseek2.attention.key_length"))
-    value = ckpt.get("deepseek2.attention.value_length_mla", ckpt.get("deepseek2.attention.value_length"))
+def _latent_attention_fields(ckpt: GgufCheckpoint, arch: str, raw: dict[str, Any], rope_dim: int) -> None:
+    """Latent attention's head geometry: key_length_mla = nope + rope dims and value_length_mla (older files:
+    key_length and value_length themselves); yarn's mscale from its log multiplier (0.1 · mscale_all_dim);
+    with an indexer, the layers that have none reuse the last one's choice (GLM-5's shared layers)."""
+    key = ckpt.get(f"{arch}.attention.key_length_mla", ckpt.get(f"{arch}.attention.key_length"))
+    value = ckpt.get(f"{arch}.attention.value_length_mla", ckpt.get(f"{arch}.attention.value_length"))
     raw.update(qk_rope_head_dim=rope_dim, qk_nope_head_dim=int(key) - rope_dim, v_head_dim=int(value))
     raw.pop("head_dim", None)
-    log_mul = ckpt.get("deepseek2.rope.scaling.yarn_log_multiplier")
+    log_mul = ckpt.get(f"{arch}.rope.scaling.yarn_log_multiplier")
+    if "index_topk" in raw:
+        indexing = {n.split(".")[2] for n in ckpt.names() if n.endswith("self_attn.indexer.wk.weight")}
+        layers = range(raw["num_hidden_layers"])
+        raw["indexer_types"] = ["full" if str(i) in indexing else "shared" for i in layers]
     if log_mul and "rope_scaling" in raw:
         raw["rope_scaling"].update(mscale=float(log_mul) / 0.1, mscale_all_dim=float(log_mul) / 0.1)
     raw["rope_scaling"] = raw.get("rope_scaling", {"rope_type": "default"})

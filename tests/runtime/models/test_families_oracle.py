@@ -152,7 +152,9 @@ GGUF_SHAPE = dict(hidden_size=64, intermediate_size=64, head_dim=16)  # rows of 
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
-@pytest.mark.parametrize("family", ["mixtral", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize(
+    "family", ["mixtral", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "deepseek_v3", "glm_moe_dsa"]
+)
 def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> None:
     """The families llama.cpp reads here (its `olmoe`, `glm4moe`, `minimax-m2`, `gpt-oss`, and Mixtral as
     `llama` with experts and q/k rows permuted for its rope; GLM's file with a next-token block after the
@@ -174,7 +176,9 @@ def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> 
             "qk_nope_head_dim": 32,
             "v_head_dim": 8,
         },
-    }.get(family, {})
+    }
+    extra["glm_moe_dsa"] = {**extra["deepseek_v3"], "index_head_dim": 32, "index_topk": 6}
+    extra = extra.get(family, {})
     shape = {**GGUF_SHAPE, **extra}
     model = build_family_model(folder, family, **shape)
     path = write_gguf(model, folder, tmp_path / f"{family}-{qtype}.gguf", qtype)
@@ -191,6 +195,8 @@ def test_a_gguf_of_the_same_weights(family: str, qtype: str, tmp_path: Path) -> 
             assert geometry == (32, 32, 8, True)
             assert cfg.rope.type == "yarn" and cfg.rope.mscale_all_dim == pytest.approx(1.0)
             assert cfg.moe_layers == (1, 2) and cfg.n_group == 2 and cfg.n_shared_experts == 1
+        elif family == "glm_moe_dsa":  # layer 2 has no indexer in the file: it reuses layer 1's choice
+            assert (cfg.index_topk, cfg.index_head_dim, cfg.indexer_shared_layers) == (6, 32, (2,))
         elif family == "mixtral":
             assert cfg.qk_norm == "none" and cfg.moe_intermediate_size == 64 and cfg.sliding_window is None
         elif family == "gpt_oss":

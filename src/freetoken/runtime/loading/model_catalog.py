@@ -24,7 +24,7 @@ FTW_FORMAT, FTW_VERSIONS = "freetoken-ftw", (1, 2)  # formats.ftw.FORMAT, format
 DEMO_FOLDER = "demo-v1"  # runtime.demo.DEMO_NAME
 GGUF_ARCHITECTURES = {  # formats.gguf_meta.ARCHITECTURES
     "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
-    "gpt-oss": "gpt_oss", "llama": "mixtral", "deepseek2": "deepseek_v3",
+    "gpt-oss": "gpt_oss", "llama": "mixtral", "deepseek2": "deepseek_v3", "glm-dsa": "glm_moe_dsa",
 }  # fmt: skip
 DEMO = "demo"
 BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
