@@ -86,6 +86,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return out[0].transpose(0, 1).reshape(t, -1)
 
 
+# fp32 scores held at once by sink_window_attention (128 MiB): a long context takes fewer queries a chunk
+SCORE_BUDGET = 1 << 25
+
+
 def sink_window_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -93,17 +97,20 @@ def sink_window_attention(
     scale: float,
     sinks: torch.Tensor | None,
     window: int | None,
-    chunk: int = 256,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Attention with gpt-oss's two changes, for q [NH, T, D] at the last T positions of k, v [KVH, S, D]
     -> [T, NH * D]: each head's learned sink logit (sinks [NH]) joins every softmax's denominator, and with
     a `window` a query at position p sees keys (p − window, p] only.
 
-    Plain math in chunks of queries ([KVH, G, chunk, keys] scores at a time); a window bounds the keys.
+    Plain math in chunks of queries ([KVH, G, chunk, keys] scores at a time, about SCORE_BUDGET of them
+    unless `chunk` says); a window bounds the keys.
     """
     nh, t, d = q.shape
     kvh, s = k.shape[0], k.shape[1]
     g = nh // kvh
+    keys = s if window is None else min(s, window + 256)
+    chunk = chunk or max(1, min(256, SCORE_BUDGET // (nh * keys)))
     out = []
     for c0 in range(0, t, chunk):
         c = min(chunk, t - c0)
