@@ -5,7 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from freetoken.runtime.json_keys import BOOL, COUNT, POSITIVE, POSITIVE_INT, JsonObject
+from freetoken.runtime.json_keys import BOOL, COUNT, POSITIVE, POSITIVE_INT, JsonObject, Kind
+
+MLP_LAYER_TYPES = Kind(
+    'a list of "dense" or "sparse"',
+    lambda v: isinstance(v, list) and all(k in ("dense", "sparse") for k in v),
+)
+
+
+def dense_layers(cfg: JsonObject, layers: int, first_dense: int = 0) -> tuple[int, ...]:
+    """The layers with a dense MLP: as `mlp_layer_types` spells them per layer (newer configs), else the
+    first `first_k_dense_replace` (`first_dense` when the config says neither)."""
+    kinds = cfg.get("mlp_layer_types", MLP_LAYER_TYPES, None)
+    if kinds is None:
+        return tuple(range(min(cfg.get("first_k_dense_replace", COUNT, first_dense), layers)))
+    if len(kinds) != layers:
+        raise cfg.error("mlp_layer_types", f"expected {layers} entries, got {len(kinds)}")
+    return tuple(i for i, kind in enumerate(kinds) if kind == "dense")
 
 
 def grouped_router_fields(cfg: JsonObject, experts: int) -> dict[str, Any]:

@@ -13,32 +13,25 @@ from typing import Any
 
 from freetoken.formats.tensor_names import QWEN3_MOE_EXPERTS
 from freetoken.runtime.config import ModelConfig
-from freetoken.runtime.json_keys import BOOL, COUNT, JsonObject, Kind
+from freetoken.runtime.json_keys import BOOL, COUNT, JsonObject
 from freetoken.runtime.models.base import Architecture
-from freetoken.runtime.models.config_fields import grouped_router_fields, latent_attention_fields
-from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, check_dense_layers, decoder_fields
-
-MLP_LAYER_TYPES = Kind(
-    'a list of "dense" or "sparse"',
-    lambda v: isinstance(v, list) and all(k in ("dense", "sparse") for k in v),
+from freetoken.runtime.models.config_fields import (
+    dense_layers,
+    grouped_router_fields,
+    latent_attention_fields,
 )
+from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, check_dense_layers, decoder_fields
 
 
 def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
     cfg = JsonObject(raw, source)
     fields = decoder_fields(raw, source)
     fields.update(latent_attention_fields(cfg, fields["num_heads"]))
-    dense_layers = tuple(range(min(cfg.get("first_k_dense_replace", COUNT, 0), fields["num_layers"])))
-    kinds = cfg.get("mlp_layer_types", MLP_LAYER_TYPES, None)  # newer configs spell it per layer
-    if kinds is not None:
-        if len(kinds) != fields["num_layers"]:
-            raise cfg.error("mlp_layer_types", f"expected {fields['num_layers']} entries, got {len(kinds)}")
-        dense_layers = tuple(i for i, kind in enumerate(kinds) if kind == "dense")
     model = ModelConfig(
         architecture="deepseek_v3",
         raw=raw,
         intermediate_size=cfg.get("intermediate_size", COUNT, 0),
-        mlp_only_layers=dense_layers,
+        mlp_only_layers=dense_layers(cfg, fields["num_layers"]),
         qk_norm="none",
         rope_interleave=cfg.get("rope_interleave", BOOL, True),
         **grouped_router_fields(cfg, fields["num_experts"]),

@@ -19,7 +19,11 @@ from freetoken.formats.tensor_names import KIMI_LINEAR_EXPERTS
 from freetoken.runtime.config import ModelConfig
 from freetoken.runtime.json_keys import COUNT, OBJECT, POSITIVE_INT, TEXTS, JsonObject
 from freetoken.runtime.models.base import Architecture
-from freetoken.runtime.models.config_fields import grouped_router_fields, latent_attention_fields
+from freetoken.runtime.models.config_fields import (
+    dense_layers,
+    grouped_router_fields,
+    latent_attention_fields,
+)
 from freetoken.runtime.models.kda import KimiDeltaAttention
 from freetoken.runtime.models.layers import RMSNorm
 from freetoken.runtime.models.mla import LatentAttention
@@ -65,8 +69,8 @@ class KimiLinearForCausalLM(Qwen3_5MoeForCausalLM):
     norm_class = RMSNorm
 
 
-def _layer_kinds(cfg: JsonObject, layers: int) -> tuple[list[str], list[str]]:
-    """(attention kind, MLP kind) per layer, from either spelling."""
+def _layer_kinds(cfg: JsonObject, layers: int) -> list[str]:
+    """The attention kind of each layer, from either spelling."""
     kinds = cfg.get("layer_types", TEXTS, None)
     linear = cfg.get("linear_attn_config", OBJECT, {})
     if kinds is None and "full_attn_layers" in linear:
@@ -74,15 +78,9 @@ def _layer_kinds(cfg: JsonObject, layers: int) -> tuple[list[str], list[str]]:
         kinds = ["full_attention" if i + 1 in full else "linear_attention" for i in range(layers)]
     if kinds is None:
         kinds = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(layers)]
-    mlp = cfg.get("mlp_layer_types", TEXTS, None)
-    if mlp is None:
-        dense = cfg.get("first_k_dense_replace", COUNT, 1)
-        mlp = ["dense" if i < dense else "sparse" for i in range(layers)]
-    for key, values, allowed in (("layer_types", kinds, {"linear_attention", "full_attention"}),
-                                 ("mlp_layer_types", mlp, {"dense", "sparse"})):  # fmt: skip
-        if len(values) != layers or set(values) - allowed:
-            raise cfg.error(key, f"expected {layers} of {' / '.join(sorted(allowed))}")
-    return list(kinds), list(mlp)
+    if len(kinds) != layers or set(kinds) - {"linear_attention", "full_attention"}:
+        raise cfg.error("layer_types", f"expected {layers} of full_attention / linear_attention")
+    return list(kinds)
 
 
 def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
@@ -97,18 +95,18 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
     for key, inner in spelled.items():
         if key not in raw and inner in linear:
             raw[key] = linear[inner]
-        JsonObject(raw, source).get(key, POSITIVE_INT)
+        cfg.get(key, POSITIVE_INT)  # the same dict: the spelled-out value is seen
     if "num_experts_per_tok" not in raw:  # named as published configs spell it
         raise cfg.error("num_experts_per_token", "missing")
     fields = decoder_fields(raw, source)
     layers = fields["num_layers"]
-    kinds, mlp = _layer_kinds(cfg, layers)
+    kinds = _layer_kinds(cfg, layers)
     fields.update(latent_attention_fields(cfg, fields["num_heads"]))
     return ModelConfig(
         architecture="kimi_linear",
         raw={**raw, "layer_types": kinds},
         intermediate_size=cfg.get("intermediate_size", COUNT, 0),
-        mlp_only_layers=tuple(i for i, kind in enumerate(mlp) if kind == "dense"),
+        mlp_only_layers=dense_layers(cfg, layers, first_dense=1),  # transformers' default for Kimi
         qk_norm="none",
         mla_rope=False,
         **grouped_router_fields(cfg, fields["num_experts"]),

@@ -46,6 +46,16 @@ def expert_tensor_shape(target: ExpertTensor, e: int, h: int, i: int) -> tuple[i
     return fused.get(target.part) or (e, *biases[target.part])
 
 
+def gate_first(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Gate and up entries alternating along `dim` (gpt-oss's layout) -> the gate entries, then the up."""
+    halves = []
+    for start in (0, 1):
+        index: list[slice] = [slice(None)] * t.dim()
+        index[dim] = slice(start, None, 2)
+        halves.append(t[tuple(index)])
+    return torch.cat(halves, dim=dim)
+
+
 def to_pool_layout(target: ExpertTensor, tensor: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
     """A checkpoint tensor in the pool's layout: gpt-oss's [E, H, 2I] gate_up with gate and up columns
     alternating becomes [E, 2I, H] with the gate rows first; its [E, I, H] down becomes [E, H, I]; its
@@ -54,10 +64,9 @@ def to_pool_layout(target: ExpertTensor, tensor: torch.Tensor | np.ndarray) -> t
         return tensor
     t = torch.as_tensor(tensor)
     if target.part == "gate_up":
-        t = t.transpose(-1, -2)
-        return torch.cat((t[..., 0::2, :], t[..., 1::2, :]), dim=-2)
+        return gate_first(t.transpose(-1, -2), dim=-2)
     if target.part == "gate_up_bias":
-        return torch.cat((t[..., 0::2], t[..., 1::2]), dim=-1)
+        return gate_first(t, dim=-1)
     return t.transpose(-1, -2) if target.part == "down" else t
 
 
@@ -65,7 +74,7 @@ def stored_rows_in_pool_layout(target: ExpertTensor, rows: torch.Tensor | np.nda
     """A gpt-oss bank kept as codec rows ([E, out, row bytes], as its MXFP4 blocks are stored): the gate_up
     bank's alternating gate and up rows, gate rows first; the down bank as it is."""
     t = torch.as_tensor(rows)
-    return torch.cat((t[:, 0::2], t[:, 1::2]), dim=1) if target.part == "gate_up" else t
+    return gate_first(t, dim=1) if target.part == "gate_up" else t
 
 
 @dataclass
