@@ -26,8 +26,10 @@ TEMPLATE = (
 )
 
 
-def byte_vocabulary(size: int) -> tuple[list[str], list[int]]:
-    """GPT-2's printable spelling of the 256 bytes, padding, then harmony's markers (control tokens)."""
+def byte_vocabulary(size: int) -> tuple[list[str], list[int], list[str]]:
+    """GPT-2's printable spelling of the 256 bytes, the pairs of a few frequent letters (with their
+    merges: llama.cpp refuses a byte-level BPE without any), padding, then harmony's markers (control
+    tokens) -> tokens, token types, merges."""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
     spelled, extra = {}, 0
     for b in range(256):
@@ -37,8 +39,11 @@ def byte_vocabulary(size: int) -> tuple[list[str], list[int]]:
             spelled[b] = chr(256 + extra)
             extra += 1
     tokens = [spelled[b] for b in range(256)]
+    letters = [spelled[b] for b in b"etaoinsrhl "]
+    merges = [f"{a} {b}" for a in letters for b in letters]
+    tokens += [m.replace(" ", "") for m in merges]
     tokens += [f"<pad{i}>" for i in range(size - len(tokens) - len(HARMONY))]
-    return tokens + HARMONY, [1] * (size - len(HARMONY)) + [3] * len(HARMONY)
+    return tokens + HARMONY, [1] * (size - len(HARMONY)) + [3] * len(HARMONY), merges
 
 
 def main() -> None:
@@ -89,12 +94,12 @@ def main() -> None:
     w.add_expert_count(e)
     w.add_expert_used_count(args.top_k)
     w.add_expert_feed_forward_length(i)
-    tokens, types = byte_vocabulary(args.vocab)
+    tokens, types, merges = byte_vocabulary(args.vocab)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-4o")
     w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_token_merges([])
+    w.add_token_merges(merges)
     w.add_eos_token_id(tokens.index("<|return|>"))
     w.add_chat_template(TEMPLATE)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -25,13 +26,24 @@ import torch
 from freetoken.codecs import get_codec
 from freetoken.codecs.torch_dequant import DEVICE_CODECS, dequantize_rows
 from freetoken.runtime.moe.experts import gathered_experts, grouped_experts
-from freetoken.runtime.moe.kernels.moe_decode import DEFAULT_BLOCKS, DecodeBlocks, fused_moe_decode
+from freetoken.runtime.moe.kernels.moe_decode import (
+    DEFAULT_BLOCKS,
+    DEFAULT_CODEC_BLOCKS,
+    DecodeBlocks,
+    fused_moe_decode,
+)
 
 SWEEP = [
     DecodeBlocks(gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=4, num_stages=st)
     for n1, k1 in ((2, 256), (4, 128), (4, 256), (8, 128), (8, 256), (16, 64))
     for n2, k2 in ((4, 256), (8, 128), (8, 256), (16, 128), (32, 64))
     for st in (1, 2, 3)
+]
+SWEEP_CODEC = [  # banks of codec blocks: chunks of whole blocks, up to a whole row per step
+    DecodeBlocks(gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=4, split_choices=split)
+    for n1, k1 in ((4, 512), (8, 512), (8, 1024), (16, 256), (4, 2048))
+    for n2, k2 in ((4, 1024), (8, 512), (16, 256))
+    for split in (0, 1)
 ]
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 
@@ -92,13 +104,19 @@ def main() -> None:
             dequantize_rows(down, args.codec, i),
         )
     copy = read_bandwidth()
-    blocks, sweep_rows = DEFAULT_BLOCKS, []
+    blocks, sweep_rows = DEFAULT_BLOCKS if codecs is None else DEFAULT_CODEC_BLOCKS, []
     if args.sweep:
         x = torch.randn(1, h, device="cuda").bfloat16()
         ids = torch.randperm(e, device="cuda", generator=g)[:k][None]
         w = torch.rand(1, k, device="cuda")
-        for candidate in SWEEP:
-            s = graph_time(lambda c=candidate: fused_moe_decode(x, ids, w, gate_up, down, c, codecs=codecs))
+        for candidate in SWEEP if codecs is None else SWEEP_CODEC:
+            try:
+                s = graph_time(
+                    lambda c=candidate: fused_moe_decode(x, ids, w, gate_up, down, c, codecs=codecs)
+                )
+            except Exception as exc:  # a tile the compiler cannot fit (registers, shared memory): skipped
+                print(f"sweep {asdict(candidate)}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
+                continue
             sweep_rows.append({**asdict(candidate), "us": s * 1e6, "x_read": k * expert_bytes / s / copy})
         best = min(sweep_rows, key=lambda r: r["us"])
         blocks = DecodeBlocks(**{f: best[f] for f in asdict(DEFAULT_BLOCKS)})
@@ -147,9 +165,13 @@ def main() -> None:
     if sweep_rows:
         for r in sorted(sweep_rows, key=lambda r: r["us"])[:5]:
             print(
-                f"sweep {r['gate_up_n']}x{r['gate_up_k']} / {r['down_n']}x{r['down_k']} w{r['num_warps']}: "
+                f"sweep {r['gate_up_n']}x{r['gate_up_k']} / {r['down_n']}x{r['down_k']} w{r['num_warps']}"
+                f"{' split' if r['split_choices'] else ''}: "
                 f"{r['us']:.1f} us ({r['x_read']:.2f} x read)"
             )
+        best = asdict(blocks).values()
+        variable = "FREETOKEN_MOE_DECODE_BLOCKS" if codecs is None else "FREETOKEN_MOE_DECODE_CODEC_BLOCKS"
+        print(f"best: {variable}={','.join(str(v) for v in best)}")
     shape = f"H {h} I {i} E {e} K {k} {args.codec}"
     print(f"{doc['device']} · read {copy / 1e9:.0f} GB/s · {shape} · blocks {asdict(blocks)}")
     head = ("T", "experts", "fused us", "GB/s", "x read", "x peak", "gathered us", "speedup")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "freetoken"
 READS = re.compile(r"os\.environ|os\.getenv|getenv\(")
 
@@ -18,3 +20,17 @@ def test_only_env_py_reads_the_environment() -> None:
     ]
     assert readers == []
     assert READS.search((PACKAGE / "env.py").read_text())  # the pattern finds reads where they are
+
+
+def test_decode_tiles_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six tiles, an optional split flag, per kind of bank; anything else is refused, naming the variable."""
+    from freetoken.env import moe_decode_blocks
+
+    monkeypatch.setenv("FREETOKEN_MOE_DECODE_CODEC_BLOCKS", "8,512,8,1024,4,1,1")
+    monkeypatch.delenv("FREETOKEN_MOE_DECODE_BLOCKS", raising=False)
+    assert moe_decode_blocks(codec=True) == (8, 512, 8, 1024, 4, 1, 1)
+    assert moe_decode_blocks() is None
+    for bad in ("8,512,8,1024,4", "8,512,8,1024,4,1,2", "0,512,8,1024,4,1"):
+        monkeypatch.setenv("FREETOKEN_MOE_DECODE_BLOCKS", bad)
+        with pytest.raises(ValueError, match="FREETOKEN_MOE_DECODE_BLOCKS"):
+            moe_decode_blocks()

@@ -48,16 +48,18 @@ def moe_decode_kernel_choice() -> str:
     return os.environ.get("FREETOKEN_MOE_DECODE_KERNEL", "auto").lower()
 
 
-def moe_decode_blocks() -> tuple[int, ...] | None:
-    """`FREETOKEN_MOE_DECODE_BLOCKS`: the decode kernel's tiles as six integers `gate_up_n,gate_up_k,
-    down_n,down_k,num_warps,num_stages` (what `benchmarks/moe_decode_kernel.py --sweep` found best on
-    this GPU); unset: the built-in defaults."""
-    raw = os.environ.get("FREETOKEN_MOE_DECODE_BLOCKS")
+def moe_decode_blocks(codec: bool = False) -> tuple[int, ...] | None:
+    """`FREETOKEN_MOE_DECODE_BLOCKS` (banks of values) or `FREETOKEN_MOE_DECODE_CODEC_BLOCKS` (banks of
+    a codec's blocks as stored): the decode kernel's tiles as six integers `gate_up_n,gate_up_k,down_n,
+    down_k,num_warps,num_stages` (what `benchmarks/moe_decode_kernel.py --sweep` found best on this
+    GPU), and optionally a seventh, `split_choices` (0 or 1); unset: the built-in defaults."""
+    name = "FREETOKEN_MOE_DECODE_CODEC_BLOCKS" if codec else "FREETOKEN_MOE_DECODE_BLOCKS"
+    raw = os.environ.get(name)
     if not raw:
         return None
     values = tuple(int(v) for v in raw.split(","))
-    if len(values) != 6 or min(values) < 1:
-        raise ValueError(f"FREETOKEN_MOE_DECODE_BLOCKS: expected six positive integers, got {raw!r}")
+    if len(values) not in (6, 7) or min(values[:6]) < 1 or values[6:] not in ((), (0,), (1,)):
+        raise ValueError(f"{name}: expected six positive integers and an optional 0 or 1, got {raw!r}")
     return values
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from freetoken.runtime.engine import build_engine
+from freetoken.runtime.engine import Engine, build_engine
 from oracle import FAMILY_TINY, build_family_model
 from scheduler_runs import PROMPTS, greedy
 
@@ -37,18 +37,33 @@ def family_model(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tupl
 def test_cuda_gives_the_cpu_references_tokens(
     family_model: tuple[str, Path], backend: str, options: dict, batch: int, dtype: str
 ) -> None:
-    """fp32: the same tokens; bf16: the first four the same and at least 9 of 12 (a near-tie late in a
-    sequence may flip)."""
+    """fp32: the same tokens; bf16: the same tokens up to a first difference, and there the reference
+    ranks both tokens as a near-tie (bf16 may break a tie either way; after it the sequences differ)."""
     _, folder = family_model
     prompts = PROMPTS[:batch]
-    want = greedy(build_engine(folder, device="cpu", dtype="float32", moe_backend="fused"), prompts, 12)
+    reference = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused")
+    want = greedy(reference, prompts, 12)
     engine = build_engine(folder, device="cuda", dtype=dtype, moe_backend=backend, **options)
     try:
         got = greedy(engine, prompts, 12)
         if dtype == "float32":
             assert got == want
-        for g, w in zip(got, want, strict=True):
-            assert g[:4] == w[:4]
-            assert sum(a == b for a, b in zip(g, w, strict=True)) >= 9
+        for prompt, g, w in zip(prompts, got, want, strict=True):
+            assert_same_up_to_a_near_tie(reference, prompt, w, g)
     finally:
         engine.close()
+
+
+def assert_same_up_to_a_near_tie(
+    reference: Engine, prompt: list[int], want: list[int], got: list[int], tolerance: float = 0.02
+) -> None:
+    """`got` equals `want` up to its first difference; there the reference's logits of the two tokens lie
+    within `tolerance` of the logits' largest magnitude (bf16 noise on a tiny random model is ~1e-2)."""
+    step = next((i for i, (a, b) in enumerate(zip(want, got, strict=True)) if a != b), None)
+    if step is None:
+        return
+    logits = reference.forward(reference.new_sequence(), prompt + want[:step], all_logits=True)[-1]
+    gap = float(logits[want[step]] - logits[got[step]])
+    scale = float(logits.abs().max())
+    note = f"step {step}: {got[step]} instead of {want[step]}, logit gap {gap:.4g} of {scale:.4g}"
+    assert gap <= tolerance * scale, note

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -25,18 +27,23 @@ def case(t: int, k: int, slots: int = 6, h: int = 72, i: int = 40, seed: int = 0
     return x, ids, weights, gate_up, down
 
 
+SPLIT = replace(SMALL, split_choices=1)  # the down kernel per (token, rows, choice), then the sum
+
+
+@pytest.mark.parametrize("tiles", [SMALL, SPLIT])
 @pytest.mark.parametrize(("t", "k"), [(1, 1), (1, 4), (3, 2), (5, 3)])
-def test_matches_the_reference_in_fp32(t: int, k: int) -> None:
+def test_matches_the_reference_in_fp32(t: int, k: int, tiles: DecodeBlocks) -> None:
     x, ids, weights, gate_up, down = case(t, k, seed=t * 10 + k)
-    got = fused_moe_decode(x, ids, weights, gate_up, down, SMALL)
+    got = fused_moe_decode(x, ids, weights, gate_up, down, tiles)
     torch.testing.assert_close(got, grouped_experts(x, ids, weights, gate_up, down), rtol=1e-4, atol=1e-5)
 
 
-def test_skipped_pairs_contribute_nothing() -> None:
+@pytest.mark.parametrize("tiles", [SMALL, SPLIT])
+def test_skipped_pairs_contribute_nothing(tiles: DecodeBlocks) -> None:
     x, ids, weights, gate_up, down = case(3, 3, seed=7)
     ids[0, 1] = -1
     ids[2] = -1  # a token whose every choice runs elsewhere
-    got = fused_moe_decode(x, ids, weights, gate_up, down, SMALL)
+    got = fused_moe_decode(x, ids, weights, gate_up, down, tiles)
     torch.testing.assert_close(got, grouped_experts(x, ids, weights, gate_up, down), rtol=1e-4, atol=1e-5)
     assert torch.count_nonzero(got[2]) == 0
 
@@ -80,17 +87,23 @@ def test_tokens_sharing_experts_read_them_once_and_match(t: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("codecs", "h", "i"),
+    ("codecs", "h", "i", "tiles"),
     [
-        (("Q8_0", "Q8_0"), 96, 64),
-        (("Q4_K", "Q4_K"), 256, 256),
-        (("MXFP4", "MXFP4"), 64, 96),
-        (("Q4_K", "Q8_0"), 256, 96),
+        (("Q8_0", "Q8_0"), 96, 64, DecodeBlocks(16, 64, 16, 64)),
+        (("Q4_K", "Q4_K"), 256, 256, DecodeBlocks(16, 64, 16, 64)),
+        (("MXFP4", "MXFP4"), 64, 96, DecodeBlocks(16, 64, 16, 64)),
+        (("Q4_K", "Q8_0"), 256, 96, DecodeBlocks(16, 64, 16, 64)),
+        (("Q4_K", "MXFP4"), 768, 160, DecodeBlocks(8, 512, 8, 128)),
+        (("Q8_0", "Q4_K"), 96, 512, DecodeBlocks(8, 64, 8, 1024, split_choices=1)),
     ],
 )
-def test_banks_of_codec_blocks_are_read_in_place(codecs: tuple[str, str], h: int, i: int) -> None:
+def test_banks_of_codec_blocks_are_read_in_place(
+    codecs: tuple[str, str], h: int, i: int, tiles: DecodeBlocks
+) -> None:
     """Slots holding blocks as stored: the kernel dequantises in registers, with the clamped function and
-    biases on, and gives the plain sum over gguf's dequantisation of the same blocks."""
+    biases on, and gives the plain sum over gguf's dequantisation of the same blocks; chunks of several
+    blocks whose last ones lie past the row (768 = 1.5 chunks of 512; 160 = 1.25 of 128) read nothing
+    there."""
     import numpy as np
 
     from freetoken.codecs import get_codec
@@ -109,5 +122,5 @@ def test_banks_of_codec_blocks_are_read_in_place(codecs: tuple[str, str], h: int
     fn, bias = ExpertFn("clamped", limit=2.0), PairBias(torch.randn(5, 2 * i) * 0.1, ids)
     want = grouped_experts(x, ids, w, gate_up, down, fn, bias)
     blocks = torch.from_numpy(gu_blocks), torch.from_numpy(dn_blocks)
-    got = fused_moe_decode(x, ids, w, *blocks, DecodeBlocks(16, 64, 16, 64), fn=fn, bias=bias, codecs=codecs)
+    got = fused_moe_decode(x, ids, w, *blocks, tiles, fn=fn, bias=bias, codecs=codecs)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))

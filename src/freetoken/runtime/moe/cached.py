@@ -21,6 +21,7 @@ double buffers instead, with no routing read-back.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -40,6 +41,8 @@ from freetoken.runtime.moe.prefill_plan import PrefillCosts
 from freetoken.runtime.moe.residency import COUNTER_NAMES, ExpertResidency
 from freetoken.runtime.moe.slot_bank import SlotBank
 from freetoken.runtime.moe.stream_branch import StreamBranch
+
+log = logging.getLogger(__name__)
 
 
 class CachedExecutor(ExpertExecutor):
@@ -66,6 +69,27 @@ class CachedExecutor(ExpertExecutor):
         self._start_stream_branch()
         if warm:
             self._warm_up()
+        self._measure_unknown_bandwidths()
+
+    def _measure_unknown_bandwidths(self) -> None:
+        """hybrid on CUDA with B_P or B_H unknown (no `bench bw` profile here, no flag): q* needs both, so
+        they are measured now through the runtime's own paths (a warm-up probe, then a counted one) rather
+        than leaving every miss to the CPU. A bandwidth given by flag stays as given."""
+        if self.mode != "hybrid" or self.bank.stream is None:
+            return
+        given = (self.pcie_bw, self.host_bw)
+        if None not in given:
+            return
+        for _ in range(2):
+            self.pcie_bw, self.host_bw = given
+            self.probe()
+        self.pcie_bw = given[0] or self.pcie_bw
+        self.host_bw = given[1] or self.host_bw
+        self._set_fetch()
+        log.info(
+            "hybrid: no bandwidth profile; measured B_P %.1f GB/s, B_H %.1f GB/s (run `freetoken bench bw`)",
+            (self.pcie_bw or 0) / 1e9, (self.host_bw or 0) / 1e9,
+        )  # fmt: skip
 
     def _start_stream_branch(self) -> None:
         """The stream branch, once a decode step can leave pairs to the CPU."""

@@ -18,8 +18,10 @@ from freetoken.codecs import get_codec
 from freetoken.env import moe_decode_blocks
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
 
-# codecs the kernels read as stored, by the numbers quant_tile_triton.py (and the CPU kernel) use
+# codecs the kernels read as stored, by the numbers quant_dot_triton.py (and the CPU kernel) use
 QUANT_CODECS = {"Q8_0": 1, "Q4_K": 3, "MXFP4": 12}
+CODEC_GRANULE = {0: 1, 1: 32, 3: 256, 12: 32}  # a codec kernel's BLOCK_K is a multiple of its block
+SUM_BLOCK = 256  # outputs per program of the sum over choices after a split down kernel
 MAX_DECODE_TOKENS = 16  # beyond this a grouped (per-expert) kernel reads each expert once, not per pair
 
 
@@ -33,14 +35,18 @@ class DecodeBlocks:
     down_k: int = 256
     num_warps: int = 4
     num_stages: int = 1
+    split_choices: int = 0  # 1: the down kernel runs a program per (token, rows, choice), then a sum
 
 
-def _default_blocks() -> DecodeBlocks:
-    tiles = moe_decode_blocks()
-    return DecodeBlocks() if tiles is None else DecodeBlocks(*tiles)
+def _default_blocks(codec: bool, built_in: DecodeBlocks) -> DecodeBlocks:
+    tiles = moe_decode_blocks(codec)
+    return built_in if tiles is None else DecodeBlocks(*tiles)
 
 
-DEFAULT_BLOCKS = _default_blocks()
+DEFAULT_BLOCKS = _default_blocks(False, DecodeBlocks())
+# banks of codec blocks: a chunk of several blocks per step keeps more bytes in flight per program
+# (a row of blocks is 3.5-7x shorter in bytes than in bf16)
+DEFAULT_CODEC_BLOCKS = _default_blocks(True, DecodeBlocks(gate_up_n=8, gate_up_k=512, down_n=8, down_k=512))
 
 
 def triton_available() -> bool:
@@ -52,14 +58,14 @@ def triton_available() -> bool:
 
 
 @functools.cache
-def _kernels() -> tuple[Any, Any, bool]:
-    """(gate_up_act, down, interpreted)."""
+def _kernels() -> tuple[Any, Any, Any, bool]:
+    """(gate_up_act, down, sum_choices, interpreted)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from freetoken.runtime.moe.kernels import moe_decode_triton as body
 
     interpreted = isinstance(body.gate_up_act_kernel, InterpretedFunction)
-    return body.gate_up_act_kernel, body.down_sum_kernel, interpreted
+    return body.gate_up_act_kernel, body.down_sum_kernel, body.sum_choices_kernel, interpreted
 
 
 def fused_moe_decode(
@@ -68,7 +74,7 @@ def fused_moe_decode(
     topk_weights: torch.Tensor,
     gate_up_bank: torch.Tensor,
     down_bank: torch.Tensor,
-    blocks: DecodeBlocks = DEFAULT_BLOCKS,
+    blocks: DecodeBlocks | None = None,
     fn: ExpertFn = SILU,
     bias: PairBias | None = None,
     codecs: tuple[str, str] | None = None,
@@ -89,7 +95,7 @@ def fused_moe_decode(
     if gate_up_bank.shape[1:] != (2 * i, widths[0]) or down_bank.shape[1:] != (h, widths[1]):
         shapes = f"{tuple(gate_up_bank.shape)} / {tuple(down_bank.shape)}"
         raise ValueError(f"bank shapes {shapes} do not fit x of width {h}")
-    gate_up_act, down, interpreted = _kernels()
+    gate_up_act, down, sum_choices, interpreted = _kernels()
     if x.device.type == "cpu" and not interpreted:
         raise ValueError("the Triton MoE kernels take CUDA tensors (CPU ones only under TRITON_INTERPRET=1)")
     pairs = t * k
@@ -98,7 +104,7 @@ def fused_moe_decode(
     x = x.contiguous()
     act = torch.empty(pairs, i, dtype=torch.float32, device=x.device)
     out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-    b = blocks
+    b = blocks or (DEFAULT_BLOCKS if codecs is None else DEFAULT_CODEC_BLOCKS)
     if bias is None:
         bias_bank, bias_ids = act, ids  # never read
     else:
@@ -106,12 +112,27 @@ def fused_moe_decode(
         bias_ids = bias.ids.reshape(pairs).contiguous()
     gate_up_act[(pairs, -(-i // b.gate_up_n))](
         x, ids, gate_up_bank, act, bias_bank, bias_ids, gate_up_bank.stride(0), gate_up_bank.stride(1),
-        fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=b.gate_up_n, BLOCK_K=b.gate_up_k, ACT=fn.code,
-        HAS_BIAS=bias is not None, CODEC=gu_code, num_warps=b.num_warps, num_stages=b.num_stages,
+        fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=b.gate_up_n, BLOCK_K=_block_k(b.gate_up_k, gu_code),
+        ACT=fn.code, HAS_BIAS=bias is not None, CODEC=gu_code, num_warps=b.num_warps, num_stages=b.num_stages,
     )  # fmt: skip
-    down[(t, -(-h // b.down_n))](
-        act, ids, weights, down_bank, out, down_bank.stride(0), down_bank.stride(1),
-        H=h, INTER=i, K=k, BLOCK_N=b.down_n, BLOCK_K=b.down_k, CODEC=dn_code,
+    split = bool(b.split_choices) and k > 1
+    target = torch.empty(pairs, h, dtype=torch.float32, device=x.device) if split else out
+    down[(t, -(-h // b.down_n), k if split else 1)](
+        act, ids, weights, down_bank, target, down_bank.stride(0), down_bank.stride(1),
+        H=h, INTER=i, K=k, BLOCK_N=b.down_n, BLOCK_K=_block_k(b.down_k, dn_code), CODEC=dn_code, SPLIT=split,
         num_warps=b.num_warps, num_stages=b.num_stages,
     )  # fmt: skip
+    if split:
+        sum_choices[(t, -(-h // SUM_BLOCK))](
+            target, out, H=h, K=k, K_POW2=_next_power_of_2(k), BLOCK_N=SUM_BLOCK
+        )
     return out
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _block_k(block_k: int, code: int) -> int:
+    """The reduction chunk rounded up to whole blocks of the codec (a power of two either way)."""
+    return max(block_k, CODEC_GRANULE[code])

@@ -12,7 +12,7 @@ branch) loads nothing (its loads are masked off) and contributes zero.
 with p = t·K + k and e = ids[p]; glu is the experts' function (ACT: 0 silu(g)·u, 1 gpt-oss's clamped form,
 expert_fn.py) and b[p] the pair's expert's gate/up bias (bias [E, 2I] at expert id bias_ids[p], when
 HAS_BIAS). Banks hold values (CODEC 0) or a codec's blocks as stored (uint8 rows, strides in bytes,
-dequantised in registers: quant_tile_triton.py). Accumulation in fp32; the sum over k and the cast to the
+dequantised in registers: quant_dot_triton.py). Accumulation in fp32; the sum over k and the cast to the
 output dtype happen in the down kernel (no reduction launches after it).
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from freetoken.runtime.moe.kernels.quant_tile_triton import quant_tile
+from freetoken.runtime.moe.kernels.quant_dot_triton import quant_row_dot
 
 
 @triton.jit
@@ -55,19 +55,22 @@ def gate_up_act_kernel(
     acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < H
-        xk = tl.load(x_ptr + token * H + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        mask = rows_live[:, None] & mask_k[None, :]
-        rows = base + offs_n[:, None] * stride_wn
         if CODEC == 0:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < H
+            xk = tl.load(x_ptr + token * H + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            mask = rows_live[:, None] & mask_k[None, :]
+            rows = base + offs_n[:, None] * stride_wn
             gate = tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
             up = tl.load(rows + INTER * stride_wn + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+            acc_gate += tl.sum(gate * xk[None, :], axis=1)
+            acc_up += tl.sum(up * xk[None, :], axis=1)
         else:
-            gate = quant_tile(rows, offs_k[None, :], mask, CODEC)
-            up = quant_tile(rows + INTER * stride_wn, offs_k[None, :], mask, CODEC)
-        acc_gate += tl.sum(gate * xk[None, :], axis=1)
-        acc_up += tl.sum(up * xk[None, :], axis=1)
+            rows = base + offs_n * stride_wn
+            acc_gate += quant_row_dot(rows, x_ptr + token * H, k0, rows_live, H, CODEC, BLOCK_K)
+            acc_up += quant_row_dot(
+                rows + INTER * stride_wn, x_ptr + token * H, k0, rows_live, H, CODEC, BLOCK_K
+            )
     if HAS_BIAS:
         row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
         acc_gate += tl.load(row + offs_n, mask=mask_n, other=0.0)
@@ -82,12 +85,35 @@ def gate_up_act_kernel(
 
 
 @triton.jit
+def _down_pair(act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC):
+    """[BLOCK_N] fp32: rows offs_n of pair's expert's down projection times its activation (0 for a
+    skipped pair)."""
+    expert = tl.load(ids_ptr + pair)
+    rows_live = offs_n < tl.where(expert >= 0, H, 0)
+    base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
+    acc = tl.zeros(offs_n.shape, dtype=tl.float32)
+    for k0 in range(0, INTER, BLOCK_K):
+        if CODEC == 0:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < INTER
+            a = tl.load(act_ptr + pair * INTER + offs_k, mask=mask_k, other=0.0)
+            mask = rows_live[:, None] & mask_k[None, :]
+            rows = base + offs_n[:, None] * stride_wn
+            w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+            acc += tl.sum(w * a[None, :], axis=1)
+        else:
+            rows = base + offs_n * stride_wn
+            acc += quant_row_dot(rows, act_ptr + pair * INTER, k0, rows_live, INTER, CODEC, BLOCK_K)
+    return acc
+
+
+@triton.jit
 def down_sum_kernel(
     act_ptr,  # [T * K, I] fp32
     ids_ptr,  # [T * K] int
     weights_ptr,  # [T * K] routing weights
     w_ptr,  # [S, H, I], rows contiguous
-    out_ptr,  # [T, H] in the activations' dtype
+    out_ptr,  # [T, H] in the activations' dtype; with SPLIT, [T * K, H] fp32 weighted partials
     stride_we,
     stride_wn,
     H: tl.constexpr,
@@ -96,28 +122,45 @@ def down_sum_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     CODEC: tl.constexpr,
+    SPLIT: tl.constexpr,  # one program per (token, rows, choice): more reads in flight, a sum after
 ):
     token = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < H
-    total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for choice in range(K):
-        pair = token * K + choice
-        expert = tl.load(ids_ptr + pair)
-        valid = expert >= 0
-        rows_live = offs_n < tl.where(valid, H, 0)
-        base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, INTER, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mask_k = offs_k < INTER
-            a = tl.load(act_ptr + pair * INTER + offs_k, mask=mask_k, other=0.0)
-            mask = rows_live[:, None] & mask_k[None, :]
-            rows = base + offs_n[:, None] * stride_wn
-            if CODEC == 0:
-                w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-            else:
-                w = quant_tile(rows, offs_k[None, :], mask, CODEC)
-            acc += tl.sum(w * a[None, :], axis=1)
-        total += acc * tl.where(valid, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
-    tl.store(out_ptr + token * H + offs_n, total.to(out_ptr.dtype.element_ty), mask=mask_n)
+    if SPLIT:
+        pair = token * K + tl.program_id(2)
+        acc = _down_pair(
+            act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC
+        )
+        weight = tl.where(tl.load(ids_ptr + pair) >= 0, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
+        tl.store(out_ptr + pair * H + offs_n, acc * weight, mask=mask_n)
+    else:
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for choice in range(K):
+            pair = token * K + choice
+            acc = _down_pair(
+                act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC
+            )
+            weight = tl.where(tl.load(ids_ptr + pair) >= 0, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
+            total += acc * weight
+        tl.store(out_ptr + token * H + offs_n, total.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton.jit
+def sum_choices_kernel(
+    partial_ptr,  # [T * K, H] fp32
+    out_ptr,  # [T, H] in the activations' dtype
+    H: tl.constexpr,
+    K: tl.constexpr,
+    K_POW2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """out[t] = Σ_k partial[t·K + k] (one fixed order: replays give the same bits)."""
+    token = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    choices = tl.arange(0, K_POW2)
+    mask = (choices[:, None] < K) & (offs_n[None, :] < H)
+    parts = tl.load(partial_ptr + (token * K + choices[:, None]) * H + offs_n[None, :], mask=mask, other=0.0)
+    tl.store(
+        out_ptr + token * H + offs_n, tl.sum(parts, axis=0).to(out_ptr.dtype.element_ty), mask=offs_n < H
+    )

@@ -1,0 +1,110 @@
+"""Dots of weight rows kept as a codec's blocks with a vector, for the fused decode kernels
+(moe_decode_triton.py): W[rows, k0 : k0 + BLOCK_K] · v[k0 : k0 + BLOCK_K] in fp32, the blocks read as
+stored and widened in registers.
+
+The work is shaped by the blocks, not by the weights: a tile is [BLOCK_N rows, blocks, weights of a
+block], so each block's scale is read once (not once per weight), the quants of a block are one
+contiguous run of bytes, and a block's scale multiplies its partial dot rather than each weight. Q4_K's
+mins fold into sums of v per sub-block (d·Σ sc·(q·v) − dmin·Σ m·Σv).
+
+Codecs by the CPU kernel's numbers (cpu_experts.CODEC_IDS): 1 Q8_0 (34-byte blocks of 32: fp16 scale,
+int8 quants), 3 Q4_K (144-byte super-blocks of 256: fp16 d and dmin, 12 bytes of 6-bit scales and mins
+for eight sub-blocks of 32, 128 bytes of nibbles, chunk c of 64 weights in bytes 32c.. as low then high
+nibbles: sub-blocks 2c and 2c + 1), 12 MXFP4 (17-byte blocks of 32: an e8m0 scale 2^(e − 128), 16 bytes,
+weights j and j + 16 in byte j's low and high nibble, doubled e2m1 values). BLOCK_K is a multiple of the
+codec's block (32; 256 for Q4_K, whose rows are whole super-blocks); a block at or past `limit` (the row
+length, a multiple of 32) reads nothing. References: codecs/torch_dequant.py and gguf's.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _fp16_at(ptr, mask):
+    """The little-endian fp16 at byte pointers `ptr` (any alignment), as fp32."""
+    lo = tl.load(ptr, mask=mask, other=0).to(tl.uint16)
+    hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e2m1_doubled(code):
+    """Twice the e2m1 value of 4-bit codes (int32): magnitudes 0 1 2 3 4 6 8 12, bit 3 the sign."""
+    mag = code & 7
+    doubled = tl.where(mag < 4, mag, (2 + (mag & 1)) << ((mag >> 1) - 1)).to(tl.float32)
+    return tl.where(code >= 8, -doubled, doubled)
+
+
+@triton.jit
+def _k4_scale_min(base, sub, live):
+    """Q4_K's 6-bit scale and min of sub-blocks `sub` ([S] in 0..7) of the super-blocks at `base`
+    ([BLOCK_N] byte pointers) -> two [BLOCK_N, S] fp32 (gguf's get_scale_min_k4)."""
+    ptr = base[:, None] + 4
+    mask = live[:, None]
+    here = tl.load(ptr + sub[None, :], mask=mask, other=0).to(tl.int32)  # byte sub
+    after = tl.load(ptr + sub[None, :] + 4, mask=mask, other=0).to(tl.int32)  # byte sub + 4
+    before = tl.load(ptr + tl.maximum(sub - 4, 0)[None, :], mask=mask, other=0).to(tl.int32)  # sub - 4
+    low = sub[None, :] < 4
+    scale = tl.where(low, here & 63, (after & 15) | ((before >> 6) << 4)).to(tl.float32)
+    minimum = tl.where(low, after & 63, (after >> 4) | ((here >> 6) << 4)).to(tl.float32)
+    return scale, minimum
+
+
+@triton.jit
+def quant_row_dot(rows, v_ptr, k0, live, limit, CODEC: tl.constexpr, BLOCK_K: tl.constexpr):
+    """rows: [BLOCK_N] byte pointers to row starts; live: [BLOCK_N] rows to read; v_ptr: the vector's
+    first element -> [BLOCK_N] fp32, Σ over k in [k0, k0 + BLOCK_K) of W[row, k] · v[k]."""
+    if CODEC == 3:  # Q4_K: BLOCK_K // 256 super-blocks
+        c = tl.arange(0, 4)
+        j = tl.arange(0, 32)
+        acc = tl.zeros(live.shape, dtype=tl.float32)
+        for s in tl.static_range(BLOCK_K // 256):
+            k = k0 + 256 * s
+            rows_here = live & (k + tl.zeros(live.shape, tl.int32) < limit)
+            base = rows + (k // 256) * 144
+            quants = tl.load(
+                base[:, None, None] + (16 + 32 * c[:, None] + j[None, :])[None, :, :],
+                mask=rows_here[:, None, None], other=0,
+            ).to(tl.int32)  # fmt: skip  # [BLOCK_N, 4, 32]: chunk c, byte j
+            offs = k + 64 * c[:, None] + j[None, :]  # [4, 32]
+            here = offs < limit
+            v_lo = tl.load(v_ptr + offs, mask=here, other=0.0).to(tl.float32)  # sub-block 2c
+            v_hi = tl.load(v_ptr + offs + 32, mask=here, other=0.0).to(tl.float32)  # sub-block 2c + 1
+            dot_lo = tl.sum((quants & 15).to(tl.float32) * v_lo[None, :, :], axis=2)  # [BLOCK_N, 4]
+            dot_hi = tl.sum((quants >> 4).to(tl.float32) * v_hi[None, :, :], axis=2)
+            sc_lo, min_lo = _k4_scale_min(base, 2 * c, rows_here)
+            sc_hi, min_hi = _k4_scale_min(base, 2 * c + 1, rows_here)
+            scaled = tl.sum(sc_lo * dot_lo + sc_hi * dot_hi, axis=1)
+            sums_lo, sums_hi = tl.sum(v_lo, axis=1), tl.sum(v_hi, axis=1)  # [4]
+            mins = tl.sum(min_lo * sums_lo[None, :] + min_hi * sums_hi[None, :], axis=1)
+            acc += _fp16_at(base, rows_here) * scaled - _fp16_at(base + 2, rows_here) * mins
+        return acc
+    elif CODEC == 1:  # Q8_0: BLOCK_K // 32 blocks
+        block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        j = tl.arange(0, 32)
+        block_live = block * 32 < limit
+        mask = live[:, None] & block_live[None, :]  # [BLOCK_N, NB]
+        base = rows[:, None] + block[None, :] * 34
+        quants = tl.load(base[:, :, None] + 2 + j[None, None, :], mask=mask[:, :, None], other=0)
+        v = tl.load(v_ptr + block[:, None] * 32 + j[None, :], mask=block_live[:, None], other=0.0)
+        dots = tl.sum(quants.to(tl.int8, bitcast=True).to(tl.float32) * v.to(tl.float32)[None, :, :], axis=2)
+        return tl.sum(_fp16_at(base, mask) * dots, axis=1)
+    else:  # MXFP4 (12): BLOCK_K // 32 blocks
+        block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        j = tl.arange(0, 16)
+        block_live = block * 32 < limit
+        mask = live[:, None] & block_live[None, :]
+        base = rows[:, None] + block[None, :] * 17
+        codes = tl.load(base[:, :, None] + 1 + j[None, None, :], mask=mask[:, :, None], other=0).to(tl.int32)
+        v_lo = tl.load(v_ptr + block[:, None] * 32 + j[None, :], mask=block_live[:, None], other=0.0)
+        v_hi = tl.load(v_ptr + block[:, None] * 32 + 16 + j[None, :], mask=block_live[:, None], other=0.0)
+        dots = tl.sum(
+            _e2m1_doubled(codes & 15) * v_lo.to(tl.float32)[None, :, :]
+            + _e2m1_doubled(codes >> 4) * v_hi.to(tl.float32)[None, :, :],
+            axis=2,
+        )  # [BLOCK_N, NB]
+        exponent = tl.load(base, mask=mask, other=0).to(tl.float32) - 128.0
+        return tl.sum(tl.exp2(exponent) * dots, axis=1)
