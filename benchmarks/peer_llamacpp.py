@@ -128,6 +128,17 @@ def measure(args: argparse.Namespace, options: dict[str, Any], batch: int) -> di
     return ours
 
 
+def earlier_peer(path: Path, offloaded: int) -> dict[str, float]:
+    """llama.cpp's prefill and decode at `-ncmoe offloaded` from an earlier --json report."""
+    rows = [row["llama_cpp"] for row in json.loads(path.read_text())["rows"]]
+    for row in rows:
+        if row["ncmoe"] == offloaded:
+            return {k: v for k, v in row.items() if k != "ncmoe"}
+    raise SystemExit(
+        f"{path}: no llama.cpp row at -ncmoe {offloaded} (has {sorted({r['ncmoe'] for r in rows})})"
+    )
+
+
 def _last(events: Iterator[TokenEvent]) -> GenerationStats:
     *_, last = events
     assert last.stats is not None
@@ -144,7 +155,14 @@ def layer_count(gguf: Path) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-bench", type=Path, required=True, help="llama-bench built by build_llamacpp.sh")
+    peer = ap.add_mutually_exclusive_group(required=True)
+    peer.add_argument("--llama-bench", type=Path, help="llama-bench built by build_llamacpp.sh")
+    peer.add_argument(
+        "--peer-from",
+        type=Path,
+        help="llama.cpp's rows from an earlier --json run of this script (same GGUF, same kind of machine) "
+        "instead of running llama-bench; the report names that file, and its ratios span two runs",
+    )
     ap.add_argument("--gguf", type=Path, required=True, help="e.g. made by make_qwen3moe_gguf.py")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budgets", default="1,0.375", help="fractions of the expert bytes on the GPU")
@@ -173,8 +191,12 @@ def main() -> None:
     for budget in budgets:
         offloaded = 0 if args.device == "cpu" else round((1 - budget) * layers)
         ratio = (layers - offloaded) / layers
-        peer = llama_bench(
-            args.llama_bench, args.gguf, args.device, offloaded, args.threads, args.prompt, args.gen
+        peer = (
+            earlier_peer(args.peer_from, offloaded)
+            if args.peer_from
+            else llama_bench(
+                args.llama_bench, args.gguf, args.device, offloaded, args.threads, args.prompt, args.gen
+            )
         )
         for options in freetoken_options(args, offloaded, layers):
             ours = measure(args, options, batch=args.batch if offloaded == 0 else 1)
@@ -188,10 +210,14 @@ def main() -> None:
             )
     doc = {"gguf": str(args.gguf), "layers": layers, "device": args.device, "threads": args.threads,
            "prompt": args.prompt, "gen": args.gen, "rows": rows}  # fmt: skip
+    if args.peer_from:
+        doc["llama_cpp_from"] = str(args.peer_from)
     if args.json:
         print(json.dumps(doc, indent=1))
         return
     print(f"{args.gguf.name} · {layers} layers · {args.device} · pp{args.prompt} / tg{args.gen}")
+    if args.peer_from:
+        print(f"llama.cpp's rows from an earlier run: {args.peer_from}")
     print(f"{'budget':>7} {'engine':>10} {'prefill tok/s':>14} {'decode tok/s':>13}")
     for row in rows:
         for name in ("llama_cpp", "freetoken"):
