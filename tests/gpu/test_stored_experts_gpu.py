@@ -1,6 +1,6 @@
-"""Experts kept as stored on CUDA: the compiled decode kernel over Q8_0 / Q4_K / MXFP4 blocks against the
-plain sum over gguf's dequantisation, and a Q8_0 GGUF under offload and fused whose slots hold the blocks,
-decoding the CPU engine's tokens in CUDA graphs."""
+"""Experts kept as stored on CUDA: the compiled decode kernel over Q8_0 / Q4_K / Q6_K / MXFP4 blocks
+against the plain sum over gguf's dequantisation, and a Q8_0 GGUF under offload and fused whose slots
+hold the blocks, decoding the CPU engine's tokens in CUDA graphs."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-SCALE = {"Q8_0": 5e-3, "Q4_K": 1e-3, "MXFP4": 2**-4}
+SCALE = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}
 
 
-@pytest.mark.parametrize("codec", ["Q8_0", "Q4_K", "MXFP4"])
+@pytest.mark.parametrize("codec", ["Q8_0", "Q4_K", "Q6_K", "MXFP4"])
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_compiled_kernel_reads_blocks_in_place(codec: str, tokens: int) -> None:
     c, h, i, s = get_codec(codec), 512, 256, 6

@@ -1,4 +1,4 @@
-"""Dequantisers in torch for the codecs the device computes from as stored (Q8_0, Q4_K, MXFP4): rows of
+"""Dequantisers in torch for the codecs the device computes from as stored (Q8_0, Q4_K, Q6_K, MXFP4): rows of
 blocks on any device, for steps too large for the fused decode kernel (dequantise the used experts, then
 a plain GEMM). The reference each is tested against is the codec's `dequantize` (gguf's)."""
 
@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import torch
 
-DEVICE_CODECS = ("Q8_0", "Q4_K", "MXFP4")
+DEVICE_CODECS = ("Q8_0", "Q4_K", "Q6_K", "MXFP4")
 _MXFP4_DOUBLED = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 def _half(raw: torch.Tensor) -> torch.Tensor:
     """[..., 2] uint8 -> [...] fp32 (little-endian fp16)."""
     return raw.contiguous().view(torch.float16)[..., 0].float()
+
+
+def _shifts(bits: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Shift amounts along the second-to-last dim, uint8 [len(bits), 1]."""
+    return torch.tensor(bits, dtype=torch.uint8, device=device).reshape(-1, 1)
 
 
 def dequantize_rows(raw: torch.Tensor, codec: str, elements: int) -> torch.Tensor:
@@ -32,6 +37,16 @@ def dequantize_rows(raw: torch.Tensor, codec: str, elements: int) -> torch.Tenso
         qs = b[..., 16:].reshape(*lead, elements // 256, 4, 32)
         q = torch.stack((qs & 15, qs >> 4), dim=-2).reshape(*lead, elements // 256, 8, 32).float()
         return (d[..., None] * sc[..., None] * q - dmin[..., None] * mn[..., None]).reshape(*lead, elements)
+    if codec == "Q6_K":  # 210-byte super-blocks: 128 bytes of low nibbles, 64 of 2-bit highs, 16 scales, d
+        b = raw.reshape(*lead, elements // 256, 210)
+        ql = b[..., :128].reshape(*lead, elements // 256, 2, 1, 64) >> _shifts((0, 4), raw.device)
+        ql = (ql & 15).reshape(*lead, elements // 256, 8, 32)  # [..., nb, half·4 + group, 32]
+        qh = b[..., 128:192].reshape(*lead, elements // 256, 2, 1, 32) >> _shifts((0, 2, 4, 6), raw.device)
+        qh = (qh & 3).reshape(*lead, elements // 256, 8, 32)
+        q = ((ql | (qh << 4)).to(torch.int32) - 32).reshape(*lead, elements // 256, 16, 16).float()
+        scales = b[..., 192:208].contiguous().view(torch.int8).float()  # [..., nb, 16]
+        d = _half(b[..., 208:210])[..., None]
+        return (d[..., None] * scales[..., None] * q).reshape(*lead, elements)
     if codec == "MXFP4":
         b = raw.reshape(*lead, elements // 32, 17)
         qs = b[..., 1:]

@@ -95,6 +95,8 @@ def test_tokens_sharing_experts_read_them_once_and_match(t: int) -> None:
         (("Q4_K", "Q8_0"), 256, 96, DecodeBlocks(16, 64, 16, 64)),
         (("Q4_K", "MXFP4"), 768, 160, DecodeBlocks(8, 512, 8, 128)),
         (("Q8_0", "Q4_K"), 96, 512, DecodeBlocks(8, 64, 8, 1024, split_choices=1)),
+        (("Q6_K", "Q6_K"), 768, 256, DecodeBlocks(8, 512, 8, 256)),
+        (("Q4_K", "Q6_K"), 256, 512, DecodeBlocks(16, 256, 16, 1024, split_choices=1)),
     ],
 )
 def test_banks_of_codec_blocks_are_read_in_place(
@@ -110,7 +112,7 @@ def test_banks_of_codec_blocks_are_read_in_place(
     from freetoken.runtime.moe.expert_fn import ExpertFn, PairBias
 
     rng = np.random.default_rng(1)
-    scale = {"Q8_0": 5e-3, "Q4_K": 1e-3, "MXFP4": 2**-4}
+    scale = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}
     gu, dn = (get_codec(name) for name in codecs)
     gu_blocks = gu.random_blocks(np.empty((5, 2 * i, gu.row_bytes(h)), np.uint8), rng, scale[gu.name])
     dn_blocks = dn.random_blocks(np.empty((5, h, dn.row_bytes(i)), np.uint8), rng, scale[dn.name])

@@ -19,8 +19,8 @@ from freetoken.env import moe_decode_blocks
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
 
 # codecs the kernels read as stored, by the numbers quant_dot_triton.py (and the CPU kernel) use
-QUANT_CODECS = {"Q8_0": 1, "Q4_K": 3, "MXFP4": 12}
-CODEC_GRANULE = {0: 1, 1: 32, 3: 256, 12: 32}  # a codec kernel's BLOCK_K is a multiple of its block
+QUANT_CODECS = {"Q8_0": 1, "Q4_K": 3, "Q6_K": 4, "MXFP4": 12}
+CODEC_GRANULE = {0: 1, 1: 32, 3: 256, 4: 256, 12: 32}  # a codec kernel's BLOCK_K is a multiple of its block
 SUM_BLOCK = 256  # outputs per program of the sum over choices after a split down kernel
 MAX_DECODE_TOKENS = 16  # beyond this a grouped (per-expert) kernel reads each expert once, not per pair
 

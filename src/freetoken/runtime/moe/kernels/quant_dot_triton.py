@@ -10,10 +10,13 @@ mins fold into sums of v per sub-block (d·Σ sc·(q·v) − dmin·Σ m·Σv).
 Codecs by the CPU kernel's numbers (cpu_experts.CODEC_IDS): 1 Q8_0 (34-byte blocks of 32: fp16 scale,
 int8 quants), 3 Q4_K (144-byte super-blocks of 256: fp16 d and dmin, 12 bytes of 6-bit scales and mins
 for eight sub-blocks of 32, 128 bytes of nibbles, chunk c of 64 weights in bytes 32c.. as low then high
-nibbles: sub-blocks 2c and 2c + 1), 12 MXFP4 (17-byte blocks of 32: an e8m0 scale 2^(e − 128), 16 bytes,
-weights j and j + 16 in byte j's low and high nibble, doubled e2m1 values). BLOCK_K is a multiple of the
-codec's block (32; 256 for Q4_K, whose rows are whole super-blocks); a block at or past `limit` (the row
-length, a multiple of 32) reads nothing. References: codecs/torch_dequant.py and gguf's.
+nibbles: sub-blocks 2c and 2c + 1), 4 Q6_K (210-byte super-blocks of 256: 128 bytes of low nibbles, 64
+of 2-bit highs, 16 int8 scales of 16 weights, fp16 d last; weight 128h + 32g + l has its low nibble in
+byte 64h + 32(g % 2) + l shifted by 4(g // 2) and its high bits in byte 128 + 32h + l shifted by 2g,
+minus 32), 12 MXFP4 (17-byte blocks of 32: an e8m0 scale 2^(e − 128), 16 bytes, weights j and j + 16
+in byte j's low and high nibble, doubled e2m1 values). BLOCK_K is a multiple of the codec's block (32;
+256 for the K-quants, whose rows are whole super-blocks); a block at or past `limit` (the row length, a
+multiple of 32) reads nothing. References: codecs/torch_dequant.py and gguf's.
 """
 
 from __future__ import annotations
@@ -81,6 +84,33 @@ def quant_row_dot(rows, v_ptr, k0, live, limit, CODEC: tl.constexpr, BLOCK_K: tl
             sums_lo, sums_hi = tl.sum(v_lo, axis=1), tl.sum(v_hi, axis=1)  # [4]
             mins = tl.sum(min_lo * sums_lo[None, :] + min_hi * sums_hi[None, :], axis=1)
             acc += _fp16_at(base, rows_here) * scaled - _fp16_at(base + 2, rows_here) * mins
+        return acc
+    elif CODEC == 4:  # Q6_K: BLOCK_K // 256 super-blocks
+        hg = tl.arange(0, 8)  # half h = hg // 4 of 128 weights, group g = hg % 4 of 32: weights 32·hg ..
+        m = tl.arange(0, 2)  # the 16-weight sub-block of a group (its own scale)
+        i = tl.arange(0, 16)
+        group = hg % 4
+        lane = (16 * m[:, None] + i[None, :])[None, :, :]  # [1, 2, 16]: weight l of its group
+        low_at = (64 * (hg // 4) + 32 * (group % 2))[:, None, None] + lane  # [8, 2, 16] byte of ql
+        high_at = (128 + 32 * (hg // 4))[:, None, None] + lane  # byte of qh
+        low_shift = (4 * (group // 2))[None, :, None, None]
+        high_shift = (2 * group)[None, :, None, None]
+        acc = tl.zeros(live.shape, dtype=tl.float32)
+        for s in tl.static_range(BLOCK_K // 256):
+            k = k0 + 256 * s
+            rows_here = live & (k + tl.zeros(live.shape, tl.int32) < limit)
+            base = rows + (k // 256) * 210
+            mask = rows_here[:, None, None, None]
+            ql = tl.load(base[:, None, None, None] + low_at[None], mask=mask, other=0).to(tl.int32)
+            qh = tl.load(base[:, None, None, None] + high_at[None], mask=mask, other=0).to(tl.int32)
+            q = (((ql >> low_shift) & 15) | (((qh >> high_shift) & 3) << 4)) - 32  # [BLOCK_N, 8, 2, 16]
+            offs = k + 32 * hg[:, None, None] + lane  # [8, 2, 16]
+            v = tl.load(v_ptr + offs, mask=offs < limit, other=0.0).to(tl.float32)
+            dots = tl.sum(q.to(tl.float32) * v[None], axis=3)  # [BLOCK_N, 8, 2]
+            sub = (2 * hg[:, None] + m[None, :])[None]  # [1, 8, 2]: the sub-block's scale byte
+            scales = tl.load(base[:, None, None] + 192 + sub, mask=rows_here[:, None, None], other=0)
+            scaled = tl.sum(tl.sum(scales.to(tl.int8, bitcast=True).to(tl.float32) * dots, axis=2), axis=1)
+            acc += _fp16_at(base + 208, rows_here) * scaled
         return acc
     elif CODEC == 1:  # Q8_0: BLOCK_K // 32 blocks
         block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
