@@ -95,7 +95,7 @@ def main() -> None:
         plain_gate_up, plain_down = gate_up.float(), down.float()
     else:
         codec, rng = get_codec(args.codec), np.random.default_rng(0)
-        scale = {"Q8_0": 5e-3, "Q4_K": 1e-3, "MXFP4": 2**-4}[args.codec]
+        scale = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}[args.codec]
         blocks = [np.empty((e, rows, codec.row_bytes(n)), np.uint8) for rows, n in ((2 * i, h), (h, i))]
         gate_up, down = (torch.from_numpy(codec.random_blocks(b, rng, scale)).cuda() for b in blocks)
         expert_bytes = codec.tensor_bytes(2 * i, h) + codec.tensor_bytes(h, i)
