@@ -1,6 +1,7 @@
 """Each family behind the server with a chat template in its own style (the checkpoints ship longer
 ones): the OpenAI SDK streams its answer, and a tool call in the family's own format — GLM-4.5's
-`<arg_key>`/`<arg_value>` pairs, MiniMax-M2's `<invoke>` block — becomes the protocol's tool call,
+`<arg_key>`/`<arg_value>` pairs, MiniMax-M2's `<invoke>` block, DeepSeek-V3's and Kimi's call sections
+— becomes the protocol's tool call,
 streamed or not. The model's tokens are forced (conftest.ScriptedEngine); everything else is the real
 path. gpt-oss (harmony) has its own test file."""
 
@@ -70,8 +71,37 @@ FAMILIES = {
             "</minimax:tool_call>",
         },
     ),
+    "deepseek_v3": dict(
+        template=_template(
+            "<｜{{ m.role }}｜>{{ m.content }}",
+            "<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>",
+            "<｜Assistant｜><think>",
+            TOOLS_LIST,
+        ),
+        scripts={
+            "[plain]": "Say it in French.</think>Bonjour, Paris est ensoleillé.",
+            "[tool]": "Need the weather.</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather"
+            '<｜tool▁sep｜>{"city": "Paris", "days": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        },
+    ),
+    "kimi_linear": dict(
+        template=_template(
+            "<|im_{{ m.role }}|>{{ m.role }}<|im_middle|>{{ m.content }}<|im_end|>",
+            "<|im_assistant|>assistant<|im_middle|>{{ m.content }}<|im_end|>",
+            "<|im_assistant|>assistant<|im_middle|>",
+            TOOLS_LIST,
+        ),
+        scripts={
+            "[plain]": "<think>Say it in French.</think>Bonjour, Paris est ensoleillé.",
+            "[tool]": "<think>Need the weather.</think><|tool_calls_section_begin|><|tool_call_begin|>"
+            'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
+            "<|tool_calls_section_end|>",
+        },
+    ),
 }
-REASONING = {"glm4_moe": "Say it in French.", "minimax_m2": "Say it in French."}
+REASONING = {
+    family: "Say it in French." for family in ("glm4_moe", "minimax_m2", "deepseek_v3", "kimi_linear")
+}
 TOOLS = [
     {
         "type": "function",

@@ -1,4 +1,5 @@
-"""Incremental parsing of Qwen output into reasoning, content and tool calls."""
+"""Incremental parsing of model output into reasoning, content and tool calls (Qwen's tags, and the
+tool-call formats of GLM-4.5, MiniMax-M2, DeepSeek-V3.x and Kimi)."""
 
 from __future__ import annotations
 
@@ -208,6 +209,44 @@ def test_minimax_tool_calls() -> None:
     broken = '<minimax:tool_call><invoke name="f">stray</invoke></minimax:tool_call>'
     assert parse_output(broken).content == broken and parse_output(broken).tool_calls == []
     assert parse_output("<minimax:tool_call><invoke").content == "<minimax:tool_call><invoke"
+
+
+DEEPSEEK_V31 = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+    '{"city": "Paris", "days": 3}<｜tool▁call▁end｜><｜tool▁call▁begin｜>now<｜tool▁sep｜>{}'
+    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+)
+DEEPSEEK_V3 = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+    '{"city": "Paris", "days": 3}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>now\n'
+    "```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+)
+KIMI = (
+    "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+    '{"city": "Paris", "days": 3}<|tool_call_end|><|tool_call_begin|>functions.now:1'
+    "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"
+)
+
+
+@pytest.mark.parametrize(
+    "block", [DEEPSEEK_V31, DEEPSEEK_V3, KIMI], ids=["deepseek-v3.1", "deepseek-v3", "kimi"]
+)
+def test_deepseek_and_kimi_call_sections(block: str) -> None:
+    """A section of two calls, after reasoning and some text: both calls, in order, and any split of the
+    text streams the same; a section with a call that is not one stays text, verbatim."""
+    text = f"<think>Need the weather.</think>\nChecking.\n{block}"
+    p = parse_output(text)
+    assert (p.reasoning, p.content) == ("Need the weather.", "Checking.")
+    assert [(c.index, c.name, json.loads(c.arguments)) for c in p.tool_calls] == [
+        (0, "get_weather", {"city": "Paris", "days": 3}),
+        (1, "now", {}),
+    ]
+    for i in range(1, len(text), 5):
+        assert summary(stream([text[:i], text[i:]])[0]) == summary(p)
+    broken = block.replace("{}", "[1]")  # arguments that are not an object
+    assert parse_output(broken).tool_calls == [] and parse_output(broken).content == broken
+    opened = block[: len(block) // 2]  # cut off mid-section: text at the end
+    assert parse_output(opened).content == opened
 
 
 def test_valid_call_after_invalid_one_gets_index_zero() -> None:

@@ -15,7 +15,8 @@ Formats (Qwen3 chat template):
   line followed by ``<arg_key>k</arg_key>`` ``<arg_value>v</arg_value>`` pairs (a value that parses as JSON
   is taken as such, else as a string). MiniMax-M2's block ``<minimax:tool_call>`` ... ``</minimax:tool_call>``
   holds one or more ``<invoke name="f">`` with ``<parameter name="k">v</parameter>`` each (values likewise);
-  its calls are valid only all together. Anything else, and a call still open at the end, becomes content text
+  its calls are valid only all together; DeepSeek-V3's and Kimi's call sections likewise (tool_formats.py
+  has every format). Anything else, and a call still open at the end, becomes content text
   verbatim, tags included, exactly as if tool parsing were off (``tools=False``). Whitespace touching a valid
   call is dropped.
 
@@ -26,15 +27,14 @@ follows, and (c) the body of an open tool call. Hence the concatenated events ne
 
 from __future__ import annotations
 
-import json
-import re
 import secrets
 from dataclasses import dataclass
 
+from freetoken.serve.tool_formats import TOOL_FORMATS
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-MINIMAX_OPEN, MINIMAX_CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
-TOOL_TAGS = {TOOL_OPEN: TOOL_CLOSE, MINIMAX_OPEN: MINIMAX_CLOSE}  # a call block's opening -> closing tag
+TOOL_OPEN = "<tool_call>"
+TOOL_TAGS = {tag: form.close for tag, form in TOOL_FORMATS.items()}  # a call block's opening -> closing
 
 
 @dataclass(frozen=True)
@@ -58,78 +58,6 @@ class ToolCallDelta:
 
 
 Event = TextDelta | ReasoningDelta | ToolCallDelta
-
-
-_GLM_ARG = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
-_FUNCTION_NAME = re.compile(r"[A-Za-z_][\w.\-]*")
-
-
-def _parse_glm_call(body: str) -> tuple[str, str] | None:
-    """GLM-4.5's body: the name on the first line, then key/value pairs; None if it is not one."""
-    name, _, rest = body.strip().partition("\n")
-    name = name.strip()
-    pairs = _whole(_GLM_ARG, rest)
-    if not _FUNCTION_NAME.fullmatch(name) or pairs is None:
-        return None
-    args = {pair.group(1).strip(): _value(pair.group(2)) for pair in pairs}
-    return name, json.dumps(args, ensure_ascii=False)
-
-
-_INVOKE = re.compile(r'\s*<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
-_PARAMETER = re.compile(r'\s*<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
-
-
-def _value(raw: str) -> object:
-    """A parameter's value: JSON where it parses, else the text."""
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        return raw
-
-
-def _whole(pattern: re.Pattern[str], text: str) -> list[re.Match[str]] | None:
-    """The matches of `pattern` covering `text` up to whitespace, or None if anything else is there."""
-    matches, at = [], 0
-    for match in pattern.finditer(text):
-        if text[at : match.start()].strip():
-            return None
-        matches.append(match)
-        at = match.end()
-    return matches if not text[at:].strip() else None
-
-
-def _parse_minimax_block(body: str) -> list[tuple[str, str]] | None:
-    """MiniMax-M2's block: its invokes' (name, arguments as JSON text), or None if it is not all calls."""
-    invokes = _whole(_INVOKE, body)
-    if not invokes:
-        return None
-    calls = []
-    for invoke in invokes:
-        params = _whole(_PARAMETER, invoke.group(2))
-        if params is None or not _FUNCTION_NAME.fullmatch(invoke.group(1)):
-            return None
-        args = {p.group(1): _value(p.group(2).strip("\n")) for p in params}
-        calls.append((invoke.group(1), json.dumps(args, ensure_ascii=False)))
-    return calls
-
-
-def _parse_call(body: str) -> tuple[str, str] | None:
-    """(name, arguments as JSON text) of a tool-call body, or None if it is not a valid call."""
-    if not body.lstrip().startswith(("{", '"')):
-        return _parse_glm_call(body)
-    try:
-        obj = json.loads(body)
-        if not isinstance(obj, dict):
-            return None
-        args = obj.get("arguments", {})
-        if isinstance(args, str):
-            args = json.loads(args)
-    except (ValueError, RecursionError):
-        return None
-    name = obj.get("name")
-    if not isinstance(name, str) or not name or not isinstance(args, dict):
-        return None
-    return name, json.dumps(args, ensure_ascii=False)
 
 
 def partial_tag_len(text: str, tags: tuple[str, ...]) -> int:
@@ -240,11 +168,7 @@ class OutputParser(ParsedOutput):
 
     def _close_call(self, body: str, out: list[Event]) -> None:
         self._mode = "content"
-        if self._open_tag == MINIMAX_OPEN:
-            calls = _parse_minimax_block(body)
-        else:
-            one = _parse_call(body)
-            calls = None if one is None else [one]
+        calls = TOOL_FORMATS[self._open_tag].parse(body)
         if calls is None:
             self._text(self._open_tag + body + TOOL_TAGS[self._open_tag], out)
             return
