@@ -153,13 +153,16 @@ def test_read_bandwidth_is_positive() -> None:
     assert read_bandwidth(8 << 20, threads=1, reps=2) > 1e8
 
 
-def test_many_cores_build_without_software_prefetch(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    """Prefetch stays where at most 4 cores are allowed; a 16-core build drops it, and that variant still
-    builds and computes the reference (every dot header honours PREFETCH 0)."""
+def test_many_cores_or_avx512_build_without_software_prefetch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """Prefetch stays where at most 4 cores are allowed on a CPU without AVX-512; 16 cores or AVX-512 drop
+    it, and that variant still builds and computes the reference (every dot header honours PREFETCH 0)."""
     from freetoken.runtime.measure import cpu_share
 
-    monkeypatch.setattr(cpu_share, "allowed_cores", lambda: (0, 1))
-    assert loader.machine_defines() == ()
+    avx2, avx512 = frozenset({"avx2", "fma"}), frozenset({"avx2", "avx512f"})
+    assert loader.prefetch_defines(2, avx2) == ()
+    assert loader.prefetch_defines(2, avx512) == loader.prefetch_defines(16, avx2) == ("-DPREFETCH=0",)
     monkeypatch.setattr(cpu_share, "allowed_cores", lambda: tuple(range(16)))
     assert loader.machine_defines() == ("-DPREFETCH=0",)
     monkeypatch.setenv("FREETOKEN_HOME", str(tmp_path))

@@ -42,10 +42,11 @@ X86_FLAGS = ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x8
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", *X86_FLAGS, "-fopenmp", "-shared", "-fPIC", "-std=c11")
 
 
-# Software prefetch in the dot loops (bf16_dot.h's PREFETCH) only where this few cores are allowed: it
-# lifted a 2-core EPYC's expert kernel 5-13% (one core's own misses in flight bound its bandwidth), and
-# on a 16-core Xeon it cost the LM head GEMV 95 -> 41 GB/s and the experts 64 -> 48 GB/s at 16 threads
-# (8 threads alike): there the cores fill the memory pipe without it.
+# Software prefetch in the dot loops (bf16_dot.h's PREFETCH) only where this few cores are allowed and
+# the CPU has no AVX-512: it lifted a 2-core AVX2 EPYC's expert kernel 5-13% (one core's own misses in
+# flight bound its bandwidth); on a 16-core Xeon it cost the LM head GEMV 95 -> 41 GB/s and the experts
+# 64 -> 48 GB/s at 16 threads (there the cores fill the memory pipe without it); on a 2-core AVX-512
+# EPYC the expert kernel went 0.88 -> 0.99 x the read without it, and decode 51-56 -> 60-62 tok/s.
 PREFETCH_MAX_CORES = 4
 
 
@@ -53,17 +54,32 @@ def machine_defines() -> tuple[str, ...]:
     """-D values this machine's build takes beyond the source's defaults."""
     from freetoken.runtime.measure.cpu_share import allowed_cores
 
-    return () if len(allowed_cores()) <= PREFETCH_MAX_CORES else ("-DPREFETCH=0",)
+    return prefetch_defines(len(allowed_cores()), cpu_flags())
 
 
-def cpu_model() -> str:
+def prefetch_defines(cores: int, flags: frozenset[str]) -> tuple[str, ...]:
+    """Software prefetch on (the source's default) for at most PREFETCH_MAX_CORES cores without AVX-512."""
+    return () if cores <= PREFETCH_MAX_CORES and "avx512f" not in flags else ("-DPREFETCH=0",)
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty where unknown."""
+    return frozenset((_cpuinfo("flags") or "").split())
+
+
+def _cpuinfo(field: str) -> str | None:
+    """The first /proc/cpuinfo line's value for `field`, or None."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def find_compiler() -> str | None:
