@@ -7,7 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from freetoken.runtime.models.kernels.cpu_linear import Linear, cpu_linear, linear, native_linear_takes
+from freetoken.runtime.models.kernels.cpu_linear import (
+    Linear,
+    bf16_units,
+    cpu_linear,
+    linear,
+    native_linear_takes,
+)
 from freetoken.runtime.moe.kernels.loader import load_library
 
 pytestmark = pytest.mark.skipif(load_library() is None, reason="needs the compiled CPU kernels")
@@ -50,13 +56,18 @@ def test_what_the_kernel_does_not_take_is_f_linear() -> None:
     assert not native_linear_takes(x.to(torch.bfloat16), w.t().contiguous().t())  # not contiguous
 
 
-def test_many_rows_are_the_widened_product_and_linear_is_an_nn_linear() -> None:
+def test_many_rows_are_one_rounding_of_the_product_and_linear_is_an_nn_linear() -> None:
+    """More rows than the GEMV takes: torch's bf16 product where the CPU has bf16 units, else the widened
+    fp32 product rounded back — exactly one of them, by the CPU's flags."""
     g = torch.Generator().manual_seed(5)
     w = (torch.randn(48, 40, generator=g) * 0.1).to(torch.bfloat16)
     x = torch.randn(2, 33, 40, generator=g).to(torch.bfloat16)  # 66 rows: more than the GEMV takes
     got = linear(x, w)
     assert got.shape == (2, 33, 48) and got.dtype == torch.bfloat16
-    assert torch.equal(got, F.linear(x.float(), w.float()).to(torch.bfloat16))
+    want = F.linear(x, w) if bf16_units() else F.linear(x.float(), w.float()).to(torch.bfloat16)
+    assert torch.equal(got, want)
+    wide = F.linear(x.float(), w.float())
+    assert torch.allclose(got.float(), wide, rtol=2**-7, atol=1e-3 * wide.abs().max().item())
     one = linear(x[:1, :3], w)  # 3 rows: the native GEMV, same shape rules
     assert one.shape == (1, 3, 48)
     layer = Linear(40, 48, bias=False).to(torch.bfloat16)
