@@ -126,3 +126,14 @@ def test_banks_of_codec_blocks_are_read_in_place(
     blocks = torch.from_numpy(gu_blocks), torch.from_numpy(dn_blocks)
     got = fused_moe_decode(x, ids, w, *blocks, tiles, fn=fn, bias=bias, codecs=codecs)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
+def test_the_device_codecs_agree() -> None:
+    """The codecs the loader keeps for the device (those with a torch dequantiser) are the decode kernel's,
+    numbered as the CPU kernel numbers them, each with its block size for the kernel's chunks."""
+    from freetoken.codecs.torch_dequant import DEVICE_CODECS
+    from freetoken.runtime.moe.kernels.cpu_experts import CODEC_IDS
+    from freetoken.runtime.moe.kernels.moe_decode import CODEC_GRANULE, QUANT_CODECS
+
+    assert set(QUANT_CODECS) == set(DEVICE_CODECS)
+    assert all(CODEC_IDS[name] == code and code in CODEC_GRANULE for name, code in QUANT_CODECS.items())
