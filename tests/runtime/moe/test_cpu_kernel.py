@@ -174,3 +174,23 @@ def test_many_cores_or_avx512_build_without_software_prefetch(
     out = torch.empty(3, 256)
     run_kernel(lib, x, ids, w, gate_up, down, out, threads=2)
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+
+
+def test_many_bf16_rows_take_the_matrix_units_where_the_cpu_has_them() -> None:
+    """From MATRIX_ROWS bf16 rows over bf16 banks, a CPU with bf16 dot units computes through torch's bf16
+    products (gate/up rounded to bf16, as a bf16 model's experts do): within bf16 of the fp32 reference;
+    fewer rows, fp32 rows, quantized banks or int8 activations stay with the kernel."""
+    from freetoken.runtime.moe.kernels.cpu_experts import BF16, MATRIX_ROWS, matrix_units_take
+
+    many = torch.zeros(MATRIX_ROWS, 8, dtype=torch.bfloat16)
+    assert matrix_units_take(many, BF16, False) == loader.bf16_dot_units()
+    assert not matrix_units_take(many[:-1], BF16, False)
+    assert not matrix_units_take(many.float(), BF16, False)
+    assert not matrix_units_take(many, ("Q8_0", "Q8_0"), False)
+    assert not matrix_units_take(many, BF16, True)
+    gate_up, down = banks()
+    x, ids, w = routing(MATRIX_ROWS + 5, 2, gate_up.shape[0], seed=11)
+    got = cpu_experts(x.bfloat16(), ids, w, gate_up, down, 2)
+    want = grouped_experts(x.bfloat16().float(), ids, w, gate_up.float(), down.float())
+    assert got.dtype == torch.float32
+    assert float((got - want).norm() / want.norm()) < 2e-2

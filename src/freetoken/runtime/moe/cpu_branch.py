@@ -15,7 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from freetoken.runtime.moe.expert_fn import SILU
-from freetoken.runtime.moe.kernels.cpu_experts import KernelWorker, branch_threads, cpu_experts, kernel_takes
+from freetoken.runtime.moe.kernels.cpu_experts import (
+    MATRIX_ROWS,
+    KernelWorker,
+    branch_threads,
+    cpu_experts,
+    kernel_takes,
+)
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.pool import HostExpertPool
 
@@ -82,11 +88,13 @@ class CpuBranch:
         x_host.copy_(x if len(rows) == x.shape[0] else x.index_select(0, rows.to(x.device)))
         gate_up, down = self.pool.gate_up[layer], self.pool.down[layer]
         codecs = self.pool.codec_names(layer)
+        # bf16 rows staged in fp32 go back to bf16 (exactly) where torch's bf16 products may take them
+        x_in = x_host.bfloat16() if x.dtype == torch.bfloat16 and len(rows) >= MATRIX_ROWS else x_host
 
         def run() -> torch.Tensor:
             with torch.inference_mode():  # the staging was made under it, on the caller's thread
                 cpu_experts(
-                    x_host, ids, weights, gate_up, down, self.threads, out=out_host, codecs=codecs,
+                    x_in, ids, weights, gate_up, down, self.threads, out=out_host, codecs=codecs,
                     int8_act=self.int8_act, fn=self.pool.fn, gate_up_bias=self.pool.gate_up_bias.get(layer),
                 )  # fmt: skip
             return out_host

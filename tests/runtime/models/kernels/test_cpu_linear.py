@@ -9,12 +9,11 @@ import torch.nn.functional as F
 
 from freetoken.runtime.models.kernels.cpu_linear import (
     Linear,
-    bf16_units,
     cpu_linear,
     linear,
     native_linear_takes,
 )
-from freetoken.runtime.moe.kernels.loader import load_library
+from freetoken.runtime.moe.kernels.loader import bf16_dot_units, load_library
 
 pytestmark = pytest.mark.skipif(load_library() is None, reason="needs the compiled CPU kernels")
 
@@ -64,7 +63,7 @@ def test_many_rows_are_one_rounding_of_the_product_and_linear_is_an_nn_linear() 
     x = torch.randn(2, 33, 40, generator=g).to(torch.bfloat16)  # 66 rows: more than the GEMV takes
     got = linear(x, w)
     assert got.shape == (2, 33, 48) and got.dtype == torch.bfloat16
-    want = F.linear(x, w) if bf16_units() else F.linear(x.float(), w.float()).to(torch.bfloat16)
+    want = F.linear(x, w) if bf16_dot_units() else F.linear(x.float(), w.float()).to(torch.bfloat16)
     assert torch.equal(got, want)
     wide = F.linear(x.float(), w.float())
     assert torch.allclose(got.float(), wide, rtol=2**-7, atol=1e-3 * wide.abs().max().item())

@@ -8,13 +8,11 @@ models build."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from freetoken.runtime.moe.kernels.loader import load_library
+from freetoken.runtime.moe.kernels.loader import bf16_dot_units, load_library
 
 MAX_ROWS = 16
 
@@ -38,18 +36,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     rows = x.reshape(-1, x.shape[-1])
     if native_linear_takes(rows, weight):
         return cpu_linear(rows, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
-    if bf16_units():
+    if bf16_dot_units():
         return F.linear(x, weight, bias)
     wide_bias = None if bias is None else bias.float()
     return F.linear(x.float(), weight.float(), wide_bias).to(x.dtype)
-
-
-@functools.cache
-def bf16_units() -> bool:
-    """Whether this CPU has bf16 dot instructions torch's matrix product uses."""
-    from freetoken.runtime.moe.kernels.loader import cpu_flags
-
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 class Linear(nn.Linear):

@@ -62,6 +62,12 @@ def prefetch_defines(cores: int, flags: frozenset[str]) -> tuple[str, ...]:
     return () if cores <= PREFETCH_MAX_CORES and "avx512f" not in flags else ("-DPREFETCH=0",)
 
 
+@cache
+def bf16_dot_units() -> bool:
+    """Whether this CPU has bf16 dot instructions (AVX512-BF16, AMX) that torch's bf16 products use."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags (/proc/cpuinfo), empty where unknown."""
     return frozenset((_cpuinfo("flags") or "").split())
