@@ -1,7 +1,7 @@
 """Each family behind the server with a chat template in its own style (the checkpoints ship longer
 ones): the OpenAI SDK streams its answer, and a tool call in the family's own format — GLM-4.5's
-`<arg_key>`/`<arg_value>` pairs, MiniMax-M2's `<invoke>` block, DeepSeek-V3's and Kimi's call sections
-— becomes the protocol's tool call,
+`<arg_key>`/`<arg_value>` pairs, MiniMax-M2's `<invoke>` block, DeepSeek-V3's and Kimi's call sections,
+Mixtral's `[TOOL_CALLS]` list — becomes the protocol's tool call,
 streamed or not. The model's tokens are forced (conftest.ScriptedEngine); everything else is the real
 path. gpt-oss (harmony) has its own test file."""
 
@@ -38,8 +38,16 @@ def _template(turn: str, assistant: str, generation: str, tools: str = "") -> st
 TOOLS_LIST = "{%- if tools -%}<|system|>\n# Tools\n{{ tools | tojson }}{%- endif -%}"
 FAMILIES = {
     "mixtral": dict(
-        template=_template("[INST] {{ m.content }} [/INST]", "{{ m.content }}</s>", ""),
-        scripts={"[plain]": "Bonjour, Paris est ensoleillé."},
+        template=_template(
+            "[INST] {{ m.content }} [/INST]",
+            "{{ m.content }}</s>",
+            "",
+            "{%- if tools -%}[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]{%- endif -%}",
+        ),
+        scripts={
+            "[plain]": "Bonjour, Paris est ensoleillé.",
+            "[tool]": '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]',
+        },
     ),
     "olmoe": dict(
         template=_template(

@@ -249,6 +249,29 @@ def test_deepseek_and_kimi_call_sections(block: str) -> None:
     assert parse_output(opened).content == opened
 
 
+@pytest.mark.parametrize(
+    "tail",
+    [
+        ' [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "now", "arguments": "{}"}]',
+        'get_weather[ARGS]{"city": "Paris"}',
+    ],
+    ids=["list", "args"],
+)
+def test_mistral_calls_close_with_the_generation(tail: str) -> None:
+    """Mistral's `[TOOL_CALLS]` has no closing tag: the calls are read when the generation ends, from any
+    split; one that is not a call stays text."""
+    text = f"Checking. [TOOL_CALLS]{tail}"
+    p = parse_output(text)
+    assert p.content == "Checking."
+    want = [("get_weather", {"city": "Paris"}), ("now", {})][: 2 if tail.startswith(" [") else 1]
+    assert [(c.name, json.loads(c.arguments)) for c in p.tool_calls] == want
+    for i in range(1, len(text), 4):
+        assert summary(stream([text[:i], text[i:]])[0]) == summary(p)
+    for broken in ("Checking. [TOOL_CALLS] [oops", 'x [TOOL_CALLS] [{"name": "f"}, 3]', "y [TOOL_CALLS]"):
+        q = parse_output(broken)
+        assert q.tool_calls == [] and q.content == broken
+
+
 def test_valid_call_after_invalid_one_gets_index_zero() -> None:
     bad = "<tool_call>\n{oops}\n</tool_call>"
     p = parse_output(f"{bad}\n{WEATHER}")

@@ -15,10 +15,10 @@ Formats (Qwen3 chat template):
   line followed by ``<arg_key>k</arg_key>`` ``<arg_value>v</arg_value>`` pairs (a value that parses as JSON
   is taken as such, else as a string). MiniMax-M2's block ``<minimax:tool_call>`` ... ``</minimax:tool_call>``
   holds one or more ``<invoke name="f">`` with ``<parameter name="k">v</parameter>`` each (values likewise);
-  its calls are valid only all together; DeepSeek-V3's and Kimi's call sections likewise (tool_formats.py
-  has every format). Anything else, and a call still open at the end, becomes content text
-  verbatim, tags included, exactly as if tool parsing were off (``tools=False``). Whitespace touching a valid
-  call is dropped.
+  its calls are valid only all together; DeepSeek-V3's and Kimi's call sections likewise, and Mistral's
+  ``[TOOL_CALLS]``, which the end of the generation closes (tool_formats.py has every format). Anything
+  else, and a call still open at the end, becomes content text verbatim, tags included, exactly as if tool
+  parsing were off (``tools=False``). Whitespace touching a valid call is dropped.
 
 Streaming: text arrives in arbitrary chunks (``"<too"`` + ``"l_call>"``). Everything is emitted at once except
 (a) a suffix that could still grow into a tag, (b) trailing whitespace of a segment, which is dropped if a tag
@@ -117,7 +117,7 @@ class OutputParser(ParsedOutput):
         while self._buf:
             if self._mode == "tool":
                 close = TOOL_TAGS[self._open_tag]
-                end = self._buf.find(close)
+                end = self._buf.find(close) if close else -1  # no closing tag: the generation's end closes
                 if end < 0:
                     break
                 body, self._buf = self._buf[:end], self._buf[end + len(close) :]
@@ -137,9 +137,12 @@ class OutputParser(ParsedOutput):
         return out
 
     def flush(self) -> list[Event]:
-        """End of generation: release held-back text; an open tool call becomes text."""
+        """End of generation: release held-back text; an open tool call becomes text (one whose format has
+        no closing tag is complete now)."""
         out: list[Event] = []
-        if self._mode == "tool":
+        if self._mode == "tool" and not TOOL_TAGS[self._open_tag]:
+            self._close_call(self._buf, out)
+        elif self._mode == "tool":
             self._mode = "content"
             self._text(self._open_tag + self._buf, out)
         else:
@@ -170,7 +173,7 @@ class OutputParser(ParsedOutput):
         self._mode = "content"
         calls = TOOL_FORMATS[self._open_tag].parse(body)
         if calls is None:
-            self._text(self._open_tag + body + TOOL_TAGS[self._open_tag], out)
+            self._text(self._open_tag + body + (TOOL_TAGS[self._open_tag] or ""), out)
             return
         for name, arguments in calls:
             self._call(name, arguments, out)

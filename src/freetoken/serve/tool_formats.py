@@ -11,6 +11,8 @@ not a valid block (the parser then shows it as text, verbatim). By opening tag:
   `function<｜tool▁sep｜>f` and then the arguments in a json fence.
 * `<|tool_calls_section_begin|>` (Kimi-K2, Kimi-Linear): one or more
   `<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{args}<|tool_call_end|>`.
+* `[TOOL_CALLS]` (Mistral's instruct models, Mixtral-8x22B): no closing tag, the rest of the generation:
+  a JSON list of `{"name", "arguments"}`, or `f[ARGS]{args}` (newer tokenizers).
 
 A parameter value that parses as JSON is taken as such, else as a string; arguments are a JSON object.
 """
@@ -155,9 +157,29 @@ def _parse_kimi_block(body: str) -> Calls | None:
     return _section(_KIMI_CALL, body, _kimi_call)
 
 
+_MISTRAL_ARGS = re.compile(r"\s*([A-Za-z_][\w.\-]*)\[ARGS\](.*)", re.DOTALL)
+
+
+def _parse_mistral(body: str) -> Calls | None:
+    """Mistral's calls: a JSON list of call objects, or one `name[ARGS]{json}`."""
+    named = _MISTRAL_ARGS.fullmatch(body)
+    if named is not None:
+        args = _arguments(named.group(2))
+        return None if args is None else [(named.group(1), args)]
+    try:
+        listed = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(listed, list) or not listed:
+        return None
+    calls = [_parse_call(json.dumps(item)) if isinstance(item, dict) else None for item in listed]
+    valid = [call for call in calls if call is not None]
+    return valid if len(valid) == len(calls) else None
+
+
 @dataclass(frozen=True)
 class ToolFormat:
-    close: str  # the block's closing tag
+    close: str  # the block's closing tag ("": the generation's end closes it)
     parse: Callable[[str], Calls | None]  # the body between the tags -> its calls, or None
 
 
@@ -166,4 +188,5 @@ TOOL_FORMATS: dict[str, ToolFormat] = {  # opening tag -> its format
     "<minimax:tool_call>": ToolFormat("</minimax:tool_call>", _parse_minimax_block),
     "<｜tool▁calls▁begin｜>": ToolFormat("<｜tool▁calls▁end｜>", _parse_deepseek_block),
     "<|tool_calls_section_begin|>": ToolFormat("<|tool_calls_section_end|>", _parse_kimi_block),
+    "[TOOL_CALLS]": ToolFormat("", _parse_mistral),
 }
