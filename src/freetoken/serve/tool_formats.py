@@ -71,8 +71,11 @@ def _section(
 ) -> Calls | None:
     """The calls of a block made of `pattern`'s matches (whitespace between), each read by `one`; None if
     the block is empty, holds anything else, or one of its calls is not valid (all or nothing)."""
-    found = _whole(pattern, body)
-    calls = [one(match) for match in found or ()]
+    return _all_or_none([one(match) for match in _whole(pattern, body) or ()])
+
+
+def _all_or_none(calls: list[Call | None]) -> Calls | None:
+    """The calls when there are some and every one is valid, else None (a block stands or falls whole)."""
     valid = [call for call in calls if call is not None]
     return valid if calls and len(valid) == len(calls) else None
 
@@ -170,11 +173,11 @@ def _parse_mistral(body: str) -> Calls | None:
         listed = json.loads(body)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(listed, list) or not listed:
+    if not isinstance(listed, list):
         return None
-    calls = [_parse_call(json.dumps(item)) if isinstance(item, dict) else None for item in listed]
-    valid = [call for call in calls if call is not None]
-    return valid if len(valid) == len(calls) else None
+    return _all_or_none(
+        [_parse_call(json.dumps(item)) if isinstance(item, dict) else None for item in listed]
+    )
 
 
 @dataclass(frozen=True)
