@@ -26,10 +26,10 @@ TEMPLATE = (
 )
 
 
-def byte_vocabulary(size: int) -> tuple[list[str], list[int], list[str]]:
+def byte_vocabulary(size: int, specials: list[str] = HARMONY) -> tuple[list[str], list[int], list[str]]:
     """GPT-2's printable spelling of the 256 bytes, the pairs of a few frequent letters (with their
-    merges: llama.cpp refuses a byte-level BPE without any), padding, then harmony's markers (control
-    tokens) -> tokens, token types, merges."""
+    merges: llama.cpp refuses a byte-level BPE without any), padding, then `specials` (control tokens;
+    harmony's markers by default) -> tokens, token types, merges."""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
     spelled, extra = {}, 0
     for b in range(256):
@@ -42,8 +42,8 @@ def byte_vocabulary(size: int) -> tuple[list[str], list[int], list[str]]:
     letters = [spelled[b] for b in b"etaoinsrhl "]
     merges = [f"{a} {b}" for a in letters for b in letters]
     tokens += [m.replace(" ", "") for m in merges]
-    tokens += [f"<pad{i}>" for i in range(size - len(tokens) - len(HARMONY))]
-    return tokens + HARMONY, [1] * (size - len(HARMONY)) + [3] * len(HARMONY), merges
+    tokens += [f"<pad{i}>" for i in range(size - len(tokens) - len(specials))]
+    return tokens + specials, [1] * (size - len(specials)) + [3] * len(specials), merges
 
 
 def main() -> None:

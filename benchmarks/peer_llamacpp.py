@@ -5,6 +5,9 @@
     python benchmarks/peer_llamacpp.py --llama-bench .peers/llama-build-cpu/bin/llama-bench \\
         --gguf small.gguf --device cpu --threads 2 --json
 
+The GGUFs: `make_qwen3moe_gguf.py` (Qwen3-30B-A3B's shapes; experts BF16, Q8_0, Q4_K, Q6_K or Q4_K_M's
+per-layer mix) and `make_gpt_oss_gguf.py` (gpt-oss-20b's, MXFP4 experts), beside this script.
+
 A budget is the fraction of the expert bytes on the GPU. llama.cpp gets `-ngl 99 -ncmoe N` with N =
 round((1 - budget) · layers) (layers whose experts stay in host memory); FreeToken gets `fused` at 1
 and `--moe-backend BACKEND --moe-cache-ratio (layers - N) / layers` below it, the same bytes. On a cpu

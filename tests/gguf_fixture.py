@@ -217,7 +217,7 @@ def write_gguf(
     path: Path,
     qtype: str = "F32",
     split_max_tensors: int = 0,
-    expert_types: tuple[str, str] | None = None,
+    expert_types: tuple[str, str] | list[tuple[str, str]] | None = None,
     one_per_expert: bool = False,
     split_kv_b: bool = True,
 ) -> Path:
@@ -227,7 +227,8 @@ def write_gguf(
     With split_max_tensors the package writes `-00001-of-0000N.gguf` shards; the first one is returned.
     `expert_types` (gate/up type, down type): the routed experts are random raw blocks of those types
     instead of the model's (types the package cannot quantize to, as K-quants; the model's own experts
-    are then not in the file: compare against dequantised_state_dict)."""
+    are then not in the file: compare against dequantised_state_dict); a list of pairs: layer n's pair is
+    the list's n-th (modulo its length), as Q4_K_M files vary the down projection's type by layer."""
     import gguf
     import gguf.quants as gq
     from gguf import GGMLQuantizationType as Q
@@ -335,11 +336,14 @@ def write_gguf(
             add(f"blk.{layer}.ffn_down_exps.bias", sd[experts + "down_proj_bias"])
         elif prefix + "mlp.experts.gate_up_proj" in sd and expert_types is not None:
             e, h = cfg.num_experts, cfg.hidden_size
+            pair = (
+                expert_types if isinstance(expert_types, tuple) else expert_types[layer % len(expert_types)]
+            )
             for n, (part, shape, kind) in enumerate(
                 (
-                    ("gate", (e, i_moe, h), expert_types[0]),
-                    ("up", (e, i_moe, h), expert_types[0]),
-                    ("down", (e, h, i_moe), expert_types[1]),
+                    ("gate", (e, i_moe, h), pair[0]),
+                    ("up", (e, i_moe, h), pair[0]),
+                    ("down", (e, h, i_moe), pair[1]),
                 )
             ):
                 raw = random_blocks(kind, shape, seed=10 * layer + n)

@@ -16,8 +16,9 @@ def assert_residency_true(engine: Engine) -> None:
     for row, layer in enumerate(residency.moe_layers):
         for expert, slot in enumerate(table[row].tolist()):
             if slot != EMPTY:
-                assert torch.equal(ex.bank.gate_up[slot].cpu(), engine.pool.gate_up[layer][expert])
-                assert torch.equal(ex.bank.down[slot].cpu(), engine.pool.down[layer][expert])
+                gate_up, down = ex.bank.banks(layer)
+                assert torch.equal(gate_up[slot].cpu(), engine.pool.gate_up[layer][expert])
+                assert torch.equal(down[slot].cpu(), engine.pool.down[layer][expert])
                 assert owner[slot] == row * e + expert
     for slot, key in enumerate(owner.tolist()):  # no expert owns two slots
         assert key == EMPTY or table[key // e, key % e] == slot

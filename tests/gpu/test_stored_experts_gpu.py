@@ -1,6 +1,7 @@
 """Experts kept as stored on CUDA: the compiled decode kernel over Q8_0 / Q4_K / Q6_K / MXFP4 blocks
 against the plain sum over gguf's dequantisation, and a Q8_0 GGUF under offload and fused whose slots
-hold the blocks, decoding the CPU engine's tokens in CUDA graphs."""
+hold the blocks, decoding the CPU engine's tokens in CUDA graphs; a file whose layers differ in their
+pair (Q4_K_M's Q6_K down projections) likewise, through the gather fill into flat slots."""
 
 from __future__ import annotations
 
@@ -52,6 +53,28 @@ def test_a_q8_0_gguf_keeps_its_blocks_on_the_device(
     engine = build_engine(path, device="cuda", dtype="float32", moe_backend=backend, **options)
     try:
         assert engine.pool.describe()["dtypes"] == ["Q8_0"]
+        assert engine.executor.graph_blocker(3) is None
+        assert greedy(engine, PROMPTS[:3], 10) == want
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("backend", ["offload", "hybrid"])
+def test_layers_of_different_pairs_share_the_slots(make_model: Any, tmp_path: Path, backend: str) -> None:
+    """Q4_K/Q6_K and Q4_K/Q4_K layers in one GGUF: the slots hold both as stored (each layer's rows a view
+    of the flat slots), the captured step fills them by the gather kernel, and the greedy tokens are the
+    CPU engine's on the same blocks."""
+    folder, hf = make_model(hidden_size=256, moe_intermediate_size=256, num_experts=8, num_hidden_layers=4)
+    types = [("Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q4_K", "Q4_K")]  # MoE layers 0, 2, 3
+    path = write_gguf(hf, folder, tmp_path / "m.gguf", "F32", expert_types=types)
+    want = greedy(build_engine(path, device="cpu", dtype="float32", moe_backend="cpu"), PROMPTS[:3], 10)
+    extra = {"pcie_gbps": 25.0, "host_gbps": 100.0} if backend == "hybrid" else {}
+    engine = build_engine(path, device="cuda", dtype="float32", moe_backend=backend, cache_size=6, **extra)
+    try:
+        assert engine.executor.bank.codecs(0) == ("Q4_K", "Q6_K") and engine.executor.bank.codecs(3) == (
+            "Q4_K",
+            "Q4_K",
+        )
         assert engine.executor.graph_blocker(3) is None
         assert greedy(engine, PROMPTS[:3], 10) == want
     finally:

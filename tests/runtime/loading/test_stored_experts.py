@@ -1,7 +1,8 @@
 """GGUF experts kept as stored: the cpu backend's pool holds the file's blocks (no dequantisation),
 reports them in `expert_pool`, and decodes the greedy tokens of transformers given the package's
 dequantisation of the same file. Backends with slots keep the codecs the device kernels read (Q8_0, Q4_K,
-MXFP4) in the pool and the slots alike, when every layer has one pair; others are dequantised at load."""
+Q6_K, MXFP4) in the pool and the slots alike, when every layer keeps its experts so (pairs may differ
+between layers, as in Q4_K_M files); others are dequantised at load."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from freetoken.formats.gguf_checkpoint import GgufCheckpoint
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.moe.kernels.cpu_experts import kernel_available
 from gguf_fixture import dequantised_state_dict, write_gguf
+from residency_checks import assert_residency_true
 from scheduler_runs import PROMPTS, greedy
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="needs the compiled CPU kernel")
@@ -107,7 +109,8 @@ def test_slots_hold_the_blocks_as_stored(q8_file: tuple[Path, Any], backend: str
     engine = build_engine(path, device="cpu", dtype="float32", moe_backend=backend, **options)
     try:
         bank = engine.executor.bank
-        assert engine.pool.describe()["dtypes"] == ["Q8_0"] and bank.codecs == ("Q8_0", "Q8_0")
+        assert engine.pool.describe()["dtypes"] == ["Q8_0"]
+        assert all(bank.codecs(layer) == ("Q8_0", "Q8_0") for layer in engine.pool.layers)
         assert bank.gate_up.dtype == torch.uint8 and engine.pool.expert_nbytes == 3 * 64 * 32 // 32 * 34
         prompts = PROMPTS[:3]
         want = [reference_greedy(ref, prompt, TOKENS) for prompt in prompts]
@@ -123,24 +126,66 @@ def test_slots_hold_the_blocks_as_stored(q8_file: tuple[Path, Any], backend: str
         (("Q4_K", "Q4_K"), True),
         (("MXFP4", "MXFP4"), True),
         (("Q4_K", "Q6_K"), True),
+        # by layer (the tiny model's MoE layers are 0 and 2)
+        ([("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q4_K", "Q4_K")], True),
+        ([("Q8_0", "Q4_K"), ("Q8_0", "Q4_K"), ("Q6_K", "Q8_0")], True),
         (("Q4_K", "Q5_K"), False),
+        ([("Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q4_K", "Q5_K")], False),
     ],
-    ids=["Q4_K", "MXFP4", "Q4_K+Q6_K", "Q4_K+Q5_K"],
+    ids=["Q4_K", "MXFP4", "Q4_K+Q6_K", "Q4_K_M-layers", "crossed-layers", "Q4_K+Q5_K", "one-layer-Q5_K"],
 )
-def test_slots_take_the_device_codecs_in_one_form(
-    make_model: Any, tmp_path: Path, expert_types: tuple[str, str], kept: bool
+@pytest.mark.parametrize("backend", ["offload", "hybrid"])
+def test_slots_take_the_device_codecs_in_every_layer(
+    make_model: Any, tmp_path: Path, expert_types: Any, kept: bool, backend: str
 ) -> None:
-    """Q4_K, Q6_K and MXFP4 experts stay as stored in slots; a pair the device kernels do not read (Q5_K)
-    is dequantised at load. The greedy tokens are the reference's either way."""
+    """Q8_0, Q4_K, Q6_K and MXFP4 experts stay as stored in slots, the pair free to differ by layer (slots
+    as long as the largest pair's expert; fills and kernels see each layer's rows); a layer the device
+    kernels cannot read (Q5_K) makes every layer dequantise at load. The greedy tokens are the reference's
+    either way, with slots changing hands between layers of different pairs (3 slots, 2 layers)."""
     folder, hf = make_model(hidden_size=256, moe_intermediate_size=256, num_experts=4)
     path = write_gguf(hf, folder, tmp_path / "k.gguf", "F32", expert_types=expert_types)
     ref = type(hf)(hf.config).eval()
     ref.load_state_dict(dequantised_state_dict(path, hf))
-    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="hybrid", cache_size=3)
+    pairs = [expert_types] if isinstance(expert_types, tuple) else expert_types
+    options = {"pcie_gbps": 25.0, "host_gbps": 100.0} if backend == "hybrid" else {}
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend=backend, cache_size=3, **options)
     try:
-        assert (engine.executor.bank.codecs == expert_types) == kept
+        bank, layers = engine.executor.bank, engine.pool.layers
         assert bool(engine.pool.stored) == kept
+        if kept:
+            assert [bank.codecs(layer) for layer in layers] == [pairs[layer % len(pairs)] for layer in layers]
+            assert engine.pool.describe()["bytes"] <= 1.02 * expert_file_bytes(path)
+        else:
+            assert all(bank.codecs(layer) is None for layer in layers)
         assert greedy(engine, PROMPTS[:2], TOKENS) == [reference_greedy(ref, p, TOKENS) for p in PROMPTS[:2]]
+        assert_residency_true(engine)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("hit_d2d", [False, True], ids=["pcie", "hit-d2d"])
+def test_streamed_prefill_over_layers_of_different_pairs(
+    make_model: Any, tmp_path: Path, hit_d2d: bool
+) -> None:
+    """Prefill streaming copies whole layers of Q4_K/Q6_K and Q4_K/Q4_K blocks into the flat slots (runs
+    into a layer's shorter rows, slot-to-slot copies of resident experts) and gives the reference's
+    tokens; the table stays true to the slots' bytes."""
+    folder, hf = make_model(hidden_size=256, moe_intermediate_size=256, num_experts=4, num_hidden_layers=4)
+    types = [("Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q4_K", "Q4_K")]  # MoE layers 0, 2, 3
+    path = write_gguf(hf, folder, tmp_path / "m.gguf", "F32", expert_types=types)
+    ref = type(hf)(hf.config).eval()
+    ref.load_state_dict(dequantised_state_dict(path, hf))
+    prompt = PROMPTS[3]
+    engine = build_engine(
+        path, device="cpu", dtype="float32", moe_backend="offload", cache_size=9, max_prefill_tokens=6,
+        prefill_stream="on", prefill_hit_d2d=hit_d2d,
+    )  # fmt: skip
+    try:
+        assert engine.executor.bank.codecs(0) != engine.executor.bank.codecs(2)
+        assert greedy(engine, [prompt], TOKENS) == [reference_greedy(ref, prompt, TOKENS)]
+        totals = engine.moe_counters.totals()
+        assert totals["streamed"] + totals["d2d"] > 0 and (totals["d2d"] > 0) == hit_d2d
+        assert_residency_true(engine)
     finally:
         engine.close()
 

@@ -109,12 +109,45 @@ def test_matches_the_reference(dtype: torch.dtype, e: int, h: int, i: int, live:
 
 def test_word_size_is_the_widest_that_divides_runs_and_addresses() -> None:
     gate_up, _ = host_banks(4, 64, 32, torch.bfloat16, seed=1)
-    assert _word_dtype(64 * 64 * 2, gate_up) == torch.int64
-    assert _word_dtype(2 * 7 * 33 * 2, gate_up) == torch.int32  # 924 bytes
-    assert _word_dtype(33 * 7 * 2, gate_up) == torch.int16  # 462 bytes
-    assert _word_dtype(64 * 64 * 2, gate_up.reshape(-1)[2:]) == torch.int32  # the view starts 4 bytes in
-    assert _word_dtype(64 * 64 * 2, gate_up.reshape(-1)[1:]) == torch.int16
-    assert _word_dtype(7, gate_up) == torch.uint8
+    assert _word_dtype(64 * 64 * 2, 64 * 64 * 2, gate_up) == torch.int64
+    assert _word_dtype(2 * 7 * 33 * 2, 2 * 7 * 33 * 2, gate_up) == torch.int32  # 924 bytes
+    assert _word_dtype(33 * 7 * 2, 33 * 7 * 2, gate_up) == torch.int16  # 462 bytes
+    assert (
+        _word_dtype(64 * 64 * 2, 64 * 64 * 2, gate_up.reshape(-1)[2:]) == torch.int32
+    )  # the view starts 4 bytes in
+    assert _word_dtype(64 * 64 * 2, 64 * 64 * 2, gate_up.reshape(-1)[1:]) == torch.int16
+    assert _word_dtype(7, 7, gate_up) == torch.uint8
+    assert _word_dtype(64 * 64 * 2, 64 * 64 * 2 + 4, gate_up) == torch.int32  # slots 4 bytes past an int64
+
+
+def test_views_of_longer_slots_take_the_run_at_each_slot_start() -> None:
+    """Flat uint8 slots longer than the layer's experts (slot_bank.py's banks of codec rows, where layers
+    differ): the kernel fills the first run bytes of each planned slot, as the reference does, and leaves
+    the rest of every slot alone."""
+    e, s, two_i, i = 5, 4, 16, 8
+    for gu_row, dn_row, gu_slot, dn_slot in (
+        (36, 20, 36 * 16 + 40, 20 * 8 + 8),
+        (34, 34, 34 * 16 + 6, 34 * 8),
+    ):
+        g = torch.Generator().manual_seed(gu_row)
+        h = i  # rows of the down bank
+        src = (random_bits((e, two_i, gu_row), torch.uint8, g), random_bits((e, h, dn_row), torch.uint8, g))
+        rows = [(4, 2), (0, 0), (3, 3)]
+        plan, count = make_plan(rows, 4, 3)
+        outs = []
+        for fill in (fill_slots, fill_slots_reference):
+            flat = (sentinel((s, gu_slot), torch.uint8), sentinel((s, dn_slot), torch.uint8))
+            views = (
+                flat[0].as_strided((s, two_i, gu_row), (gu_slot, gu_row, 1)),
+                flat[1].as_strided((s, h, dn_row), (dn_slot, dn_row, 1)),
+            )
+            kwargs = {"blocks": SMALL} if fill is fill_slots else {}
+            fill(plan, count, *src, *views, **kwargs)
+            assert_filled(rows, src, views)
+            for bank, run in zip(flat, (two_i * gu_row, h * dn_row), strict=True):
+                assert bool((bank[:, run:].view(torch.int16) == SENTINEL).all()), "past the run was written"
+            outs.append(flat)
+        assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
 
 
 def test_misaligned_banks_fall_back_to_narrower_words() -> None:
@@ -125,7 +158,10 @@ def test_misaligned_banks_fall_back_to_narrower_words() -> None:
         buf.reshape(-1)[k : k + buf[1:].numel()].view(buf[1:].shape)
         for buf, k in zip(buffers, (1, 2), strict=True)
     )
-    assert _word_dtype(2 * i * h * 2, src[0]) == torch.int16 and _word_dtype(h * i * 2, src[1]) == torch.int32
+    assert (
+        _word_dtype(2 * i * h * 2, 2 * i * h * 2, src[0]) == torch.int16
+        and _word_dtype(h * i * 2, h * i * 2, src[1]) == torch.int32
+    )
     rows = [(5, 0), (0, 3), (2, 1)]
     plan, count = make_plan(rows, 4, 4)
     got, _ = fill_both(plan, count, src, s, SMALL)  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ from freetoken.errors import FreeTokenError
 from freetoken.formats.ftw import TensorEntry
 from freetoken.formats.ftw_reader import FtwCheckpoint
 from freetoken.runtime.config import ModelConfig
-from freetoken.runtime.loading.weights import in_one_form
+from freetoken.runtime.loading.weights import in_every_layer
 from freetoken.runtime.measure.cpu_share import allowed_cores
 from freetoken.runtime.moe.expert_fn import expert_fn_of
 from freetoken.runtime.moe.pool import HostExpertPool
@@ -92,18 +92,18 @@ def ftw_weights(
     folder: Path,
     verify: bool | None = None,
     keep_stored: frozenset[str] = frozenset(),
-    uniform_stored: bool = False,
+    all_stored: bool = False,
 ) -> Callable[..., HostExpertPool]:
     """`verify`: checksum every tensor as it loads (True), never (False), or where the cores allow (None).
     `keep_stored`: codecs whose banks the pool keeps as stored; banks of other codecs are dequantised;
-    `uniform_stored`: keep them only if every layer has the same pair (for expert slots)."""
+    `all_stored`: keep them only if every layer keeps its experts as stored (for expert slots)."""
 
     def load(model: nn.Module, cfg: ModelConfig, dtype: torch.dtype, progress: ProgressFn | None = None):
         ftw = FtwCheckpoint(folder)  # the manifest and every shard's size are checked here
         checksum = checksums_by_default() if verify is None else verify
         checksums = Checksums() if checksum else None
         try:
-            return _load(ftw, folder, model, cfg, dtype, progress, checksums, keep_stored, uniform_stored)
+            return _load(ftw, folder, model, cfg, dtype, progress, checksums, keep_stored, all_stored)
         finally:
             if checksums is not None:
                 checksums.pool.shutdown(cancel_futures=True)
@@ -120,7 +120,7 @@ def _load(
     progress: ProgressFn | None,
     checksums: Checksums | None,
     keep_stored: frozenset[str],
-    uniform_stored: bool,
+    all_stored: bool,
 ) -> HostExpertPool:
     params = dict(model.named_parameters())
     dense = {e.name: e for e in ftw.entries if e.kind == "dense"}
@@ -145,8 +145,8 @@ def _load(
         names = (banks[(layer, "gate_up")].codec, banks[(layer, "down")].codec)
         if names[0] is not None and names[1] is not None and set(names) <= keep_stored:
             stored[layer] = (get_codec(names[0]), get_codec(names[1]))
-    if uniform_stored:
-        stored = in_one_form(stored, cfg.moe_layers)
+    if all_stored:
+        stored = in_every_layer(stored, cfg.moe_layers)
     pool = HostExpertPool.allocate(
         cfg.moe_layers, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype, stored=stored,
         fn=expert_fn_of(cfg), biased=cfg.expert_bias,

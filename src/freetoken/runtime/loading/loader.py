@@ -51,11 +51,12 @@ def stored_expert_codecs(
     config: EngineConfig, backend: str, device: torch.device
 ) -> tuple[frozenset[str], bool]:
     """(codecs whose expert blocks the pool keeps as the file stores them, whether every layer must keep
-    the same pair). Every expert computed on this CPU from the pool (the cpu backend on a cpu device with
-    no slots): what the CPU expert kernel computes from, layer by layer. `fused` on CUDA: what the decode
-    kernel reads in place (DEVICE_CODECS), layer by layer. The slot backends: those too, in one form for
-    every layer, as the slots hold it (the cpu device standing in dequantises in torch). Other codecs, and
-    other cases, are dequantised at load."""
+    its experts as stored for any to be). Every expert computed on this CPU from the pool (the cpu backend
+    on a cpu device with no slots): what the CPU expert kernel computes from, layer by layer. `fused` on
+    CUDA: what the decode kernel reads in place (DEVICE_CODECS), layer by layer. The slot backends: those
+    too, in every layer or none, as slots hold blocks for every layer or values for every layer (pairs may
+    differ between layers; the cpu device standing in dequantises in torch). Other codecs, and other
+    cases, are dequantised at load."""
     from freetoken.codecs.torch_dequant import DEVICE_CODECS
     from freetoken.runtime.moe.kernels.cpu_experts import CODEC_IDS, kernel_available
     from freetoken.runtime.moe.kernels.moe_decode import triton_available
@@ -91,15 +92,15 @@ def load_model(
         model = arch.build_model(model_config).to(dtype)
     materialise(model, device)
     model.tie_weights()
-    keep, uniform = stored_expert_codecs(config, backend, device)
+    keep, all_stored = stored_expert_codecs(config, backend, device)
     if weights is None and is_ftw(path):
-        weights = ftw_weights(path, verify=config.verify, keep_stored=keep, uniform_stored=uniform)
+        weights = ftw_weights(path, verify=config.verify, keep_stored=keep, all_stored=all_stored)
     if weights is not None:
         pool = weights(model, model_config, dtype, progress)
     else:
         with gguf or SafetensorsCheckpoint(path) as ckpt:
             naming = arch.naming(gguf is not None)
-            pool = load_weights(model, model_config, ckpt, naming, dtype, progress, keep, uniform)
+            pool = load_weights(model, model_config, ckpt, naming, dtype, progress, keep, all_stored)
     if device.type == "cuda":
         pool.pin()  # only now, once every bank is filled
     return LoadedModel(model_config, tokenizer, model, pool, dtype)

@@ -119,12 +119,12 @@ def stored_codecs(ckpt: object, plan: CheckpointPlan, keep: frozenset[str]) -> d
     return out
 
 
-def in_one_form(
+def in_every_layer(
     stored: dict[int, tuple[Codec, Codec]], layers: tuple[int, ...]
 ) -> dict[int, tuple[Codec, Codec]]:
-    """`stored` when every layer keeps the same codec pair (device slots hold one form), else none."""
-    whole = set(stored) == set(layers) and len(set(stored.values())) == 1
-    return stored if whole else {}
+    """`stored` when every layer keeps its experts as stored (device slots hold codec blocks for every
+    layer, or values for every layer), else none."""
+    return stored if set(stored) == set(layers) else {}
 
 
 def fill_experts(
@@ -156,15 +156,15 @@ def load_weights(
     dtype: torch.dtype,
     progress: ProgressFn | None = None,
     keep_stored: frozenset[str] = frozenset(),
-    uniform_stored: bool = False,
+    all_stored: bool = False,
 ) -> HostExpertPool:
     """Fill `model`'s parameters (already materialised on their device) and return the filled pool.
     `keep_stored`: codecs whose expert blocks the pool may keep as the file stores them (stored_codecs);
-    `uniform_stored`: only if every layer keeps the same pair (for expert slots)."""
+    `all_stored`: only if every layer keeps its experts as stored (for expert slots)."""
     plan = plan_checkpoint(model, cfg, ckpt, naming)
     stored = stored_codecs(ckpt, plan, keep_stored)
-    if uniform_stored:
-        stored = in_one_form(stored, cfg.moe_layers)
+    if all_stored:
+        stored = in_every_layer(stored, cfg.moe_layers)
     pool = HostExpertPool.allocate(
         cfg.moe_layers,
         cfg.num_experts,

@@ -142,14 +142,15 @@ class Bench:
     def device_pairs(self, bank: SlotBank, tokens: int = 512) -> float:
         """(token, expert) pairs per second of expert compute on the device, prefill-sized batches."""
         k = self.shape.top_k
-        x = torch.randn(tokens, self.shape.hidden, dtype=bank.gate_up.dtype, device=self.device)
+        gate_up, down = bank.banks(0)
+        x = torch.randn(tokens, self.shape.hidden, dtype=gate_up.dtype, device=self.device)
         gen = torch.Generator().manual_seed(1)
         slots = torch.stack([torch.randperm(k, generator=gen) for _ in range(tokens)])  # [T, k] all slots
         w = torch.full((tokens, k), 1.0 / k, dtype=x.dtype, device=self.device)
 
         def compute() -> None:
             with torch.inference_mode():
-                routed_experts(x, slots, w, bank.gate_up[:k], bank.down[:k])
+                routed_experts(x, slots, w, gate_up[:k], down[:k])
 
         return tokens * k / _timed(compute, self.reps, self.sync)
 
@@ -173,7 +174,7 @@ class Bench:
         def fills() -> None:
             experts = torch.from_numpy(self._experts(k).astype(np.int32))
             plan.copy_(torch.stack((experts, slots), dim=1), non_blocking=True)
-            fill_slots(plan, count, self.pool.gate_up[0], self.pool.down[0], bank.gate_up, bank.down)
+            fill_slots(plan, count, self.pool.gate_up[0], self.pool.down[0], *bank.banks(0))
 
         return k * self.shape.nbytes / _timed(fills, self.reps, self.sync)
 

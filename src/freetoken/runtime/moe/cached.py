@@ -249,7 +249,7 @@ class CachedExecutor(ExpertExecutor):
         assert self.streamer is not None
         stream = self._compute_stream()
         slot_ids = self.streamer.acquire(layer, stream)[topk_ids]
-        out = self._from_bank(x, slot_ids, topk_weights, self.pair_bias(layer, topk_ids))
+        out = self._from_bank(layer, x, slot_ids, topk_weights, self.pair_bias(layer, topk_ids))
         self.streamer.release(layer, stream)
         return out
 
@@ -267,14 +267,14 @@ class CachedExecutor(ExpertExecutor):
         pool, bank = self.pool, self.bank
         bias = self.pair_bias(layer, topk_ids)
         if self._device_alone(layer, topk_ids.numel()):
-            self._fill(plan, count, pool.gate_up[layer], pool.down[layer], bank.gate_up, bank.down)
-            return self._from_bank(x, slot_ids, topk_weights, bias)
+            self._fill(plan, count, pool.gate_up[layer], pool.down[layer], *bank.banks(layer))
+            return self._from_bank(layer, x, slot_ids, topk_weights, bias)
         if in_stream:  # CPU pairs handed over, fills and the slots' pairs meanwhile, then the merge
             assert self.stream_branch is not None
             cpu_ids = torch.where(slot_ids < 0, topk_ids, torch.full_like(topk_ids, -1))
             self.stream_branch.submit(layer, x, cpu_ids, topk_weights)
-            self._fill(plan, count, pool.gate_up[layer], pool.down[layer], bank.gate_up, bank.down)
-            return self.stream_branch.merge(self._from_bank(x, slot_ids, topk_weights, bias))
+            self._fill(plan, count, pool.gate_up[layer], pool.down[layer], *bank.banks(layer))
+            return self.stream_branch.merge(self._from_bank(layer, x, slot_ids, topk_weights, bias))
         return self._forward_read_back(
             layer, x, topk_ids, topk_weights, slot_ids, plan[: int(count.item())], bias
         )
@@ -354,11 +354,11 @@ class CachedExecutor(ExpertExecutor):
         # 3. Hits compute now, fetched ones after their fills.
         out = torch.zeros_like(x)
         if hit.any():
-            out = out + self._from_bank(x, self._only(slot_ids, hit), topk_weights, bias)
+            out = out + self._from_bank(layer, x, self._only(slot_ids, hit), topk_weights, bias)
         if fills_done is not None:
             torch.cuda.current_stream(x.device).wait_event(fills_done)
         if fetched.any():
-            out = out + self._from_bank(x, self._only(slot_ids, fetched), topk_weights, bias)
+            out = out + self._from_bank(layer, x, self._only(slot_ids, fetched), topk_weights, bias)
         if partial is not None:
             assert rows is not None
             out = self.cpu.merge(out, rows, partial)
@@ -372,17 +372,20 @@ class CachedExecutor(ExpertExecutor):
 
     def _from_bank(
         self,
+        layer: int,
         x: torch.Tensor,
         slot_ids: torch.Tensor,
         topk_weights: torch.Tensor,
         bias: PairBias | None = None,
     ) -> torch.Tensor:
-        """The experts in slots `slot_ids` [T, K] (-1 = skip) for x [T, H], weighted; `bias`: their gate/up
-        biases, by expert id."""
+        """`layer`'s experts in slots `slot_ids` [T, K] (-1 = skip) for x [T, H], weighted; `bias`: their
+        gate/up biases, by expert id."""
         if x.device.type == "cpu" or slot_ids.numel() > GATHER_MAX_PAIRS:
             slot_ids = slot_ids.cpu()  # grouping happens on the host anyway
-        bank = self.bank
-        return routed_experts(x, slot_ids, topk_weights, bank.gate_up, bank.down, self.fn, bias, bank.codecs)
+        gate_up, down = self.bank.banks(layer)
+        return routed_experts(
+            x, slot_ids, topk_weights, gate_up, down, self.fn, bias, self.bank.codecs(layer)
+        )
 
     def probe(self) -> None:
         """One layer step's worth of experts on each path, folded into B_H and B_P (moving averages)."""

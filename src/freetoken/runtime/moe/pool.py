@@ -157,18 +157,19 @@ class HostExpertPool:
             return gu.tensor_bytes(2 * i, h) + dn.tensor_bytes(h, i)
         return 3 * h * i * torch.empty(0, dtype=self.dtype).element_size()
 
-    def slot_codecs(self) -> tuple[Codec, Codec] | None:
-        """The one (gate_up, down) codec pair every layer keeps as stored, which slots then hold too; None
-        when the banks hold `dtype` values. Layers kept in different codecs cannot share slots."""
-        pairs = {self.stored.get(layer) for layer in self.layers}
-        if pairs == {None}:
+    def slot_codecs(self) -> dict[int, tuple[Codec, Codec]] | None:
+        """Each layer's (gate_up, down) codec pair as stored, which slots then hold too (layers may differ:
+        slots are as long as the largest pair needs); None when the banks hold `dtype` values. Slots hold
+        one kind: codec blocks for every layer, or values for every layer."""
+        if not self.stored:
             return None
-        if len(pairs) != 1:
+        values = [layer for layer in self.layers if layer not in self.stored]
+        if values:
             raise FreeTokenError(
-                "expert slots need every MoE layer in one form: these layers keep "
-                + ", ".join(sorted({f"{p[0].name}/{p[1].name}" if p else str(self.dtype) for p in pairs}))
+                f"expert slots need every MoE layer's experts as stored or none: layers {values[:4]} hold "
+                f"{self.dtype} values, the others codec blocks"
             )
-        return next(iter(pairs))
+        return {layer: self.stored[layer] for layer in self.layers}
 
     def codec_names(self, layer: int) -> tuple[str, str]:
         """(gate_up, down) codec names of a layer's banks: the stored codecs, or the dtype's."""

@@ -5,7 +5,9 @@ no data-dependent shape or address on the host side (graph-capturable).
 A device-side LRU writes, per MoE layer step, `plan [P, 2] int32` rows (expert, slot) and `count [1]
 int32`; rows [0, count) are live, rows past it may hold -1. `fill_slots` copies expert plan[r, 0] of the
 layer's host banks (gate_up [E, 2I, H], down [E, H, I]) into slot plan[r, 1] of the device banks
-(gate_up [S, 2I, H], down [S, H, I]) for every live row. Rows with an entry outside [0, E) x [0, S)
+(gate_up [S, 2I, H], down [S, H, I]) for every live row. A device bank may be a view of longer slots (a
+slot stride past the expert's length, as slot_bank.py gives layers of shorter codec rows): each slot's
+expert is still one contiguous run at the slot's start. Rows with an entry outside [0, E) x [0, S)
 (-1 padding included) are skipped, so no plan can make the graph read or write out of the banks. Slots
 within one plan must be distinct (the LRU's invariant; two rows into one slot race).
 
@@ -103,28 +105,39 @@ def _aligned(bank: torch.Tensor, size: int) -> bool:
     return bank.data_ptr() % size == 0 and bank.storage_offset() * bank.element_size() % size == 0
 
 
-def _word_dtype(run_bytes: int, *banks: torch.Tensor) -> torch.dtype:
-    """The widest integer word dividing one expert's run and every bank's address (see the module)."""
+def _word_dtype(run_bytes: int, slot_bytes: int, *banks: torch.Tensor) -> torch.dtype:
+    """The widest integer word dividing one expert's run, the destination's slot stride and every bank's
+    address (see the module)."""
     for size, dtype in _WORDS:
-        if run_bytes % size == 0 and all(_aligned(bank, size) for bank in banks):
+        fits = run_bytes % size == 0 and slot_bytes % size == 0
+        if fits and all(_aligned(bank, size) for bank in banks):
             return dtype
     raise AssertionError("one-byte words always fit")
 
 
 def _as_words(src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(src [E, words], dst [S, words]): contiguous banks of one dtype and one row shape, as words."""
+    """(src [E, words], dst [S, words] with dst's slot stride): banks of one dtype and one row shape,
+    as words; the first `run` words of each dst row are its slot's expert."""
     run = src.shape[1] * src.shape[2]  # elements of one expert
-    word = _word_dtype(run * src.element_size(), src, dst)
-    return src.view(src.shape[0], run).view(word), dst.view(dst.shape[0], run).view(word)
+    size = src.element_size()
+    word = _word_dtype(run * size, dst.stride(0) * size, src, dst)
+    rows = dst.as_strided((dst.shape[0], run), (dst.stride(0), 1))
+    return src.view(src.shape[0], run).view(word), rows.view(word)
 
 
-def _check_bank(name: str, bank: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+def _check_bank(
+    name: str, bank: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, slots: bool = False
+) -> None:
+    """`slots`: each row's expert contiguous, rows at least an expert apart (a view of longer slots)."""
     if tuple(bank.shape) != shape:
         raise ValueError(f"{name} has shape {tuple(bank.shape)}, expected {shape}")
     if bank.dtype != dtype:
         raise ValueError(f"{name} is {bank.dtype}, not {dtype} as src_gate_up")
+    run = shape[1] * shape[2]
+    if slots and bank[0].is_contiguous() and bank.stride(0) >= run and shape[0] > 0:
+        return
     if not bank.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
+        raise ValueError(f"{name} must be contiguous" + (" within each slot" if slots else ""))
 
 
 def _check(
@@ -152,8 +165,8 @@ def _check(
     down_rows = tuple(src_down.shape[1:]) if blocks else (h, two_i // 2)
     _check_bank("src_gate_up", src_gate_up, (e, two_i, h), dtype)
     _check_bank("src_down", src_down, (e, *down_rows), dtype)
-    _check_bank("dst_gate_up", dst_gate_up, (s, two_i, h), dtype)
-    _check_bank("dst_down", dst_down, (s, *down_rows), dtype)
+    _check_bank("dst_gate_up", dst_gate_up, (s, two_i, h), dtype, slots=True)
+    _check_bank("dst_down", dst_down, (s, *down_rows), dtype, slots=True)
     device = dst_gate_up.device
     for name, t in (("plan", plan), ("count", count), ("dst_down", dst_down)):
         if t.device != device:
@@ -177,7 +190,8 @@ def fill_slots(
 
     plan [P, 2] int32 (contiguous) and count [1] int32 on the device banks' device; src_gate_up
     [E, 2I, H] and src_down [E, H, I] in page-locked host memory (or on that device); dst_gate_up
-    [S, 2I, H] and dst_down [S, H, I]; all banks contiguous and of one dtype. Enqueued on the current
+    [S, 2I, H] and dst_down [S, H, I] (or views of longer slots, see the module); the host banks
+    contiguous; all of one dtype. Enqueued on the current
     stream: the source must stay unchanged, and the slots unread, until it has run.
     """
     _check(plan, count, src_gate_up, src_down, dst_gate_up, dst_down)
@@ -199,7 +213,8 @@ def fill_slots(
     if not interpreted:
         src_gu, src_dn = (_HostWords(t) if t.device.type == "cpu" else t for t in (src_gu, src_dn))
     body.fill_slots_kernel[(plan.shape[0], chunks)](
-        plan, count, src_gu, dst_gu, src_dn, dst_dn, gu_words, dn_words, gu_chunks,
+        plan, count, src_gu, dst_gu, src_dn, dst_dn, gu_words, dn_words, dst_gu.stride(0), dst_dn.stride(0),
+        gu_chunks,
         src_gate_up.shape[0], dst_gate_up.shape[0],
         BLOCK=blocks.block, ITERS=blocks.iters, num_warps=blocks.num_warps,
     )  # fmt: skip

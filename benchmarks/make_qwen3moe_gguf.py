@@ -1,0 +1,150 @@
+"""Write a random-weight GGUF with Qwen3-30B-A3B's shapes (llama.cpp's `qwen3moe` arch), for side-by-side
+runs with `peer_llamacpp.py` (both engines read the same bytes).
+
+Routed experts in `--expert-type`: BF16 (std 0.02), Q8_0, Q4_K, Q6_K as random raw blocks with small
+finite scales (gguf.quants.dequantize defines their values), or Q4_K_M's layout: gate/up Q4_K in every
+layer, down Q6_K in the layers llama.cpp's quantizer gives more bits (the first and last eighth, and
+every third layer between) and Q4_K elsewhere. Attention, router and embeddings are bf16, norms fp32.
+Layers of equal parity share their arrays (fast to write). The vocabulary is byte-level BPE padded to
+--vocab with Qwen's special tokens at the end, so the output projection costs what the real one does.
+
+  python benchmarks/make_qwen3moe_gguf.py /dev/shm/q30-q4km.gguf --layers 24 --expert-type Q4_K_M
+  python benchmarks/make_qwen3moe_gguf.py /tmp/small.gguf --layers 16 --hidden 1024 --experts 64 \\
+      --moe-inter 512 --heads 16 --head-dim 64 --vocab 32000
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from make_gpt_oss_gguf import byte_vocabulary
+
+from freetoken.codecs import get_codec
+
+QWEN_SPECIALS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+]  # fmt: skip
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# fp16 scales giving weights of std ~0.015 from random quants and sub-block scales
+BLOCK_SCALE = {"Q8_0": 2e-4, "Q4_K": 5e-5, "Q6_K": 1.2e-5}
+EXPERT_TYPES = ("BF16", "Q8_0", "Q4_K", "Q6_K", "Q4_K_M")
+
+
+def more_bits(layer: int, layers: int) -> bool:
+    """Whether a Q4_K_M file keeps `layer`'s down projection in Q6_K."""
+    eighth = layers // 8
+    return layer < eighth or layer >= 7 * layers // 8 or (layer - eighth) % 3 == 2
+
+
+def expert_types(kind: str, layer: int, layers: int) -> tuple[str, str]:
+    """(gate/up type, down type) of `layer`'s routed experts."""
+    if kind == "Q4_K_M":
+        return "Q4_K", "Q6_K" if more_bits(layer, layers) else "Q4_K"
+    return kind, kind
+
+
+def main() -> None:
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--moe-inter", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--expert-type", choices=EXPERT_TYPES, default="BF16")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    h, e, i, d = args.hidden, args.experts, args.moe_inter, args.head_dim
+
+    def bf16(*shape: int, std: float = 0.02) -> np.ndarray:
+        return ((rng.standard_normal(shape, dtype=np.float32) * std).view(np.uint32) >> 16).astype(np.uint16)
+
+    def experts(kind: str, *shape: int) -> np.ndarray:
+        if kind == "BF16":
+            return bf16(*shape)
+        codec = get_codec(kind)
+        out = np.empty((*shape[:-1], codec.row_bytes(shape[-1])), dtype=np.uint8)
+        return codec.random_blocks(out, rng, BLOCK_SCALE[kind])
+
+    w = gguf.GGUFWriter(args.out, "qwen3moe")
+    w.add_block_count(args.layers)
+    w.add_context_length(40960)
+    w.add_embedding_length(h)
+    w.add_feed_forward_length(6144)
+    w.add_head_count(args.heads)
+    w.add_head_count_kv(args.kv_heads)
+    w.add_key_length(d)
+    w.add_value_length(d)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e6)
+    w.add_expert_count(e)
+    w.add_expert_used_count(args.top_k)
+    w.add_expert_feed_forward_length(i)
+    tokens, types, merges = byte_vocabulary(args.vocab, QWEN_SPECIALS)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_bos_token_id(tokens.index("<|endoftext|>"))
+    w.add_chat_template(TEMPLATE)
+
+    def add(name: str, array: np.ndarray, kind: str = "BF16") -> None:
+        if array.dtype == np.uint8:
+            w.add_tensor(name, array, raw_dtype=Q[kind])
+        else:
+            w.add_tensor(name, array, raw_dtype=Q.BF16 if array.dtype == np.uint16 else None)
+
+    ones = np.ones(h, dtype=np.float32)
+    add("token_embd.weight", bf16(args.vocab, h))
+    add("output_norm.weight", ones)
+    add("output.weight", bf16(args.vocab, h))
+    dense = [
+        {
+            "attn_q.weight": bf16(args.heads * d, h),
+            "attn_k.weight": bf16(args.kv_heads * d, h),
+            "attn_v.weight": bf16(args.kv_heads * d, h),
+            "attn_output.weight": bf16(h, args.heads * d),
+            "ffn_gate_inp.weight": bf16(e, h, std=0.5),
+        }
+        for _ in range(2)
+    ]
+    banks: dict[tuple[int, str, str], np.ndarray] = {}  # (parity, part, type) -> bank
+    for layer in range(args.layers):
+        for name in ("attn_norm.weight", "ffn_norm.weight"):
+            add(f"blk.{layer}.{name}", ones)
+        for name in ("attn_q_norm.weight", "attn_k_norm.weight"):
+            add(f"blk.{layer}.{name}", np.ones(d, dtype=np.float32))
+        for name, array in dense[layer % 2].items():
+            add(f"blk.{layer}.{name}", array)
+        gate_up, down = expert_types(args.expert_type, layer, args.layers)
+        for part, kind, shape in (
+            ("gate", gate_up, (e, i, h)),
+            ("up", gate_up, (e, i, h)),
+            ("down", down, (e, h, i)),
+        ):
+            key = (layer % 2, part, kind)
+            if key not in banks:
+                banks[key] = experts(kind, *shape)
+            add(f"blk.{layer}.ffn_{part}_exps.weight", banks[key], kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=True)
+    w.close()
+
+
+if __name__ == "__main__":
+    main()
