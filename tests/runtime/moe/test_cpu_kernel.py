@@ -194,3 +194,28 @@ def test_many_bf16_rows_take_the_matrix_units_where_the_cpu_has_them() -> None:
     want = grouped_experts(x.bfloat16().float(), ids, w, gate_up.float(), down.float())
     assert got.dtype == torch.float32
     assert float((got - want).norm() / want.norm()) < 2e-2
+
+
+@pytest.mark.parametrize(("t", "h", "i", "threads"), [(1, 256, 96, 2), (9, 203, 45, 3), (70, 1024, 512, 2)])
+def test_bf16_activations_equal_their_reference(t: int, h: int, i: int, threads: int) -> None:
+    """bf16 banks against bf16 activations (the bf16 dot instructions where the CPU has them, widened
+    dots elsewhere) equal the plain sum that rounds x and the activation to bf16 (bf16_act_reference),
+    tails of 32 and 64 included; the fp32-activation sum is measurably farther (the test can tell them
+    apart). A bf16 model on such a CPU takes this path by default; an fp32 one never does."""
+    from freetoken.runtime.moe.kernels.cpu_experts import bf16_act_reference, bf16_activations
+
+    gen = torch.Generator().manual_seed(t)
+    e, k = 6, 4
+    gate_up = (torch.randn(e, 2 * i, h, generator=gen) * 0.1).bfloat16()
+    down = (torch.randn(e, h, i, generator=gen) * 0.1).bfloat16()
+    x = torch.randn(t, h, generator=gen).bfloat16()
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+    ids[::3, 2] = -1
+    w = torch.rand(t, k, generator=gen)
+    want = bf16_act_reference(x, ids, w, gate_up, down)
+    got = cpu_experts(x.float(), ids, w, gate_up, down, threads, bf16_act=True)
+    scale = float(want.abs().max())
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * scale)
+    fp32_act = grouped_experts(x.float(), ids, w, gate_up.float(), down.float())
+    assert float((fp32_act - want).abs().max()) > 3e-4 * scale
+    assert bf16_activations(torch.bfloat16) == loader.bf16_dot_units() and not bf16_activations(torch.float32)

@@ -12,6 +12,7 @@ from expert_banks import pool, step
 from freetoken.runtime.moe import stream_branch
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels import loader
+from freetoken.runtime.moe.kernels.cpu_experts import bf16_act_reference
 from freetoken.runtime.moe.stream_branch import StreamBranch, stage_bytes
 
 CPU = torch.device("cpu")
@@ -22,6 +23,15 @@ def _fresh_loader():
     loader.load_library.cache_clear()
     yield
     loader.load_library.cache_clear()
+
+
+def reference(branch: StreamBranch, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor):
+    """The plain sum the branch's kernel computes: fp32 activations, or bf16 ones where the CPU's bf16 dot
+    instructions take a bf16 pool's experts."""
+    p = branch.pool
+    if branch.bf16_act:
+        return bf16_act_reference(x, ids, w, p.gate_up[layer], p.down[layer])
+    return grouped_experts(x, ids, w, p.gate_up[layer].float(), p.down[layer].float())
 
 
 def hand_over(branch: StreamBranch, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor):
@@ -36,7 +46,7 @@ def test_hand_overs_equal_the_reference() -> None:
     try:
         for layer, seed, t in ((1, 0, 5), (0, 1, 1), (1, 2, 8), (0, 3, 2)):  # sizes shrink and grow
             x, ids, w = step(seed, t=t)
-            ref = grouped_experts(x, ids, w, p.gate_up[layer].float(), p.down[layer].float())
+            ref = reference(branch, layer, x, ids, w)
             base, got = hand_over(branch, layer, x, ids, w)
             torch.testing.assert_close(got - base, ref, rtol=1e-4, atol=1e-5)
         assert branch.served() == 4 and branch.failure() is None
@@ -51,7 +61,7 @@ def test_pairs_left_to_the_gpu_are_skipped() -> None:
         x, ids, w = step(9)
         mine = ids.clone()
         mine[::2] = -1  # even rows: every pair elsewhere
-        ref = grouped_experts(x, mine, w, p.gate_up[0].float(), p.down[0].float())
+        ref = reference(branch, 0, x, mine, w)
         base, got = hand_over(branch, 0, x, mine, w)
         torch.testing.assert_close(got - base, ref, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got[::2], base[::2], rtol=0, atol=0)
@@ -65,7 +75,7 @@ def test_stage_layout_bytes() -> None:
 
 
 def test_a_kernel_error_surfaces_and_later_hand_overs_still_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stream_branch, "codec_ids", lambda names, act: (99, 99))  # a codec no build knows
+    monkeypatch.setattr(stream_branch, "codec_ids", lambda names, *act: (99, 99))  # a codec no build knows
     branch = StreamBranch(pool(torch.bfloat16), CPU, top_k=3, max_rows=8, threads=1)
     try:
         t0 = time.monotonic()

@@ -22,6 +22,7 @@ from freetoken.runtime.moe.cpu_branch import CpuBranch
 from freetoken.runtime.moe.experts import routed_experts
 from freetoken.runtime.moe.kernels.cpu_experts import (
     beyond_cache_bytes,
+    bf16_activations,
     branch_threads,
     cpu_experts,
     kernel_available,
@@ -131,10 +132,11 @@ class Bench:
         gate_up, down = self.pool.gate_up[0], self.pool.down[0]
         out = torch.empty(batch, self.shape.hidden)
         steps = [self.cpu_inputs(k, batch) for _ in range(max(HOST_REPS, self.reps) + 1)]
+        bf16_act = bf16_activations(self.pool.dtype)  # as a bf16 model's steps run
         best = float("inf")
         for i, (x, ids, w) in enumerate(steps):
             t0 = time.perf_counter()
-            cpu_experts(x, ids, w, gate_up, down, self.threads, out=out)
+            cpu_experts(x, ids, w, gate_up, down, self.threads, out=out, bf16_act=bf16_act)
             if i:  # the first warms up
                 best = min(best, time.perf_counter() - t0)
         return k * self.shape.nbytes / best

@@ -32,7 +32,7 @@ from freetoken.runtime.moe.cpu_branch import CpuBranch
 from freetoken.runtime.moe.executor import ExecutorContext, ExpertExecutor
 from freetoken.runtime.moe.expert_fn import PairBias
 from freetoken.runtime.moe.experts import GATHER_MAX_PAIRS, routed_experts
-from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts
+from freetoken.runtime.moe.kernels.cpu_experts import bf16_activations, cpu_experts
 from freetoken.runtime.moe.kernels.expert_fill import fill_slots, fill_slots_reference
 from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS
 from freetoken.runtime.moe.layer_stream import LayerStreamer
@@ -406,6 +406,7 @@ class CachedExecutor(ExpertExecutor):
             int8_act=self.cpu.int8_act,
             fn=pool.fn,
             gate_up_bias=pool.gate_up_bias.get(layer),
+            bf16_act=bf16_activations(pool.dtype),
         )
         self.host_bw = _smooth(self.host_bw, k * pool.expert_nbytes / (time.perf_counter() - t0))
         if self.bank.stream is not None:

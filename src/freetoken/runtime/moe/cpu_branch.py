@@ -18,6 +18,7 @@ from freetoken.runtime.moe.expert_fn import SILU
 from freetoken.runtime.moe.kernels.cpu_experts import (
     MATRIX_ROWS,
     KernelWorker,
+    bf16_activations,
     branch_threads,
     cpu_experts,
     kernel_takes,
@@ -90,12 +91,14 @@ class CpuBranch:
         codecs = self.pool.codec_names(layer)
         # bf16 rows staged in fp32 go back to bf16 (exactly) where torch's bf16 products may take them
         x_in = x_host.bfloat16() if x.dtype == torch.bfloat16 and len(rows) >= MATRIX_ROWS else x_host
+        bf16_act = bf16_activations(x.dtype)  # the model's dtype decides, not the staging's
 
         def run() -> torch.Tensor:
             with torch.inference_mode():  # the staging was made under it, on the caller's thread
                 cpu_experts(
                     x_in, ids, weights, gate_up, down, self.threads, out=out_host, codecs=codecs,
                     int8_act=self.int8_act, fn=self.pool.fn, gate_up_bias=self.pool.gate_up_bias.get(layer),
+                    bf16_act=bf16_act,
                 )  # fmt: skip
             return out_host
 
@@ -104,7 +107,7 @@ class CpuBranch:
             return Partial(lambda: done)
         if self.native is not None:
             native = self.native
-            native.start(x_host, ids, weights, gate_up, down, out_host, self.threads)
+            native.start(x_host, ids, weights, gate_up, down, out_host, self.threads, bf16_act)
             return Partial(lambda: (native.wait(), out_host)[1])
         assert self.worker is not None
         return Partial(self.worker.submit(run).result)

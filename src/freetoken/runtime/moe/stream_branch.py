@@ -21,6 +21,7 @@ import torch
 from freetoken.runtime.moe.kernels.cpu_experts import (
     ExpertFnC,
     bank_sizes,
+    bf16_activations,
     codec_ids,
     cpu_experts,
     expert_fn_c,
@@ -70,7 +71,8 @@ class StreamBranch:
         size = stage_bytes(max_rows, self.hidden, top_k)
         self.pack = torch.zeros(size, dtype=torch.uint8, device=device)  # the stage, built on the device
         self.result = torch.zeros(max_rows, self.hidden, dtype=torch.float32, device=device)
-        ids = [codec_ids(names, int8_act) for names in codecs]
+        self.bf16_act = bf16_activations(pool.dtype)
+        ids = [codec_ids(names, int8_act, self.bf16_act) for names in codecs]
         n = len(layers)
         pointers = ctypes.c_void_p * n
         ints = ctypes.c_int * n
@@ -152,6 +154,7 @@ class StreamBranch:
         want = cpu_experts(
             x, ids, w, pool.gate_up[layer], pool.down[layer], 1, codecs=pool.codec_names(layer),
             int8_act=self.int8_act, fn=pool.fn, gate_up_bias=pool.gate_up_bias.get(layer),
+            bf16_act=self.bf16_act,
         )  # fmt: skip
         dev = [t.to(self.device) for t in (x, ids, w)]
 

@@ -21,7 +21,7 @@ from torch import nn
 from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.models.slot_decode import DecodeRows
 from freetoken.runtime.moe.executor import ExpertExecutor
-from freetoken.runtime.moe.kernels.cpu_experts import codec_ids, kernel_takes
+from freetoken.runtime.moe.kernels.cpu_experts import bf16_activations, codec_ids, kernel_takes
 from freetoken.runtime.moe.kernels.loader import load_library
 
 MAX_ROWS = 16
@@ -139,7 +139,8 @@ class CpuDecodeStep:
             moe = i in banks
             gate_up, down = banks[i] if moe else (None, None)
             int8_act = self.executor.ctx.moe.cpu_int8_act
-            gu, dn = codec_ids(self.executor.pool.codec_names(i), int8_act) if moe else (0, 0)
+            bf16_act = bf16_activations(self.executor.pool.dtype)
+            gu, dn = codec_ids(self.executor.pool.codec_names(i), int8_act, bf16_act) if moe else (0, 0)
             dense = (None,) * 3 if moe else tuple(p.weight for p in _projections(layer.mlp))
             layers[i] = _Layer(
                 _ptr(layer.input_layernorm.weight), _ptr(attn.qkv_weight), _ptr(attn.qkv_bias), _ptr(q32),

@@ -160,4 +160,68 @@ static inline void dots_bf16(const uint16_t *restrict w, const float *const *v, 
     for (; j < count; j++) out[j] = dot_bf16(w, v[j], n);
 }
 
+// A bf16 row against bf16 vectors in natural order (a bf16 model's activations), for CPUs with bf16 dot
+// instructions (AVX512-BF16): each instruction multiplies 32 pairs of bf16 and adds each pair's two
+// products into an fp32 lane, with no widening of the row. Elsewhere both sides are widened to fp32 (the
+// same products; the instruction rounds each pair's sum once more). out[j] = w . v[j], four vectors per
+// pass over the row while they last.
+static inline float bf16_f32(uint16_t b) { return bits_f32((uint32_t)b << 16); }
+
+static inline float dot_tail_bf16(const uint16_t *w, const uint16_t *v, int k, int n) {
+    float s = 0.0f;
+    for (; k < n; k++) s += bf16_f32(w[k]) * bf16_f32(v[k]);
+    return s;
+}
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+
+static inline __m512bh load_bh(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
+
+static inline void dots_bf16_bf16(const uint16_t *restrict w, const uint16_t *const *v, int count, int n,
+                                  float *out) {
+    const int whole = n & ~31, pairs = n & ~63;
+    int j = 0;
+    for (; j + 4 <= count; j += 4) {
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int k = 0; k < whole; k += 32) {
+            const __m512bh r = load_bh(w + k);
+            for (int q = 0; q < 4; q++) a[q] = _mm512_dpbf16_ps(a[q], r, load_bh(v[j + q] + k));
+        }
+        for (int q = 0; q < 4; q++)
+            out[j + q] = _mm512_reduce_add_ps(a[q]) + dot_tail_bf16(w, v[j + q], whole, n);
+    }
+    for (; j < count; j++) {  // two accumulators hide the instruction's latency
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        int k = 0;
+        for (; k < pairs; k += 64) {
+            a0 = _mm512_dpbf16_ps(a0, load_bh(w + k), load_bh(v[j] + k));
+            a1 = _mm512_dpbf16_ps(a1, load_bh(w + k + 32), load_bh(v[j] + k + 32));
+        }
+        for (; k < whole; k += 32) a0 = _mm512_dpbf16_ps(a0, load_bh(w + k), load_bh(v[j] + k));
+        out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + dot_tail_bf16(w, v[j], whole, n);
+    }
+}
+#else
+static inline void dots_bf16_bf16(const uint16_t *restrict w, const uint16_t *const *v, int count, int n,
+                                  float *out) {
+    const v8u high = {0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u,
+                      0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u};
+    for (int j = 0; j < count; j++) {
+        v8f a = {0};
+        int k = 0;
+        for (; k + 16 <= n; k += 16) {
+            const v8u r = load8u(w + k), x = load8u(v[j] + k);
+            a += (v8f)(r << 16) * (v8f)(x << 16) + (v8f)(r & high) * (v8f)(x & high);
+        }
+        out[j] = sum8(a) + dot_tail_bf16(w, v[j], k, n);
+    }
+}
+#endif
+
+// fp32 values rounded to bf16 (to nearest even), natural order.
+static inline void round_row_bf16(const float *restrict x, uint16_t *restrict out, long n) {
+    for (long i = 0; i < n; i++) store_elem(out, i, x[i], 2);
+}
+
 #endif

@@ -25,6 +25,7 @@ CODEC_IDS = {
     "NVFP4": 15,
 }  # fmt: skip
 INT8_ACT_IDS = {"Q8_0": 2, "Q4_K": 5, "Q6_K": 6, "Q5_K": 9, "IQ4_XS": 11, "MXFP4": 13}
+BF16_ACT16_ID = 16  # bf16 rows against bf16 activations, by the CPU's bf16 dot instructions
 BF16 = ("bf16", "bf16")
 BANK_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}  # codecs held as plain tensors; others as bytes
 
@@ -82,9 +83,25 @@ def kernel_takes(gate_up_bank: torch.Tensor, down_bank: torch.Tensor, codecs: tu
     return all(bank.dtype == BANK_DTYPES.get(c) for bank, c in zip(banks, codecs, strict=True))
 
 
-def codec_ids(codecs: tuple[str, str], int8_act: bool = False) -> tuple[int, int]:
-    """The kernel's ids of a layer's two bank codecs (kernel_takes them)."""
-    return tuple((INT8_ACT_IDS.get(name) if int8_act else None) or CODEC_IDS[name] for name in codecs)  # type: ignore[return-value]
+def codec_ids(codecs: tuple[str, str], int8_act: bool = False, bf16_act: bool = False) -> tuple[int, int]:
+    """The kernel's ids of a layer's two bank codecs (kernel_takes them); `bf16_act`: bf16 banks against
+    bf16 activations (bf16_activations)."""
+
+    def one(name: str) -> int:
+        if name == "bf16" and bf16_act:
+            return BF16_ACT16_ID
+        return (INT8_ACT_IDS.get(name) if int8_act else None) or CODEC_IDS[name]
+
+    return one(codecs[0]), one(codecs[1])
+
+
+def bf16_activations(dtype: torch.dtype) -> bool:
+    """Whether the kernel computes a `dtype` model's bf16 experts against bf16 activations: a bf16 model
+    (its hidden states are bf16 already; the activation between the projections is rounded to bf16, as
+    the model's own experts round it) on a CPU with bf16 dot instructions (AVX512-BF16), where that is
+    1.6-1.7 x faster than widening the rows to fp32 (64 experts of 1024 x 512, top-8, 64 or 128 rows,
+    2-core EPYC: 18.9 -> 11.5 ms and 36.1 -> 21.1 ms a layer)."""
+    return dtype == torch.bfloat16 and bf16_dot_units()
 
 
 def bank_sizes(gate_up_bank: torch.Tensor, down_bank: torch.Tensor) -> tuple[int, int]:
@@ -110,6 +127,27 @@ def stored_reference(
     )
 
 
+def bf16_act_reference(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up_bank: torch.Tensor,
+    down_bank: torch.Tensor,
+    fn: ExpertFn = SILU,
+) -> torch.Tensor:
+    """What the kernel computes with bf16 activations (`bf16_act`), in plain torch: x rounded to bf16, the
+    gate/up dots in fp32, the weighted activation rounded to bf16, the down dots in fp32. -> [T, H]
+    float32 (the kernel's bf16 dot instructions differ from it by fp32 rounding only)."""
+    xb = x.bfloat16().float()
+    out = torch.zeros(x.shape[0], down_bank.shape[1])
+    for expert in ids[ids >= 0].unique().tolist():
+        rows, cols = (ids == expert).nonzero(as_tuple=True)
+        gate, up = (xb[rows] @ gate_up_bank[expert].float().T).chunk(2, dim=-1)  # [t, I] each
+        act = (fn.glu(gate, up) * weights[rows, cols, None].float()).bfloat16().float()
+        out.index_add_(0, rows, act @ down_bank[expert].float().T)
+    return out
+
+
 def _reference_rows(raw: torch.Tensor, codec: str, elements: int) -> torch.Tensor:
     """Rows of blocks dequantised by the codec's reference (gguf's for GGUF types)."""
     return torch.from_numpy(get_codec(codec).dequantize(raw.numpy(), elements, f"{codec} bank"))
@@ -128,10 +166,13 @@ def cpu_experts(
     int8_act: bool = False,
     fn: ExpertFn = SILU,
     gate_up_bias: torch.Tensor | None = None,
+    bf16_act: bool | None = None,
 ) -> torch.Tensor:
     """x [T, H], ids [T, K] (int, -1 = skip), weights [T, K], banks [E, 2I, H] / [E, H, I] on the host
     (or codec blocks, `codecs` naming them; `int8_act`: quantized rows against int8 activation blocks);
-    `fn` and `gate_up_bias` [E, 2I] (fp32, host): the experts' function and biases.
+    `fn` and `gate_up_bias` [E, 2I] (fp32, host): the experts' function and biases; `bf16_act`: bf16 banks
+    against bf16 activations (None: bf16_activations(x.dtype); a caller staging a bf16 model's rows in
+    fp32 passes the model's choice).
 
     -> [T, H] float32 (written into `out` when given). Banks the kernel does not take go the torch way.
     """
@@ -154,9 +195,10 @@ def cpu_experts(
     if out is None:
         out = torch.empty(x.shape[0], bank_sizes(gate_up_bank, down_bank)[0], dtype=torch.float32)
     threads = threads or branch_threads()
+    bf16_act = bf16_activations(x.dtype) if bf16_act is None else bf16_act
     run_kernel(
         lib, x, ids, weights, gate_up_bank, down_bank, out, threads, codecs=codecs, int8_act=int8_act, fn=fn,
-        gate_up_bias=gate_up_bias,
+        gate_up_bias=gate_up_bias, bf16_act=bf16_act,
     )  # fmt: skip
     return out
 
@@ -234,16 +276,18 @@ def run_kernel(
     int8_act: bool = False,
     fn: ExpertFn = SILU,
     gate_up_bias: torch.Tensor | None = None,
+    bf16_act: bool = False,
 ) -> int:
     """out [T, H] fp32 = the experts `ids` [T, K] (-1 = skip) over x [T, H], banks contiguous, bf16 or
-    blocks of `codecs` (CODEC_IDS); `fn`, `gate_up_bias` [E, 2I] fp32: the experts' function and biases.
+    blocks of `codecs` (CODEC_IDS); `fn`, `gate_up_bias` [E, 2I] fp32: the experts' function and biases;
+    `bf16_act`: bf16 banks against bf16 activations.
 
     The kernel groups the pairs by expert itself. `unit_bytes`: weight bytes per unit of work that the
     threads take in turn (0: the kernel's default). `trace`: a [threads, 4] float64 tensor that receives
     each thread's (start, end, seconds waited, units) of the call. Returns the number of pairs computed.
     """
     _, args = _kernel_args(x, ids, weights, gate_up_bank, down_bank, out)
-    gu, dn = codec_ids(codecs, int8_act)
+    gu, dn = codec_ids(codecs, int8_act, bf16_act)
     moe_args = (args[0], gu, args[1], dn, *args[2:])
     fn_c = expert_fn_c(fn, gate_up_bias)
     trace_ptr = None if trace is None else trace.data_ptr()
@@ -273,10 +317,12 @@ class KernelWorker:
         down_bank: torch.Tensor,
         out: torch.Tensor,
         threads: int,
+        bf16_act: bool = False,
     ) -> None:
-        """As run_kernel, in the background; the tensors are held until `wait`."""
+        """As run_kernel over bf16 banks, in the background; the tensors are held until `wait`."""
         keep, args = _kernel_args(x, ids, weights, gate_up_bank, down_bank, out)
-        if self.lib.ft_worker_submit(self.handle, *args, threads, 0) != 0:
+        codec = codec_ids(BF16, bf16_act=bf16_act)[0]
+        if self.lib.ft_worker_submit(self.handle, *args, threads, 0, codec) != 0:
             raise RuntimeError("a CPU expert call is already in flight on this worker")
         self._keep = keep
 

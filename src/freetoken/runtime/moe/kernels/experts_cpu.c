@@ -102,6 +102,7 @@ static inline int unit_at(const units_t *s, int n_experts, long u, int *k, int *
 // split fp32 vectors, f32, Q4_K, Q6_K and Q8_0 against fp32 vectors, Q8_0_ACT8 against int8 blocks).
 typedef struct {
     const float *f[GROUP];
+    const uint16_t *b[GROUP];  // bf16 vectors in natural order (FT_CODEC_BF16_ACT16)
     const int8_t *q[GROUP];
     const float *d[GROUP];
     const int16_t *s[GROUP];  // int8 values' sums per 16
@@ -192,6 +193,8 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
         for (int j = 0; j < cnt; j++) out[j] = dot_nvfp4(row, v->f[j], n);
     else if (codec == FT_CODEC_F32)
         dots_f32((const float *)row, v->f, cnt, n, out);
+    else if (codec == FT_CODEC_BF16_ACT16)
+        dots_bf16_bf16((const uint16_t *)row, v->b, cnt, n, out);
     else
         dots_bf16((const uint16_t *)row, v->f, cnt, n, out);
 }
@@ -209,6 +212,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
            float *scratch, float *out, int threads, long unit_bytes, double *trace,
            const ft_expert_fn *fn) {
     const int gq8 = codec_act8(gu_codec), dq8 = codec_act8(dn_codec);  // against int8 activation blocks
+    const int gb = gu_codec == FT_CODEC_BF16_ACT16, db = dn_codec == FT_CODEC_BF16_ACT16;  // against bf16
     const int gq = gu_codec != FT_CODEC_BF16, dq = dn_codec != FT_CODEC_BF16;  // activations in natural order
     // weight-only Q4_K/Q5_K take the activations' sums per 32 for their mins
     const int gfs = gu_codec == FT_CODEC_Q4_K || gu_codec == FT_CODEC_Q5_K;
@@ -228,6 +232,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     float *y = act + (long)pairs * inter;          // [pairs, H]: each pair's down projection
     float *xs = y + (long)pairs * hidden;  // [T, H]: x split (bf16); int8 [T, H], scales [T, H/32], sums [T, H/16]
     int8_t *xq = (int8_t *)xs;
+    uint16_t *xb = (uint16_t *)xs;  // [T, H] bf16 (BF16_ACT16)
     float *xd = (float *)(xq + (long)tokens * hidden);
     int16_t *xsum = (int16_t *)(xd + (long)tokens * (hidden / Q8_BLOCK));  // [T, H / 16]
     float *xfs = gfs ? malloc(sizeof(float) * (size_t)tokens * (hidden / 32)) : NULL;  // [T, H / 32]
@@ -237,7 +242,9 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     }
 #pragma omp parallel for num_threads(threads) if (tokens > 16)
     for (int t = 0; t < tokens; t++) {
-        if (gq8)
+        if (gb)
+            round_row_bf16(x + (long)t * hidden, xb + (long)t * hidden, hidden);
+        else if (gq8)
             quantize_q8(x + (long)t * hidden, xq + (long)t * hidden, xd + (long)t * (hidden / Q8_BLOCK),
                         xsum + (long)t * (hidden / SUM_BLOCK), hidden, act8_block(gu_codec));
         else if (gq)
@@ -261,8 +268,9 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     const long widest = hidden > inter ? hidden : inter;  // per thread: a quantized row widened to fp32
     float *rowbufs = gq || dq ? malloc(sizeof(float) * threads * widest) : NULL;
     float *act_fs = dfs ? malloc(sizeof(float) * threads * GROUP * (inter / 32)) : NULL;  // per thread
-    if (!done || (dq8 && !act_q) || ((gq || dq) && !rowbufs) || (dfs && !act_fs)) {
-        free(done), free(act_q), free(rowbufs), free(act_fs), free(xfs), free(buf);
+    uint16_t *act_b = db ? malloc(sizeof(uint16_t) * threads * GROUP * (long)inter) : NULL;  // per thread
+    if (!done || (dq8 && !act_q) || ((gq || dq) && !rowbufs) || (dfs && !act_fs) || (db && !act_b)) {
+        free(done), free(act_q), free(rowbufs), free(act_fs), free(act_b), free(xfs), free(buf);
         return -1;
     }
     const double t0 = trace ? omp_get_wtime() : 0.0;
@@ -275,6 +283,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
         float *ad = dq8 ? (float *)(aq + GROUP * (long)inter) : NULL;                      // [GROUP, I / 32]
         int16_t *as = dq8 ? (int16_t *)(ad + GROUP * (long)(inter / Q8_BLOCK)) : NULL;     // [GROUP, I / 16]
         float *afs = dfs ? act_fs + (long)omp_get_thread_num() * GROUP * (inter / 32) : NULL;  // [GROUP, I / 32]
+        uint16_t *ab = db ? act_b + (long)omp_get_thread_num() * GROUP * inter : NULL;       // [GROUP, I]
         vecs_t v;
         for (;;) {
             const long u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
@@ -293,6 +302,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                     for (int j = 0; j < cnt; j++) {
                         const long t = p.tok[n + j];
                         v.f[j] = xs + t * hidden;
+                        v.b[j] = xb + t * hidden;
                         v.q[j] = xq + t * hidden;
                         v.d[j] = xd + t * (hidden / Q8_BLOCK);
                         v.s[j] = xsum + t * (hidden / SUM_BLOCK);
@@ -326,6 +336,10 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                     float d[GROUP];
                     for (int j = 0; j < cnt; j++) {
                         v.f[j] = act + (long)(n + j) * inter;
+                        if (db) {
+                            v.b[j] = ab + (long)j * inter;
+                            round_row_bf16(v.f[j], (uint16_t *)v.b[j], inter);
+                        }
                         if (dfs) {
                             v.fs[j] = afs + (long)j * (inter / 32);
                             sums32(v.f[j], (float *)v.fs[j], inter);
@@ -364,6 +378,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     free(act_q);
     free(rowbufs);
     free(act_fs);
+    free(act_b);
     free(xfs);
     free(buf);
     return pairs;

@@ -1,4 +1,4 @@
-// A native thread that runs ft_moe_bf16 calls handed to it, so the CPU branch starts the moment it is
+// A native thread that runs ft_moe calls over bf16 banks handed to it, so the CPU branch starts the moment it is
 // submitted: a Python worker thread would first need the interpreter lock, which the thread driving
 // the GPU holds while it issues fills and kernels. The worker is the OpenMP master of its own team,
 // kept across calls. One call in flight at a time; submit then wait, from one thread.
@@ -6,9 +6,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-int ft_moe_bf16(const uint16_t *gate_up, const uint16_t *down, int bank_experts, int hidden, int inter,
-                const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
-                float *scratch, float *out, int threads, long unit_bytes, double *trace);
+typedef struct ft_expert_fn ft_expert_fn;
+int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
+           int inter, const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
+           float *scratch, float *out, int threads, long unit_bytes, double *trace, const ft_expert_fn *fn);
 
 enum { IDLE, PENDING, RUNNING, DONE, QUIT };
 
@@ -22,6 +23,7 @@ typedef struct {
     float *scratch, *out;
     int threads;
     long unit_bytes;
+    int codec;  // both banks': FT_CODEC_BF16, or FT_CODEC_BF16_ACT16 (bf16 activations)
 } job_t;
 
 typedef struct {
@@ -42,9 +44,9 @@ static void *worker_loop(void *arg) {
         w->state = RUNNING;
         const job_t j = w->job;
         pthread_mutex_unlock(&w->mu);
-        const int result = ft_moe_bf16(j.gate_up, j.down, j.bank_experts, j.hidden, j.inter, j.x, j.ids,
-                                       j.weights, j.tokens, j.top_k, j.scratch, j.out, j.threads, j.unit_bytes,
-                                       NULL);
+        const int result = ft_moe(j.gate_up, j.codec, j.down, j.codec, j.bank_experts, j.hidden, j.inter, j.x,
+                                  j.ids, j.weights, j.tokens, j.top_k, j.scratch, j.out, j.threads, j.unit_bytes,
+                                  NULL, NULL);
         pthread_mutex_lock(&w->mu);
         w->result = result;
         w->state = DONE;
@@ -67,18 +69,19 @@ ft_worker *ft_worker_new(void) {
     return w;
 }
 
-// Arguments as ft_moe_bf16's (no trace); they must stay valid until ft_worker_wait returns.
+// Arguments as ft_moe_bf16's (no trace), then the banks' codec id; they must stay valid until
+// ft_worker_wait returns.
 // Returns 0, or -1 when a call is already in flight.
 int ft_worker_submit(ft_worker *w, const uint16_t *gate_up, const uint16_t *down, int bank_experts, int hidden,
                      int inter, const float *x, const int64_t *ids, const float *weights, int tokens, int top_k,
-                     float *scratch, float *out, int threads, long unit_bytes) {
+                     float *scratch, float *out, int threads, long unit_bytes, int codec) {
     pthread_mutex_lock(&w->mu);
     if (w->state != IDLE) {
         pthread_mutex_unlock(&w->mu);
         return -1;
     }
     w->job = (job_t){gate_up, down, bank_experts, hidden, inter, x, ids, weights, tokens, top_k, scratch, out,
-                     threads, unit_bytes};
+                     threads, unit_bytes, codec};
     w->state = PENDING;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);

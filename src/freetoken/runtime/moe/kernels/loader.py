@@ -147,9 +147,10 @@ def declare(lib: ctypes.CDLL) -> None:
     # as ft_moe_bf16's, with each bank's codec id after it, and the experts' function (ExpertFnC) last
     lib.ft_moe.argtypes = [vp, i32, vp, i32, *lib.ft_moe_bf16.argtypes[2:], vp]
     lib.ft_moe.restype = i32
-    # the native worker: new, submit (the worker, then ft_moe_bf16's arguments without the trace), wait, free
+    # the native worker: new, submit (the worker, ft_moe_bf16's arguments without the trace, the codec id),
+    # wait, free
     lib.ft_worker_new.argtypes, lib.ft_worker_new.restype = [], vp
-    lib.ft_worker_submit.argtypes = [vp, *lib.ft_moe_bf16.argtypes[:-1]]
+    lib.ft_worker_submit.argtypes = [vp, *lib.ft_moe_bf16.argtypes[:-1], i32]
     lib.ft_worker_submit.restype = i32
     lib.ft_worker_wait.argtypes, lib.ft_worker_wait.restype = [vp], i32
     lib.ft_worker_free.argtypes, lib.ft_worker_free.restype = [vp], None

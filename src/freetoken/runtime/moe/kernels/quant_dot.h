@@ -39,7 +39,8 @@ enum {
     FT_CODEC_MXFP4 = 12,
     FT_CODEC_MXFP4_ACT8 = 13,
     FT_CODEC_FP8 = 14,
-    FT_CODEC_NVFP4 = 15
+    FT_CODEC_NVFP4 = 15,
+    FT_CODEC_BF16_ACT16 = 16  // bf16 rows against bf16 activations (bf16 dot instructions)
 };
 #define Q8_BLOCK 32
 #define Q8_0_BYTES 34
@@ -47,7 +48,8 @@ enum {
 // (elements, bytes) of one block of `codec`; (0, 0) for an id this build does not know.
 static inline void codec_block(int codec, int *elements, int *bytes) {
     switch (codec) {
-        case FT_CODEC_BF16: *elements = 1, *bytes = 2; return;
+        case FT_CODEC_BF16:
+        case FT_CODEC_BF16_ACT16: *elements = 1, *bytes = 2; return;
         case FT_CODEC_F32: *elements = 1, *bytes = 4; return;
         case FT_CODEC_Q8_0:
         case FT_CODEC_Q8_0_ACT8: *elements = Q8_BLOCK, *bytes = Q8_0_BYTES; return;
