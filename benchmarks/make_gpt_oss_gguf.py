@@ -13,9 +13,8 @@ what the real model's does.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
+from random_gguf import byte_vocabulary, random_bf16, shape_parser
 
 from freetoken.codecs import get_codec
 
@@ -26,48 +25,20 @@ TEMPLATE = (
 )
 
 
-def byte_vocabulary(size: int, specials: list[str] = HARMONY) -> tuple[list[str], list[int], list[str]]:
-    """GPT-2's printable spelling of the 256 bytes, the pairs of a few frequent letters (with their
-    merges: llama.cpp refuses a byte-level BPE without any), padding, then `specials` (control tokens;
-    harmony's markers by default) -> tokens, token types, merges."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    spelled, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            spelled[b] = chr(b)
-        else:
-            spelled[b] = chr(256 + extra)
-            extra += 1
-    tokens = [spelled[b] for b in range(256)]
-    letters = [spelled[b] for b in b"etaoinsrhl "]
-    merges = [f"{a} {b}" for a in letters for b in letters]
-    tokens += [m.replace(" ", "") for m in merges]
-    tokens += [f"<pad{i}>" for i in range(size - len(tokens) - len(specials))]
-    return tokens + specials, [1] * (size - len(specials)) + [3] * len(specials), merges
-
-
 def main() -> None:
     import gguf
     from gguf import GGMLQuantizationType as Q
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out")
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--vocab", type=int, default=201088)
-    ap.add_argument("--hidden", type=int, default=2880)
-    ap.add_argument("--experts", type=int, default=32)
-    ap.add_argument("--top-k", type=int, default=4)
-    ap.add_argument("--moe-inter", type=int, default=2880)
-    ap.add_argument("--heads", type=int, default=64)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=64)
-    args = ap.parse_args()
+    args = shape_parser(
+        __doc__.splitlines()[0], layers=24, vocab=201088, hidden=2880, experts=32, top_k=4, moe_inter=2880,
+        heads=64, kv_heads=8, head_dim=64,
+    ).parse_args()  # fmt: skip
     rng = np.random.default_rng(0)
     h, e, i, d = args.hidden, args.experts, args.moe_inter, args.head_dim
     mxfp4 = get_codec("MXFP4")
 
     def bf16(*shape: int, std: float = 0.02) -> np.ndarray:
-        return ((rng.standard_normal(shape, dtype=np.float32) * std).view(np.uint32) >> 16).astype(np.uint16)
+        return random_bf16(rng, *shape, std=std)
 
     def f32(*shape: int, std: float = 0.02) -> np.ndarray:
         return rng.standard_normal(shape, dtype=np.float32) * std
@@ -94,7 +65,7 @@ def main() -> None:
     w.add_expert_count(e)
     w.add_expert_used_count(args.top_k)
     w.add_expert_feed_forward_length(i)
-    tokens, types, merges = byte_vocabulary(args.vocab)
+    tokens, types, merges = byte_vocabulary(args.vocab, HARMONY)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-4o")
     w.add_token_list(tokens)

@@ -15,10 +15,8 @@ Layers of equal parity share their arrays (fast to write). The vocabulary is byt
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
-from make_gpt_oss_gguf import byte_vocabulary
+from random_gguf import byte_vocabulary, random_bf16, shape_parser
 
 from freetoken.codecs import get_codec
 
@@ -52,24 +50,17 @@ def main() -> None:
     import gguf
     from gguf import GGMLQuantizationType as Q
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out")
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--experts", type=int, default=128)
-    ap.add_argument("--top-k", type=int, default=8)
-    ap.add_argument("--moe-inter", type=int, default=768)
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--head-dim", type=int, default=128)
+    ap = shape_parser(
+        __doc__.splitlines()[0], layers=24, vocab=151936, hidden=2048, experts=128, top_k=8, moe_inter=768,
+        heads=32, kv_heads=4, head_dim=128,
+    )  # fmt: skip
     ap.add_argument("--expert-type", choices=EXPERT_TYPES, default="BF16")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     h, e, i, d = args.hidden, args.experts, args.moe_inter, args.head_dim
 
     def bf16(*shape: int, std: float = 0.02) -> np.ndarray:
-        return ((rng.standard_normal(shape, dtype=np.float32) * std).view(np.uint32) >> 16).astype(np.uint16)
+        return random_bf16(rng, *shape, std=std)
 
     def experts(kind: str, *shape: int) -> np.ndarray:
         if kind == "BF16":

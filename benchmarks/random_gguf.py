@@ -1,0 +1,53 @@
+"""Pieces shared by the random-weight GGUF generators (make_qwen3moe_gguf.py, make_gpt_oss_gguf.py): a
+byte-level BPE vocabulary llama.cpp accepts, the shape arguments, random bf16 arrays."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+
+def byte_vocabulary(size: int, specials: list[str]) -> tuple[list[str], list[int], list[str]]:
+    """GPT-2's printable spelling of the 256 bytes, the pairs of a few frequent letters (with their
+    merges: llama.cpp refuses a byte-level BPE without any), padding, then `specials` (control tokens)
+    -> tokens, token types, merges."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    spelled, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            spelled[b] = chr(b)
+        else:
+            spelled[b] = chr(256 + extra)
+            extra += 1
+    tokens = [spelled[b] for b in range(256)]
+    letters = [spelled[b] for b in b"etaoinsrhl "]
+    merges = [f"{a} {b}" for a in letters for b in letters]
+    tokens += [m.replace(" ", "") for m in merges]
+    tokens += [f"<pad{i}>" for i in range(size - len(tokens) - len(specials))]
+    return tokens + specials, [1] * (size - len(specials)) + [3] * len(specials), merges
+
+
+def shape_parser(description: str, **defaults: int) -> argparse.ArgumentParser:
+    """`out` and the model's shape options (--layers, --vocab, --hidden, --experts, --top-k, --moe-inter,
+    --heads, --kv-heads, --head-dim), each defaulting to the given model's value."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("out")
+    for name in (
+        "layers",
+        "vocab",
+        "hidden",
+        "experts",
+        "top_k",
+        "moe_inter",
+        "heads",
+        "kv_heads",
+        "head_dim",
+    ):
+        ap.add_argument("--" + name.replace("_", "-"), type=int, default=defaults[name])
+    return ap
+
+
+def random_bf16(rng: np.random.Generator, *shape: int, std: float = 0.02) -> np.ndarray:
+    """Normal values of `std` as bf16 bits (uint16), for GGUFWriter's raw BF16 tensors."""
+    return ((rng.standard_normal(shape, dtype=np.float32) * std).view(np.uint32) >> 16).astype(np.uint16)

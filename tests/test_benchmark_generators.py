@@ -1,0 +1,62 @@
+"""The benchmarks' random-weight GGUF generators write files the engine loads as they say: Qwen3-MoE with
+Q4_K_M's per-layer expert types, gpt-oss with MXFP4 experts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from freetoken.runtime.engine import build_engine
+from freetoken.runtime.sampling import SamplingParams
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+SMALL = ["--hidden", "256", "--experts", "8", "--vocab", "2048", "--heads", "4", "--kv-heads", "2"]
+
+
+def generate(script: str, out: Path, *args: str) -> None:
+    subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), str(out), *args], check=True, capture_output=True
+    )
+
+
+def decode(path: Path) -> list[int]:
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
+    try:
+        return [e.token_id for e in engine.generate([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))]
+    finally:
+        engine.close()
+
+
+def test_q4_k_m_layout_by_layer(tmp_path: Path) -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from make_qwen3moe_gguf import more_bits
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert [more_bits(n, 24) for n in range(24)] == [n < 3 or n >= 21 or (n - 3) % 3 == 2 for n in range(24)]
+    path = tmp_path / "q.gguf"
+    generate("make_qwen3moe_gguf.py", path, "--layers", "8", *SMALL, "--moe-inter", "256", "--head-dim", "64",
+             "--expert-type", "Q4_K_M")  # fmt: skip
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
+    try:
+        want = [("Q4_K", "Q6_K" if more_bits(n, 8) else "Q4_K") for n in range(8)]
+        assert [engine.pool.codec_names(n) for n in engine.pool.layers] == want
+        assert sorted(engine.pool.describe()["dtypes"]) == ["Q4_K", "Q6_K"]
+    finally:
+        engine.close()
+    assert len(decode(path)) == 4
+
+
+@pytest.mark.parametrize("layers", ["2"])
+def test_gpt_oss_generator_keeps_mxfp4_experts(tmp_path: Path, layers: str) -> None:
+    path = tmp_path / "o.gguf"
+    generate(
+        "make_gpt_oss_gguf.py", path, "--layers", layers, *SMALL, "--moe-inter", "256", "--head-dim", "64"
+    )
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
+    try:
+        assert engine.pool.describe()["dtypes"] == ["MXFP4"]
+    finally:
+        engine.close()
+    assert len(decode(path)) == 4
