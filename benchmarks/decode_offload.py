@@ -7,6 +7,8 @@ The model is built in memory (random weights drawn on the device). B_P is measur
 runtime's own fill path (expert copies from the pinned pool into slots); B_H through its CPU expert
 path at batch 1. The floor of one token is sum over MoE layers of misses·S/B_H plus the GPU's own time
 (the fused backend's step, every expert resident); measured/floor says how far each backend is from it.
+Each backend's own floor counts its misses at the rate its path allows: offload at B_P, cpu at B_H,
+hybrid at B_P + B_H (both paths at once, split by q*) — the lower of the two for hybrid.
 Routing of random weights has no locality, so miss rates here are the worst case for an LRU.
 """
 
@@ -133,6 +135,8 @@ def main() -> None:
         if backend == "fused":
             gpu_ms = result["step_ms"]
         floor_ms = result["misses_per_token"] * size / b_h * 1000 + (gpu_ms or 0.0)
+        path_bw = {"offload": b_p or b_h, "hybrid": (b_p or 0.0) + b_h}.get(backend, b_h)
+        own_ms = result["misses_per_token"] * size / path_bw * 1000 + (gpu_ms or 0.0)
         rows.append(
             {
                 "backend": backend,
@@ -141,6 +145,8 @@ def main() -> None:
                 **result,
                 "floor_ms": floor_ms,
                 "measured_over_floor": result["step_ms"] / floor_ms,
+                "own_floor_ms": own_ms,
+                "measured_over_own_floor": result["step_ms"] / own_ms,
             }
         )
     engine.close()
@@ -182,6 +188,8 @@ def main() -> None:
         "q per layer",
         "floor ms",
         "measured/floor",
+        "own floor ms",
+        "measured/own",
     ):
         table.add_column(col, justify="right")
     for r in rows:
@@ -198,6 +206,8 @@ def main() -> None:
             f"{r['q_mean']:.2f} [{r['q_min']:.1f}-{r['q_max']:.1f}]",
             f"{r['floor_ms']:.2f}",
             f"{r['measured_over_floor']:.2f}",
+            f"{r['own_floor_ms']:.2f}",
+            f"{r['measured_over_own_floor']:.2f}",
         )
     Console(width=200).print(table)
 
