@@ -140,7 +140,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # every model_type the architecture registry knows, as its errors list them
 SUPPORTED_ARCHITECTURES = (
-    "deepseek_v3, deepseek_v32, glm4_moe, glm_moe_dsa, gpt_oss, kimi_linear, minimax_m2, "
+    "deepseek_v3, deepseek_v32, deepseek_v4, glm4_moe, glm_moe_dsa, gpt_oss, kimi_linear, minimax_m2, "
     "mixtral, olmoe, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"
 )
 # GLM-4.5's and DeepSeek-V3's MoE, tiny: a dense first layer, a shared expert, two groups of 3 experts
@@ -224,6 +224,27 @@ FAMILY_TINY: dict[str, dict[str, Any]] = {
         mlp_layer_types=["dense", "sparse", "sparse"],
         num_key_value_heads=4,
     ),
+    # DeepSeek-V4: a compressed-sparse layer (windows of 3, two series, an indexer whose index_topk keeps
+    # every entry these tests reach; the sparse choice's own test lowers it) routed by its token-id table,
+    # a sliding-only layer, a heavily-compressed one (windows of 5); a window of 5 keys, 3 streams, two
+    # head groups, yarn on the compressed layers (the flat rope object, as older configs spell it)
+    "deepseek_v4": dict(
+        n_routed_experts=6,
+        num_key_value_heads=1,
+        q_lora_rank=20,
+        partial_rotary_factor=0.5,
+        layer_types=["compressed_sparse_attention", "sliding_attention", "heavily_compressed_attention"],
+        mlp_layer_types=["hash_moe", "moe", "moe"],
+        compress_rates={"compressed_sparse_attention": 3, "heavily_compressed_attention": 5},
+        sliding_window=5,
+        hc_mult=3,
+        o_groups=2,
+        o_lora_rank=10,
+        index_n_heads=3,
+        index_head_dim=8,
+        index_topk=64,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+    ),
     # sinks, a window of 4 on layers 0 and 2, yarn rope, biases everywhere, a clamp the activations reach
     "gpt_oss": dict(
         num_local_experts=6,
@@ -241,6 +262,8 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
     from transformers import (
         DeepseekV3Config,
         DeepseekV3ForCausalLM,
+        DeepseekV4Config,
+        DeepseekV4ForCausalLM,
         DeepseekV32Config,
         DeepseekV32ForCausalLM,
         Glm4MoeConfig,
@@ -267,6 +290,7 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
         "gpt_oss": (GptOssConfig, GptOssForCausalLM),
         "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
         "deepseek_v32": (DeepseekV32Config, DeepseekV32ForCausalLM),
+        "deepseek_v4": (DeepseekV4Config, DeepseekV4ForCausalLM),
         "glm_moe_dsa": (GlmMoeDsaConfig, GlmMoeDsaForCausalLM),
         "kimi_linear": (KimiLinearConfig, KimiLinearForCausalLM),
     }[family]
@@ -285,4 +309,9 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
         bias = bias if bias is not None else getattr(layer.mlp, "e_score_correction_bias", None)
         if bias is not None:
             bias.copy_(0.3 * torch.randn(bias.shape, generator=gen))
+        table = getattr(getattr(layer.mlp, "gate", None), "tid2eid", None)  # DeepSeek-V4's hash routing
+        if table is not None:  # each token's own distinct experts
+            experts = model.config.n_routed_experts
+            picks = [torch.randperm(experts, generator=gen)[: table.shape[1]] for _ in range(table.shape[0])]
+            table.copy_(torch.stack(picks))
     return save_redrawn(model, folder, seed)

@@ -1,6 +1,7 @@
-"""Mixtral, OLMoE, GLM-4.5, MiniMax-M2, gpt-oss and DeepSeek-V3 against transformers' implementations on
-tiny odd-shaped random models: the config, fp32 logits on the prompt and 16 decode steps, and the reference's
-32 greedy tokens under every MoE backend and cache size {top-k, 25%, 100%}."""
+"""Mixtral, OLMoE, GLM-4.5, MiniMax-M2, gpt-oss, DeepSeek-V3/V3.2/V4, GLM-5 and Kimi-Linear against
+transformers' implementations on tiny odd-shaped random models: the config, fp32 logits on the prompt and
+16 decode steps, and the reference's 32 greedy tokens under every MoE backend and cache size {top-k, 25%,
+100%}."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
         "deepseek_v32": "sigmoid",
         "glm_moe_dsa": "sigmoid",
         "kimi_linear": "sigmoid",
+        "deepseek_v4": "sqrtsoftplus",
     }
     assert cfg.router_scoring == scoring.get(family, "softmax")
     assert cfg.clip_qkv == (2.5 if family == "olmoe" else None)
@@ -67,6 +69,12 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
         assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.v_head_dim) == (24, 16, 4, 10)
         assert cfg.kv_dims == (1, 20, 0) and cfg.rope_interleave and cfg.rope.mscale_all_dim == 1.0
         assert (cfg.n_group, cfg.n_shared_experts, cfg.routed_scaling_factor) == (2, 1, 1.7)
+    if family == "deepseek_v4":
+        kinds = ("compressed_sparse_attention", "sliding_attention", "heavily_compressed_attention")
+        assert (cfg.layer_kinds, cfg.hash_layers, cfg.csa_rate, cfg.hca_rate) == (kinds, (0,), 3, 5)
+        assert (cfg.hc_mult, cfg.o_groups, cfg.o_lora_rank, cfg.qk_rope_head_dim) == (3, 2, 10, 6)
+        assert cfg.rope.type == "default" and cfg.compress_rope.type == "yarn"
+        assert cfg.compress_rope.attention_factor == 1.0 and cfg.compress_rope.theta == 160000.0
     if family == "mixtral":
         assert (cfg.sliding_window, cfg.sliding_layers, cfg.attention_sinks) == (5, (0, 1, 2), False)
     if family == "gpt_oss":

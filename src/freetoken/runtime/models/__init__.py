@@ -29,6 +29,7 @@ ARCHITECTURES: dict[str, str] = {
     "gpt_oss": "freetoken.runtime.models.gpt_oss",
     "deepseek_v3": "freetoken.runtime.models.deepseek_v3",
     "deepseek_v32": "freetoken.runtime.models.deepseek_v32",
+    "deepseek_v4": "freetoken.runtime.models.deepseek_v4",
     "glm_moe_dsa": "freetoken.runtime.models.glm_moe_dsa",
     "kimi_linear": "freetoken.runtime.models.kimi_linear",
 }

@@ -1,0 +1,91 @@
+"""DeepSeek-V4's MoE layer: a router that chooses by score (score + correction bias, top-k) or, on the
+hash-routed layers, by a fixed token id -> experts table; either way the chosen experts' scores,
+renormalised and times `routed_scaling_factor`, weight them. Scores are sqrt(softplus(logit)) (or sigmoid,
+softmax, as `scoring_func` says). The routed experts run in the engine's expert executor, whatever the
+backend: a hash-routed layer hands it (topk_ids, topk_weights) like any other. Beside them one shared
+expert computes the clamped SwiGLU: silu(min(g, L)) · clamp(u, −L, L).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from freetoken.runtime.models.deepseek_v4_config import DeepseekV4ModelConfig
+from freetoken.runtime.models.kernels.cpu_linear import Linear
+from freetoken.runtime.moe.executor import ExpertExecutor
+
+
+def expert_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    """Router logits [T, E] (fp32) -> scores [T, E]."""
+    if scoring == "sqrtsoftplus":
+        return F.softplus(logits).sqrt()
+    if scoring == "sigmoid":
+        return torch.sigmoid(logits)
+    return torch.softmax(logits, dim=-1)
+
+
+class Router(nn.Module):
+    """transformers' names: weight [E, H], and e_score_correction_bias [E] (score-routed layers) or
+    tid2eid [V, K] (hash-routed layers: token id -> its K experts)."""
+
+    def __init__(self, cfg: DeepseekV4ModelConfig, hashed: bool) -> None:
+        super().__init__()
+        self.hashed, self.top_k = hashed, cfg.num_experts_per_tok
+        self.scoring, self.scaling = cfg.router_scoring, cfg.routed_scaling_factor
+        self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size), requires_grad=False)
+        if hashed:
+            table = torch.zeros(cfg.vocab_size, self.top_k, dtype=torch.int64)
+            self.tid2eid = nn.Parameter(table, requires_grad=False)
+        else:
+            self.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.num_experts), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H], token_ids [T] -> topk_ids [T, K] int64, topk_weights [T, K] in x's dtype."""
+        scores = expert_scores(F.linear(x.float(), self.weight.float()), self.scoring)  # [T, E]
+        if self.hashed:
+            ids = self.tid2eid[token_ids].long()
+        else:
+            ids = (scores + self.e_score_correction_bias.float()).topk(self.top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return ids, (weights * self.scaling).to(x.dtype)
+
+
+class ClampedSwiGLU(nn.Module):
+    """down(silu(min(gate(x), L)) · clamp(up(x), −L, L))."""
+
+    def __init__(self, hidden: int, intermediate: int, limit: float) -> None:
+        super().__init__()
+        self.limit = limit
+        self.gate_proj = Linear(hidden, intermediate, bias=False)
+        self.up_proj = Linear(hidden, intermediate, bias=False)
+        self.down_proj = Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.gate_proj(x).clamp(max=self.limit)
+        up = self.up_proj(x).clamp(min=-self.limit, max=self.limit)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class HashMoeBlock(nn.Module):
+    """The router (`gate`), the routed experts in the executor, and the shared expert."""
+
+    def __init__(self, cfg: DeepseekV4ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.gate = Router(cfg, hashed=layer in cfg.hash_layers)
+        self.shared_experts = ClampedSwiGLU(cfg.hidden_size, cfg.moe_intermediate_size, cfg.swiglu_limit)
+        self.executor: ExpertExecutor | None = None
+        self.recorder: Any = None  # a RoutingRecorder while --record-routing is on
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """x [T, H] of tokens token_ids [T] -> [T, H]."""
+        assert self.executor is not None, "attach an expert executor before the forward pass"
+        ids, weights = self.gate(x, token_ids)
+        if self.recorder is not None:
+            self.recorder.add(self.layer, ids)
+        return self.executor.forward(self.layer, x, ids, weights) + self.shared_experts(x)
