@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from freetoken.runtime.moe.expert_fn import ExpertFn
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels.moe_decode import fused_moe_decode
 
@@ -31,6 +32,16 @@ def test_matches_the_fp32_reference(t: int) -> None:
     ids[0, 2] = -1
     got = fused_moe_decode(x, ids, weights, gate_up, down)
     ref = grouped_experts(x.float(), ids, weights, gate_up.float(), down.float())
+    torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("kind", ["clamped", "clamped_silu"])
+def test_clamped_functions_match_the_fp32_reference(kind: str) -> None:
+    """The clamped kinds compiled; the gate and up values spread about 1, so the limit 0.5 is passed."""
+    fn = ExpertFn(kind, limit=0.5)
+    x, ids, weights, gate_up, down = case(4, seed=fn.code)
+    got = fused_moe_decode(x, ids, weights, gate_up, down, fn=fn)
+    ref = grouped_experts(x.float(), ids, weights, gate_up.float(), down.float(), fn)
     torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
 
 

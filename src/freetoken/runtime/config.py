@@ -111,7 +111,8 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0
     n_shared_experts: int = 0  # a dense SwiGLU of n · moe_intermediate_size beside the routed experts
     router_bias: bool = False  # the router's linear layer has a bias (gpt-oss)
-    # what experts compute between their projections (moe/expert_fn.py): "silu", or gpt-oss's "clamped"
+    # what experts compute between their projections (moe/expert_fn.py): "silu", gpt-oss's "clamped", or
+    # DeepSeek-V4's "clamped_silu"; the clamped kinds bound the gate and up projections at swiglu_limit
     expert_act: str = "silu"
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0

@@ -1,7 +1,7 @@
 """DeepSeek-V4's own pieces against plain references: hyper-connection mixing (Sinkhorn), window pooling of
-the compressed keys, hash routing; the indexer's sparse choice, chunked prefill and prefix reuse against
-transformers; both config spellings; and a missing field's error. (Every backend against transformers:
-test_families_oracle.py.)"""
+the compressed keys, hash routing; the indexer's sparse choice, chunked prefill, prefix reuse and the
+routed experts' clamp against transformers; both config spellings; and a missing field's error. (Every
+backend against transformers: test_families_oracle.py.)"""
 
 from __future__ import annotations
 
@@ -187,6 +187,30 @@ def test_chunked_prefill_and_a_reused_prefix_give_the_reference(tmp_path: Path) 
         assert second == greedy_reference(model, second_prompt, 10)[len(second_prompt) :]
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("backend", ["fused", "cpu"])
+def test_routed_experts_clamp_at_swiglu_limit_as_transformers(tmp_path: Path, backend: str) -> None:
+    """swiglu_limit 0.1 (the tiny model's gate and up values spread about 0.06; some 15% of the gates and
+    30% of the ups pass it): the routed experts compute silu(min(g, L)) · clamp(u, −L, L) in the executor
+    (the cpu backend in the C kernel) and give transformers' fp32 logits and greedy tokens; without the
+    routed experts' clamp transformers' own logits move by about 3% and its greedy choice changes."""
+    model = build_family_model(tmp_path, "deepseek_v4", swiglu_limit=0.1)
+    want = reference(model, PROMPT)
+    engine = build_engine(tmp_path, device="cpu", dtype="float32", moe_backend=backend)
+    try:
+        assert (engine.config.expert_act, engine.config.swiglu_limit) == ("clamped_silu", 0.1)
+        assert engine.pool.fn.kind == "clamped_silu" and engine.pool.fn.limit == 0.1
+        got = engine.forward(engine.new_sequence(), PROMPT, all_logits=True)
+        assert rel_err(got, want) < 1e-4
+        out = engine.generate(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True))
+        assert [e.token_id for e in out] == greedy_reference(model, PROMPT, 12)[len(PROMPT) :]
+    finally:
+        engine.close()
+    for layer in model.model.layers:  # the routed experts unclamped, the shared one still clamped
+        layer.mlp.experts.limit = float("inf")
+    unclamped = reference(model, PROMPT)
+    assert rel_err(unclamped, want) > 1e-2 and not torch.equal(unclamped.argmax(-1), want.argmax(-1))
 
 
 def older_spelling(raw: dict[str, Any]) -> dict[str, Any]:

@@ -75,6 +75,7 @@ def test_config(family_model: tuple[str, Path, Any]) -> None:
         assert (cfg.hc_mult, cfg.o_groups, cfg.o_lora_rank, cfg.qk_rope_head_dim) == (3, 2, 10, 6)
         assert cfg.rope.type == "default" and cfg.compress_rope.type == "yarn"
         assert cfg.compress_rope.attention_factor == 1.0 and cfg.compress_rope.theta == 160000.0
+        assert (cfg.expert_act, cfg.swiglu_limit) == ("clamped_silu", 10.0)
     if family == "mixtral":
         assert (cfg.sliding_window, cfg.sliding_layers, cfg.attention_sinks) == (5, (0, 1, 2), False)
     if family == "gpt_oss":

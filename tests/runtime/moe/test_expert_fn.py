@@ -1,8 +1,13 @@
-"""The experts' function (gpt-oss's clamped SwiGLU) and their biases on every expert path: the torch
-reference written out by hand, the CPU C kernel over bf16/f32/Q8_0 banks, the Triton decode kernel (by
-Triton's interpreter), the pool's layout change, and the down bias added once per pair."""
+"""The experts' functions (SiLU, gpt-oss's clamped SwiGLU, DeepSeek-V4's clamped SiLU) and their biases
+on every expert path: the torch reference written out by hand, the CPU C kernel over bf16/f32/Q8_0 banks,
+the Triton decode kernel (by Triton's interpreter), the pool's layout change, and the down bias added once
+per pair. The cases' gate and up values pass the limit 0.5 often (their spread is about 1)."""
 
 from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,12 +15,14 @@ import torch
 
 from freetoken.codecs import get_codec
 from freetoken.formats.tensor_names import ExpertTensor
-from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias, down_bias_sum
+from freetoken.runtime.moe.expert_fn import ACTIVATION_KINDS, SILU, ExpertFn, PairBias, down_bias_sum
 from freetoken.runtime.moe.experts import gathered_experts, grouped_experts
 from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, kernel_available
 from freetoken.runtime.moe.pool import HostExpertPool, to_pool_layout
 
 CLAMPED = ExpertFn("clamped", alpha=1.702, limit=0.5)
+CLAMPED_SILU = ExpertFn("clamped_silu", limit=0.5)
+FNS = {"silu": SILU, "clamped": CLAMPED, "clamped_silu": CLAMPED_SILU}
 
 
 def case(t: int = 5, k: int = 3, e: int = 6, h: int = 64, i: int = 32, seed: int = 0):
@@ -31,7 +38,8 @@ def case(t: int = 5, k: int = 3, e: int = 6, h: int = 64, i: int = 32, seed: int
 
 
 def by_hand(x, ids, weights, gate_up, down, bias, fn):
-    """Pair by pair, gpt-oss's formula written out (transformers' GptOssExperts._apply_gate)."""
+    """Pair by pair, each kind's formula written out (transformers' GptOssExperts._apply_gate for
+    "clamped", DeepseekV4Experts._apply_gate for "clamped_silu")."""
     i = down.shape[2]
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
@@ -44,13 +52,16 @@ def by_hand(x, ids, weights, gate_up, down, bias, fn):
             if fn.kind == "clamped":
                 g, u = g.clamp(max=fn.limit), u.clamp(-fn.limit, fn.limit)
                 a = g * torch.sigmoid(fn.alpha * g) * (u + 1)
+            elif fn.kind == "clamped_silu":
+                g, u = g.clamp(max=fn.limit), u.clamp(-fn.limit, fn.limit)
+                a = torch.nn.functional.silu(g) * u
             else:
                 a = torch.nn.functional.silu(g) * u
             out[t] += weights[t, k] * (down[e] @ a)
     return out
 
 
-@pytest.mark.parametrize("fn", [SILU, CLAMPED], ids=["silu", "clamped"])
+@pytest.mark.parametrize("fn", FNS.values(), ids=FNS.keys())
 @pytest.mark.parametrize("biased", [False, True])
 def test_torch_paths_match_the_formula(fn: ExpertFn, biased: bool) -> None:
     x, ids, weights, gate_up, down, bias = case()
@@ -60,10 +71,17 @@ def test_torch_paths_match_the_formula(fn: ExpertFn, biased: bool) -> None:
     for path in (grouped_experts, gathered_experts):
         got = path(x, ids, weights, gate_up, down, fn, pair)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    if fn.kind == "clamped":  # the clamp is reached: without it the answer differs
-        assert not torch.allclose(
-            by_hand(x, ids, weights, gate_up, down, b, ExpertFn("clamped", limit=1e9)), want
-        )
+    if fn.kind != "silu":  # the clamp is reached: without it the answer differs
+        assert not torch.allclose(by_hand(x, ids, weights, gate_up, down, b, replace(fn, limit=1e9)), want)
+
+
+def test_the_kernels_number_the_kinds_as_python_does() -> None:
+    """expert_fn.h's enum: FT_ACT_<KIND> = its index in ACTIVATION_KINDS, for every kind."""
+    header = Path(__file__).parents[3] / "src/freetoken/runtime/moe/kernels/expert_fn.h"
+    enum = dict(re.findall(r"FT_ACT_(\w+) = (\d+)", header.read_text()))
+    assert {name.lower(): int(code) for name, code in enum.items()} == {
+        kind: ExpertFn(kind).code for kind in ACTIVATION_KINDS
+    }
 
 
 def test_bias_follows_expert_ids_while_weights_come_from_slots() -> None:
@@ -78,9 +96,10 @@ def test_bias_follows_expert_ids_while_weights_come_from_slots() -> None:
 
 
 @pytest.mark.skipif(not kernel_available(), reason="no C compiler")
+@pytest.mark.parametrize("fn", [CLAMPED, CLAMPED_SILU], ids=["clamped", "clamped_silu"])
 @pytest.mark.parametrize("bank", ["f32", "bf16", "Q8_0"])
 @pytest.mark.parametrize("tokens", [1, 5])
-def test_cpu_kernel_takes_the_function_and_biases(bank: str, tokens: int) -> None:
+def test_cpu_kernel_takes_the_function_and_biases(fn: ExpertFn, bank: str, tokens: int) -> None:
     x, ids, weights, gate_up, down, bias = case(t=max(tokens, 2), seed=2)
     x, ids, weights = x[:tokens], ids[:tokens], weights[:tokens]
     if bank == "Q8_0":
@@ -95,27 +114,27 @@ def test_cpu_kernel_takes_the_function_and_biases(bank: str, tokens: int) -> Non
         gu, dn = gate_up.to(dtype), down.to(dtype)
         gate_up, down = gu.float(), dn.float()
         codecs, tol = (bank, bank), 1e-3
-    want = by_hand(x, ids, weights, gate_up, down, bias, CLAMPED)
-    got = cpu_experts(x, ids, weights, gu, dn, 2, codecs=codecs, fn=CLAMPED, gate_up_bias=bias)
+    want = by_hand(x, ids, weights, gate_up, down, bias, fn)
+    got = cpu_experts(x, ids, weights, gu, dn, 2, codecs=codecs, fn=fn, gate_up_bias=bias)
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     plain = cpu_experts(
-        x, ids, weights, gu, dn, 2, codecs=codecs, use_kernel=False, fn=CLAMPED, gate_up_bias=bias
+        x, ids, weights, gu, dn, 2, codecs=codecs, use_kernel=False, fn=fn, gate_up_bias=bias
     )  # computes in the banks' dtype
     loose = 3e-2 if bank == "bf16" else tol
     torch.testing.assert_close(plain, want, rtol=loose, atol=loose)
 
 
-def test_triton_decode_kernel_takes_the_function_and_biases() -> None:
+@pytest.mark.parametrize("fn", FNS.values(), ids=FNS.keys())
+def test_triton_decode_kernel_takes_the_function_and_biases(fn: ExpertFn) -> None:
     from freetoken.runtime.moe.kernels.moe_decode import DecodeBlocks, fused_moe_decode, triton_available
 
     if not triton_available():
         pytest.skip("triton is not installed")
     x, ids, weights, gate_up, down, bias = case(t=3, seed=4)
     blocks = DecodeBlocks(gate_up_n=16, gate_up_k=32, down_n=16, down_k=32)
-    for fn in (SILU, CLAMPED):
-        want = by_hand(x, ids, weights, gate_up, down, bias, fn)
-        got = fused_moe_decode(x, ids, weights, gate_up, down, blocks, fn=fn, bias=PairBias(bias, ids))
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    want = by_hand(x, ids, weights, gate_up, down, bias, fn)
+    got = fused_moe_decode(x, ids, weights, gate_up, down, blocks, fn=fn, bias=PairBias(bias, ids))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_down_bias_is_weighted_once_per_pair() -> None:

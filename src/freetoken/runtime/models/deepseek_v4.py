@@ -7,15 +7,9 @@ deepseek_v4_config.py.
 A layer's cache is one row per position in the engine's KV pool (the key, the compressors' raw
 projections, each closed window's entry in its last row), so prefixes and truncation work as for plain
 K/V. Decoding runs eagerly. Multi-token-prediction layers after the trunk are skipped.
-
-Not as the reference: the routed experts compute silu(g) · u without the clamp at `swiglu_limit` (the
-engine's expert kernels have no such kind); the shared expert clamps. Outputs differ where an expert's
-gate or up projection passes the limit.
 """
 
 from __future__ import annotations
-
-import logging
 
 import torch
 from torch import nn
@@ -31,8 +25,6 @@ from freetoken.runtime.models.hyper_connections import HyperConnection, HyperHea
 from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.layers import Embedding, RMSNorm
 from freetoken.runtime.moe.executor import ExpertExecutor
-
-log = logging.getLogger("freetoken.models")
 
 
 class DecoderLayer(nn.Module):
@@ -94,12 +86,6 @@ class DeepseekV4ForCausalLM(nn.Module):
             PairRope(cfg.compress_rope, cfg.qk_rope_head_dim),
         )
         self.ropes = [main if kind == SLIDING else compress for kind in cfg.layer_kinds]
-        if cfg.swiglu_limit < float("inf"):
-            log.warning(
-                "deepseek_v4: routed experts run without their clamp at swiglu_limit=%g (the shared "
-                "expert keeps it); outputs differ where an expert's projections pass it",
-                cfg.swiglu_limit,
-            )
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:

@@ -167,6 +167,7 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> DeepseekV4
         router_scoring=scoring,
         routed_scaling_factor=cfg.get("routed_scaling_factor", POSITIVE, 1.5),
         n_shared_experts=1,
+        expert_act="clamped_silu",  # routed and shared experts: silu(min(g, L)) · clamp(u, −L, L)
         swiglu_limit=cfg.get("swiglu_limit", POSITIVE, 10.0),
         attention_sinks=True,
         sliding_window=cfg.get("sliding_window", POSITIVE_INT),

@@ -2,8 +2,10 @@
 hash-routed layers, by a fixed token id -> experts table; either way the chosen experts' scores,
 renormalised and times `routed_scaling_factor`, weight them. Scores are sqrt(softplus(logit)) (or sigmoid,
 softmax, as `scoring_func` says). The routed experts run in the engine's expert executor, whatever the
-backend: a hash-routed layer hands it (topk_ids, topk_weights) like any other. Beside them one shared
-expert computes the clamped SwiGLU: silu(min(g, L)) · clamp(u, −L, L).
+backend: a hash-routed layer hands it (topk_ids, topk_weights) like any other. Routed and shared experts
+compute the same clamped SwiGLU, silu(min(g, L)) · clamp(u, −L, L) with L = swiglu_limit (the config's
+experts' function, moe/expert_fn.py's clamped_silu): the executor's kernels for the routed ones, the shared
+expert here.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 from freetoken.runtime.models.deepseek_v4_config import DeepseekV4ModelConfig
 from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.moe.executor import ExpertExecutor
+from freetoken.runtime.moe.expert_fn import ExpertFn, expert_fn_of
 
 
 def expert_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
@@ -55,20 +58,19 @@ class Router(nn.Module):
         return ids, (weights * self.scaling).to(x.dtype)
 
 
-class ClampedSwiGLU(nn.Module):
-    """down(silu(min(gate(x), L)) · clamp(up(x), −L, L))."""
+class SharedExpert(nn.Module):
+    """down(fn(gate(x), up(x))): a dense expert computing the routed experts' function `fn`."""
 
-    def __init__(self, hidden: int, intermediate: int, limit: float) -> None:
+    def __init__(self, hidden: int, intermediate: int, fn: ExpertFn) -> None:
         super().__init__()
-        self.limit = limit
+        self.fn = fn
         self.gate_proj = Linear(hidden, intermediate, bias=False)
         self.up_proj = Linear(hidden, intermediate, bias=False)
         self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = self.gate_proj(x).clamp(max=self.limit)
-        up = self.up_proj(x).clamp(min=-self.limit, max=self.limit)
-        return self.down_proj(F.silu(gate) * up)
+        """x [T, H] -> [T, H]."""
+        return self.down_proj(self.fn.glu(self.gate_proj(x), self.up_proj(x)))
 
 
 class HashMoeBlock(nn.Module):
@@ -78,7 +80,7 @@ class HashMoeBlock(nn.Module):
         super().__init__()
         self.layer = layer
         self.gate = Router(cfg, hashed=layer in cfg.hash_layers)
-        self.shared_experts = ClampedSwiGLU(cfg.hidden_size, cfg.moe_intermediate_size, cfg.swiglu_limit)
+        self.shared_experts = SharedExpert(cfg.hidden_size, cfg.moe_intermediate_size, expert_fn_of(cfg))
         self.executor: ExpertExecutor | None = None
         self.recorder: Any = None  # a RoutingRecorder while --record-routing is on
 

@@ -1,12 +1,15 @@
 """What a routed expert computes between its two projections, and the biases some families add.
 
-  silu     a = silu(g) · u                                      (Qwen, Mixtral, OLMoE, GLM, MiniMax)
-  clamped  a = g' · σ(α · g') · (u' + 1), g' = min(g, L), u' = clamp(u, −L, L)      (gpt-oss)
+  silu          a = silu(g) · u                        (Qwen, Mixtral, OLMoE, GLM, MiniMax)
+  clamped       a = g' · σ(α · g') · (u' + 1)          (gpt-oss)
+  clamped_silu  a = silu(g') · u'                      (DeepSeek-V4's routed and shared experts)
 
-with g, u the gate and up projections of x (plus the expert's gate/up bias where it has one). Every expert
-path takes an ExpertFn: the torch reference here, the Triton decode kernel, the CPU C kernel (ft_expert_fn,
-the same kinds by number). The down projection's bias is linear in the routing weights, so executors add
-it once for all of a token's pairs (`down_bias_sum`), whichever branch computed them.
+with g, u the gate and up projections of x (plus the expert's gate/up bias where it has one) and, in the
+clamped kinds, g' = min(g, L), u' = clamp(u, −L, L): the gate bounded above only, the up projection on both
+sides, before the function. Every expert path takes an ExpertFn: the torch reference here, the Triton
+decode kernel, the CPU C kernel (ft_expert_fn, the same kinds by number). The down projection's bias is
+linear in the routing weights, so executors add it once for all of a token's pairs (`down_bias_sum`),
+whichever branch computed them.
 """
 
 from __future__ import annotations
@@ -19,14 +22,14 @@ import torch.nn.functional as F
 
 from freetoken.runtime.config import ModelConfig
 
-ACTIVATION_KINDS = ("silu", "clamped")  # index = the kernels' number for it
+ACTIVATION_KINDS = ("silu", "clamped", "clamped_silu")  # index = the kernels' number for it
 
 
 @dataclass(frozen=True)
 class ExpertFn:
     kind: str = "silu"
     alpha: float = 1.702  # clamped: the sigmoid's gain
-    limit: float = 7.0  # clamped: the bound on the gate (above) and on the up projection (both sides)
+    limit: float = 7.0  # clamped kinds: the bound on the gate (above) and on the up projection (both sides)
 
     def __post_init__(self) -> None:
         if self.kind not in ACTIVATION_KINDS:
@@ -42,6 +45,8 @@ class ExpertFn:
             return F.silu(gate) * up
         gate = gate.clamp(max=self.limit)
         up = up.clamp(min=-self.limit, max=self.limit)
+        if self.kind == "clamped_silu":
+            return F.silu(gate) * up
         return gate * torch.sigmoid(gate * self.alpha) * (up + 1)
 
 

@@ -1,13 +1,15 @@
 // What an expert computes between its projections (runtime/moe/expert_fn.py, the same kinds by number):
-//   FT_ACT_SILU     a = silu(g) · u
-//   FT_ACT_CLAMPED  a = g' · σ(α · g') · (u' + 1), g' = min(g, limit), u' = clamp(u, −limit, limit)  (gpt-oss)
-// with g, u the gate and up rows' dots plus, where the experts have one, their bias.
+//   FT_ACT_SILU          a = silu(g) · u
+//   FT_ACT_CLAMPED       a = g' · σ(α · g') · (u' + 1)    (gpt-oss)
+//   FT_ACT_CLAMPED_SILU  a = silu(g') · u'                (DeepSeek-V4)
+// with g, u the gate and up rows' dots plus, where the experts have one, their bias, and in the clamped
+// kinds g' = min(g, limit), u' = clamp(u, −limit, limit).
 #ifndef FT_EXPERT_FN_H
 #define FT_EXPERT_FN_H
 
 #include <math.h>
 
-enum { FT_ACT_SILU = 0, FT_ACT_CLAMPED = 1 };
+enum { FT_ACT_SILU = 0, FT_ACT_CLAMPED = 1, FT_ACT_CLAMPED_SILU = 2 };
 
 typedef struct {
     int kind;
@@ -25,6 +27,7 @@ static inline float expert_glu(const ft_expert_fn *fn, long e, int inter, int i,
     if (fn->kind == FT_ACT_SILU) return g / (1.0f + expf(-g)) * u;
     g = fminf(g, fn->limit);
     u = fminf(fmaxf(u, -fn->limit), fn->limit);
+    if (fn->kind == FT_ACT_CLAMPED_SILU) return g / (1.0f + expf(-g)) * u;
     return g / (1.0f + expf(-fn->alpha * g)) * (u + 1.0f);
 }
 

@@ -3,6 +3,7 @@
 //
 // One call computes one MoE layer step for the (token, expert) pairs routed to the CPU:
 //   a[n, i] = w[n] * silu(gate_e[i] . x[t]) * (up_e[i] . x[t])       i < I, pair n = (token t, expert e)
+//     (or another experts' function, with gate/up biases: expert_fn.h)
 //   out[t, h] = sum over the pairs n of token t of down_e[h] . a[n]  h < H
 // The weights are cut into units of about UNIT_BYTES of contiguous rows, which the threads take one
 // at a time from a shared counter, in a fixed order:

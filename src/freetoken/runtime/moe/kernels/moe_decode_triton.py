@@ -10,10 +10,10 @@ branch) loads nothing (its loads are masked off) and contributes zero.
   down_sum:    out[t, n] = Σ_k w[p] * (W_d[e, n] · act[p])                       W_d  [S, H, I]
 
 with p = t·K + k and e = ids[p]; glu is the experts' function (ACT: 0 silu(g)·u, 1 gpt-oss's clamped form,
-expert_fn.py) and b[p] the pair's expert's gate/up bias (bias [E, 2I] at expert id bias_ids[p], when
-HAS_BIAS). Banks hold values (CODEC 0) or a codec's blocks as stored (uint8 rows, strides in bytes,
-dequantised in registers: quant_dot_triton.py). Accumulation in fp32; the sum over k and the cast to the
-output dtype happen in the down kernel (no reduction launches after it).
+2 silu(g')·u' of the clamped g', u': expert_fn.py) and b[p] the pair's expert's gate/up bias (bias [E, 2I]
+at expert id bias_ids[p], when HAS_BIAS). Banks hold values (CODEC 0) or a codec's blocks as stored (uint8
+rows, strides in bytes, dequantised in registers: quant_dot_triton.py). Accumulation in fp32; the sum over
+k and the cast to the output dtype happen in the down kernel (no reduction launches after it).
 """
 
 from __future__ import annotations
@@ -75,12 +75,15 @@ def gate_up_act_kernel(
         row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
         acc_gate += tl.load(row + offs_n, mask=mask_n, other=0.0)
         acc_up += tl.load(row + INTER + offs_n, mask=mask_n, other=0.0)
-    if ACT == 1:
+    if ACT == 0:
+        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
+    else:  # the clamped kinds: the gate bounded above, the up projection on both sides
         gate = tl.minimum(acc_gate, limit)
         up = tl.minimum(tl.maximum(acc_up, -limit), limit)
-        act = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
-    else:
-        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
+        if ACT == 1:
+            act = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
+        else:
+            act = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(act_ptr + pair * INTER + offs_n, act, mask=mask_n)
 
 
