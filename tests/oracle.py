@@ -97,14 +97,23 @@ def build_hybrid_model(folder: Path, seed: int = 0, wrapped: bool = False) -> An
     return save_redrawn(model, folder, seed)
 
 
-def save_redrawn(model: Any, folder: Path, seed: int) -> Any:
+def save_redrawn(model: Any, folder: Path, seed: int, whole_banks: bool = False) -> Any:
     """Redraw a hybrid model's weights (norms 0.1, the rest 0.15 std: decisive routing and logits) and
-    save it into `folder`."""
+    save it into `folder`: as transformers publishes it (one tensor per expert where the family's
+    checkpoints have them), or with `whole_banks` as it holds them (one [E, 2I, H] gate_up and [E, H, I]
+    down bank per layer; far faster to write and read at hundreds of experts)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_((0.1 if "norm" in name else 0.15) * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(folder)
+    if whole_banks:
+        from safetensors.torch import save_file
+
+        model.config.save_pretrained(folder)
+        state = {name: t.contiguous() for name, t in model.state_dict().items()}
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        model.save_pretrained(folder)
     return model
 
 
@@ -256,9 +265,11 @@ FAMILY_TINY: dict[str, dict[str, Any]] = {
 }
 
 
-def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: Any) -> Any:
+def build_family_model(
+    folder: Path, family: str, seed: int = 0, whole_banks: bool = False, **overrides: Any
+) -> Any:
     """Save a random transformers model of `family` (FAMILY_TINY, the demo tokenizer) into `folder`;
-    `overrides` change the shared shape (hidden 48, head_dim 12, ...)."""
+    `overrides` change the shared shape (hidden 48, head_dim 12, ...); `whole_banks`: see save_redrawn."""
     from transformers import (
         DeepseekV3Config,
         DeepseekV3ForCausalLM,
@@ -314,4 +325,4 @@ def build_family_model(folder: Path, family: str, seed: int = 0, **overrides: An
             experts = model.config.n_routed_experts
             picks = [torch.randperm(experts, generator=gen)[: table.shape[1]] for _ in range(table.shape[0])]
             table.copy_(torch.stack(picks))
-    return save_redrawn(model, folder, seed)
+    return save_redrawn(model, folder, seed, whole_banks)

@@ -32,7 +32,13 @@ from freetoken.runtime.loading.loader import WeightSource, load_model
 from freetoken.runtime.loading.weights import ProgressFn
 from freetoken.runtime.measure.cpu_share import CpuThreads, clamp_threads
 from freetoken.runtime.measure.profile import load_profile, with_profile
-from freetoken.runtime.memory import held_bytes, kv_bytes_per_token, plan_slots, slot_ceiling
+from freetoken.runtime.memory import (
+    held_bytes,
+    kv_bytes_per_token,
+    plan_slots,
+    probe_slot_bytes,
+    slot_ceiling,
+)
 from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
 from freetoken.runtime.models.slot_decode import prepare_for_slot_decode, supports_slot_decode
 from freetoken.runtime.moe.counters import MoeCounters
@@ -128,7 +134,13 @@ class Engine:
         self.cpu_threads = CpuThreads(clamp_threads(moe.cpu_threads))
         self._slot_ceiling = slot_ceiling(moe, backend, self.config, self.pool, self.device)
         self.num_slots = plan_slots(
-            moe, backend, self.config, self.pool, self._slot_ceiling, self._held_bytes(moe), self.device
+            moe,
+            backend,
+            self.config,
+            self.pool,
+            self._slot_ceiling,
+            self._held_bytes(moe, backend),
+            self.device,
         )
         ctx = ExecutorContext(
             pool=self.pool,
@@ -181,8 +193,9 @@ class Engine:
         self.moe = replace(self.moe, vram_budget=budget)
         self._resplit()
 
-    def _held_bytes(self, moe: MoeConfig) -> int:
-        return held_bytes(self.model, self.kv_pool.nbytes, moe, self.config, self.device)
+    def _held_bytes(self, moe: MoeConfig, backend: str) -> int:
+        probe = probe_slot_bytes(backend, self.pool)
+        return held_bytes(self.model, self.kv_pool.nbytes, moe, self.config, self.device, probe)
 
     def _resplit(self) -> None:
         if self._slot_ceiling == 0:
@@ -193,7 +206,7 @@ class Engine:
             self.config,
             self.pool,
             self._slot_ceiling,
-            self._held_bytes(self.moe),
+            self._held_bytes(self.moe, self.backend),
             self.device,
         )
         if slots == self.num_slots:
@@ -210,7 +223,8 @@ class Engine:
         expert = self.pool.expert_nbytes if self.pool is not None else 0
         return {
             "vram_budget": self.moe.vram_budget,
-            "held_bytes": self._held_bytes(self.moe),  # weights, KV pool (and margin on CUDA): not slots
+            # weights, KV pool, the probe slot (and margin on CUDA): not the cache's slots
+            "held_bytes": self._held_bytes(self.moe, self.backend),
             "expert_slots": self.num_slots,
             "expert_slot_bytes": self.num_slots * expert,
             "kv_sequences": self.kv_pool.slots,

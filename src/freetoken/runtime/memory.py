@@ -1,9 +1,9 @@
 """VRAM budget: the KV reserve first, then as many expert slots as fit.
 
 With `--vram-budget` the engine's device memory — the dense weights, the static KV pool, on CUDA the
-activation margin and the prefix-cache reserve, and the expert slots — stays under the budget: the
-slots get what the rest leaves. The engine re-splits at safe points (`Engine.set_vram_budget`, or when
-the KV pool grows), so the slots shrink and grow with what KV needs.
+activation margin and the prefix-cache reserve, and the expert slots (the bank's probe slot too) — stays
+under the budget: the slots get what the rest leaves. The engine re-splits at safe points
+(`Engine.set_vram_budget`, or when the KV pool grows), so the slots shrink and grow with what KV needs.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch import nn
 from freetoken.errors import FreeTokenError
 from freetoken.runtime.config import ModelConfig, MoeConfig, vram_budget_form
 from freetoken.runtime.moe.pool import HostExpertPool
+from freetoken.runtime.moe.slot_bank import PROBE_SLOTS
 
 # Held back beyond the KV reserve for activations, the lm head's logits and allocator slack.
 ACTIVATION_MARGIN_BYTES = 1 << 30
@@ -56,17 +57,29 @@ def budget_bytes(moe: MoeConfig, device: torch.device) -> int | None:
 
 
 def held_bytes(
-    model: nn.Module, kv_pool_bytes: int, moe: MoeConfig, cfg: ModelConfig, device: torch.device
+    model: nn.Module,
+    kv_pool_bytes: int,
+    moe: MoeConfig,
+    cfg: ModelConfig,
+    device: torch.device,
+    probe_bytes: int = 0,
 ) -> int:
     """What the engine holds on `device` besides the expert slots: the model's weights there, the static
-    KV pool and, on CUDA, the activation margin and the prefix-cache reserve."""
+    KV pool, a cached backend's probe slot (`probe_bytes`: probe_slot_bytes) and, on CUDA, the activation
+    margin and the prefix-cache reserve."""
     tensors = [*model.parameters(), *model.buffers()]
     dense = sum(t.numel() * t.element_size() for t in tensors if t.device == device)
     extra = 0
     if device.type == "cuda":
         element = next((t.dtype for t in tensors if t.is_floating_point()), torch.bfloat16)
         extra = ACTIVATION_MARGIN_BYTES + moe.kv_reserve_tokens * kv_bytes_per_token(cfg, element)
-    return dense + kv_pool_bytes + extra
+    return dense + kv_pool_bytes + probe_bytes + extra
+
+
+def probe_slot_bytes(backend: str, pool: HostExpertPool | None) -> int:
+    """Bytes of the slots a cached backend's bank holds beyond its cache (PROBE_SLOTS experts; none for
+    fused), whatever the cache's size."""
+    return PROBE_SLOTS * pool.expert_nbytes if backend != "fused" and pool is not None else 0
 
 
 def slot_ceiling(
@@ -84,6 +97,7 @@ def slot_ceiling(
     elif device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         reserve = moe.kv_reserve_tokens * kv_bytes_per_token(cfg, pool.dtype) + ACTIVATION_MARGIN_BYTES
+        reserve += probe_slot_bytes(backend, pool)
         slots = min(total, max(0, free - reserve) // pool.expert_nbytes)
     elif backend == "cpu" and moe.vram_budget is None:
         slots = 0  # the cpu device computes straight from the pool: no second copy
@@ -109,7 +123,7 @@ def plan_slots(
     device: torch.device,
 ) -> int:
     """Expert slots now: the `ceiling` (slot_ceiling), under `--vram-budget` at most what the budget
-    leaves beside `held` (held_bytes)."""
+    leaves beside `held` (held_bytes, the probe slot included)."""
     budget = budget_bytes(moe, device)
     slots = ceiling if budget is None else min(ceiling, max(0, budget - held) // pool.expert_nbytes)
     if backend in ("offload", "hybrid") and slots < cfg.num_experts_per_tok:

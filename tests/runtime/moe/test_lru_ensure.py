@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from freetoken.runtime.moe.kernels.lru_ensure import (
+    MAX_SCAN_BLOCK,
     lru_ensure,
     lru_ensure_reference,
     lru_kernel_available,
@@ -289,17 +290,29 @@ def test_the_kernel_scans_many_blocks_of_slots() -> None:
             assert torch.equal(a, b), (i, a, b)
 
 
+EMPTY_TAIL = 3
+
+
 @needs_interpreter
-@pytest.mark.parametrize("share", [0.11, 0.37])
-def test_the_kernel_at_deepseek_v3_scale(share: float) -> None:
+@pytest.mark.parametrize(
+    ("layers", "experts", "share", "fetch"),
+    [(58, 256, 0.11, (1.0,)), (58, 256, 0.37, (1.0,)), (60, 384, 0.25, (1.0, 0.4))],
+    ids=["deepseek-v3-11%", "deepseek-v3-37%", "kimi-k2-25%-hybrid"],
+)
+def test_the_kernel_at_full_expert_count(
+    layers: int, experts: int, share: float, fetch: tuple[float, ...]
+) -> None:
     """DeepSeek-V3's pool: 58 MoE layers of 256 experts (14,848), 8 chosen per token, at the paper's 11%
-    and a consumer card's 37% of it in slots, full from the start; decode steps of 1-4 rows walking the
-    layers in order: the kernel equals the reference bit for bit after every step."""
-    layers, experts = 58, 256
+    and a consumer card's 37% of it in slots; Kimi-K2's: 60 layers of 384 (23,040; not a power of two) at
+    25% with every other layer fetching 40% of its misses (hybrid). Full from the start but for the last
+    EMPTY_TAIL slots, in the victim scan's partial last block, which the first fills take; decode steps of
+    1-4 rows walking the layers in order: the kernel equals the reference bit for bit after every step
+    (state, remapped slot ids, fill plan and count)."""
     slots = int(share * layers * experts)
+    assert slots % MAX_SCAN_BLOCK > EMPTY_TAIL  # the scan's last block is partial and holds the empty slots
     g = torch.Generator().manual_seed(12)
-    kernel = new_state(layers, experts, slots, [1.0] * layers)
-    for slot in range(slots):
+    kernel = new_state(layers, experts, slots, [fetch[row % len(fetch)] for row in range(layers)])
+    for slot in range(slots - EMPTY_TAIL):
         place(kernel, slot % layers, slot // layers, slot, stamp=slot)
     ref = clone(kernel)
     for i in range(2 * layers):
@@ -311,8 +324,10 @@ def test_the_kernel_at_deepseek_v3_scale(share: float) -> None:
             assert torch.equal(kernel[name], ref[name]), (i, name)
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b), (i, a, b)
-    hits, misses, _, evictions, _ = ref["counters"].sum(dim=0).tolist()
-    assert hits > 0 and misses > 0 and evictions > 0  # the slots were full: every fill evicted
+    hits, misses, fills, evictions, cpu = ref["counters"].sum(dim=0).tolist()
+    assert hits > 0 and misses > 0 and evictions == fills - EMPTY_TAIL > 0  # then every fill evicted
+    assert bool((ref["owner"][-EMPTY_TAIL:] >= 0).all())
+    assert (cpu > 0) == (len(fetch) > 1)  # the hybrid layers left misses to the CPU
 
 
 def test_dispatch_limits_and_shape_checks() -> None:

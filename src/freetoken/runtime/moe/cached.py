@@ -39,7 +39,7 @@ from freetoken.runtime.moe.layer_stream import LayerStreamer
 from freetoken.runtime.moe.policy import fetch_fraction
 from freetoken.runtime.moe.prefill_plan import PrefillCosts
 from freetoken.runtime.moe.residency import COUNTER_NAMES, ExpertResidency
-from freetoken.runtime.moe.slot_bank import SlotBank
+from freetoken.runtime.moe.slot_bank import PROBE_SLOTS, SlotBank
 from freetoken.runtime.moe.stream_branch import StreamBranch
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class CachedExecutor(ExpertExecutor):
         super().__init__(ctx)
         pool = ctx.pool
         self.residency = ExpertResidency(pool.layers, pool.num_experts, ctx.num_slots, ctx.device)
-        self.bank = SlotBank(pool, ctx.num_slots + 1, ctx.device)  # the last slot is the probes' own
+        self.bank = SlotBank(pool, ctx.num_slots + PROBE_SLOTS, ctx.device)  # the last: the probes' own
         asked = ctx.moe.cpu_threads and min(ctx.moe.cpu_threads, torch.get_num_threads())  # clamped there
         self.cpu = CpuBranch(pool, ctx.device, asked, ctx.moe.cpu_int8_act)
         self._branch_threads = self.cpu.threads  # the most it takes
@@ -138,7 +138,7 @@ class CachedExecutor(ExpertExecutor):
         """At a safe point: `num_slots` slots; the most recently used experts stay, filled again from the
         pool into new banks (the old banks are freed first)."""
         placed = self.residency.resize(num_slots)
-        self.bank.reallocate(num_slots + 1)  # the last slot is the probes' own
+        self.bank.reallocate(num_slots + PROBE_SLOTS)  # the last slot is the probes' own
         self.ctx.num_slots = num_slots
         self._fill_placed(placed)
         self._start_stream_branch()  # fewer slots than a step's pairs: overflow goes to the CPU

@@ -21,6 +21,10 @@ import torch
 
 from freetoken.runtime.moe.pool import HostExpertPool
 
+# Slots a cached backend's bank holds beyond its cache's: the last is the bandwidth probes' own. Device
+# memory like the cache's slots, so a VRAM budget counts it (memory.held_bytes).
+PROBE_SLOTS = 1
+
 
 class SlotBank:
     def __init__(self, pool: HostExpertPool, num_slots: int, device: torch.device) -> None:

@@ -200,7 +200,7 @@ def lru_ensure_reference(
 
     keys = (stamp + 1) * num_slots + torch.arange(num_slots, device=device)  # [S], unique
     keys = torch.where(stamp < clock0, keys, torch.iinfo(torch.int64).max)
-    victims = torch.sort(keys).indices[:q]  # [q], oldest first
+    victims = torch.topk(keys, q, largest=False).indices  # [q], oldest first (keys are unique)
     old = owner[victims].long()  # [q]
     evicted = old >= 0
     slot_of.view(-1)[old[evicted]] = -1
