@@ -133,15 +133,7 @@ class Engine:
         # the host's compute budget, process-wide: at most the allowed cores, fewer while others use some
         self.cpu_threads = CpuThreads(clamp_threads(moe.cpu_threads))
         self._slot_ceiling = slot_ceiling(moe, backend, self.config, self.pool, self.device)
-        self.num_slots = plan_slots(
-            moe,
-            backend,
-            self.config,
-            self.pool,
-            self._slot_ceiling,
-            self._held_bytes(moe, backend),
-            self.device,
-        )
+        self.num_slots = self._plan_slots(moe, backend)
         ctx = ExecutorContext(
             pool=self.pool,
             device=self.device,
@@ -197,18 +189,15 @@ class Engine:
         probe = probe_slot_bytes(backend, self.pool)
         return held_bytes(self.model, self.kv_pool.nbytes, moe, self.config, self.device, probe)
 
+    def _plan_slots(self, moe: MoeConfig, backend: str) -> int:
+        """Expert slots in what the device has left beside the weights, the KV pool and the probe slot."""
+        held = self._held_bytes(moe, backend)
+        return plan_slots(moe, backend, self.config, self.pool, self._slot_ceiling, held, self.device)
+
     def _resplit(self) -> None:
         if self._slot_ceiling == 0:
             return
-        slots = plan_slots(
-            self.moe,
-            self.backend,
-            self.config,
-            self.pool,
-            self._slot_ceiling,
-            self._held_bytes(self.moe, self.backend),
-            self.device,
-        )
+        slots = self._plan_slots(self.moe, self.backend)
         if slots == self.num_slots:
             return
         log.info("expert slots re-split: %d -> %d", self.num_slots, slots)
