@@ -28,8 +28,8 @@ from freetoken.codecs.torch_dequant import DEVICE_CODECS, dequantize_rows
 from freetoken.runtime.moe.experts import gathered_experts, grouped_experts
 from freetoken.runtime.moe.kernels.moe_decode import (
     DEFAULT_BLOCKS,
-    DEFAULT_CODEC_BLOCKS,
     DecodeBlocks,
+    codec_blocks,
     fused_moe_decode,
 )
 
@@ -104,7 +104,7 @@ def main() -> None:
             dequantize_rows(down, args.codec, i),
         )
     copy = read_bandwidth()
-    blocks, sweep_rows = DEFAULT_BLOCKS if codecs is None else DEFAULT_CODEC_BLOCKS, []
+    blocks, sweep_rows = DEFAULT_BLOCKS if codecs is None else codec_blocks(codecs[0]), []
     if args.sweep:
         x = torch.randn(1, h, device="cuda").bfloat16()
         ids = torch.randperm(e, device="cuda", generator=g)[:k][None]

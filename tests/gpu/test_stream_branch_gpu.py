@@ -15,6 +15,7 @@ import torch
 from expert_banks import pool, step
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.moe.experts import grouped_experts
+from freetoken.runtime.moe.kernels.cpu_experts import bf16_act_reference
 from freetoken.runtime.moe.stream_branch import StreamBranch
 from residency_checks import assert_residency_true
 from scheduler_runs import PROMPTS, decode_steps_without_sync, greedy, running_requests
@@ -57,9 +58,12 @@ def test_hand_overs_replay_from_a_graph() -> None:
             xs, i, ws = step(seed)
             x.copy_(xs), ids.copy_(i), w.copy_(ws), base.copy_(torch.randn(5, 128))
             want = base.cpu()
-            for layer in (0, 1):
-                banks = p.gate_up[layer].float(), p.down[layer].float()
-                want = want * 0.5 + grouped_experts(xs, i, ws, *banks)
+            for layer in (0, 1):  # the sum the branch's kernel computes (bf16 activations on bf16-dot CPUs)
+                if branch.bf16_act:
+                    part = bf16_act_reference(xs, i, ws, p.gate_up[layer], p.down[layer])
+                else:
+                    part = grouped_experts(xs, i, ws, p.gate_up[layer].float(), p.down[layer].float())
+                want = want * 0.5 + part
             graph.replay()
             torch.cuda.synchronize()
             torch.testing.assert_close(result.cpu(), want, rtol=1e-4, atol=1e-4)

@@ -44,9 +44,25 @@ def _default_blocks(codec: bool, built_in: DecodeBlocks) -> DecodeBlocks:
 
 
 DEFAULT_BLOCKS = _default_blocks(False, DecodeBlocks())
-# banks of codec blocks: a chunk of several blocks per step keeps more bytes in flight per program
-# (a row of blocks is 3.5-7x shorter in bytes than in bf16)
-DEFAULT_CODEC_BLOCKS = _default_blocks(True, DecodeBlocks(gate_up_n=8, gate_up_k=512, down_n=8, down_k=512))
+# banks of codec blocks: a chunk of several blocks per step keeps more bytes in flight per program (a row of
+# blocks is 3.5-7x shorter in bytes than in bf16), and the down kernel split over choices. The fastest of
+# benchmarks/moe_decode_kernel.py --codec C --sweep on an H200 at batch 1: Q4_K 16x256 / 8x512 split 41.8 us
+# (unsplit 50.3; 8x512 / 8x512 split 49.0), MXFP4 (gpt-oss shapes) 8x512 / 4x1024 split 139.2 us (16x256 /
+# 4x1024 split 171.8); others take 8x512 / 8x512 split. FREETOKEN_MOE_DECODE_CODEC_BLOCKS sets every codec's.
+CODEC_BLOCKS = {
+    "Q4_K": DecodeBlocks(gate_up_n=16, gate_up_k=256, down_n=8, down_k=512, split_choices=1),
+    "MXFP4": DecodeBlocks(gate_up_n=8, gate_up_k=512, down_n=4, down_k=1024, split_choices=1),
+}
+DEFAULT_CODEC_BLOCKS = _default_blocks(
+    True, DecodeBlocks(gate_up_n=8, gate_up_k=512, down_n=8, down_k=512, split_choices=1)
+)
+
+
+def codec_blocks(gate_up_codec: str) -> DecodeBlocks:
+    """The tiles for banks whose gate_up rows are in `gate_up_codec` (the environment's, when set)."""
+    if moe_decode_blocks(True) is not None:
+        return DEFAULT_CODEC_BLOCKS
+    return CODEC_BLOCKS.get(gate_up_codec, DEFAULT_CODEC_BLOCKS)
 
 
 def triton_available() -> bool:
@@ -104,7 +120,7 @@ def fused_moe_decode(
     x = x.contiguous()
     act = torch.empty(pairs, i, dtype=torch.float32, device=x.device)
     out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-    b = blocks or (DEFAULT_BLOCKS if codecs is None else DEFAULT_CODEC_BLOCKS)
+    b = blocks or (DEFAULT_BLOCKS if codecs is None else codec_blocks(codecs[0]))
     if bias is None:
         bias_bank, bias_ids = act, ids  # never read
     else:
