@@ -14,7 +14,7 @@ what the real model's does.
 from __future__ import annotations
 
 import numpy as np
-from random_gguf import byte_vocabulary, random_bf16, shape_parser
+from random_gguf import add_byte_tokenizer, random_bf16, shape_parser
 
 from freetoken.codecs import get_codec
 
@@ -65,14 +65,8 @@ def main() -> None:
     w.add_expert_count(e)
     w.add_expert_used_count(args.top_k)
     w.add_expert_feed_forward_length(i)
-    tokens, types, merges = byte_vocabulary(args.vocab, HARMONY)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-4o")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
+    tokens = add_byte_tokenizer(w, args.vocab, HARMONY, "gpt-4o", TEMPLATE)
     w.add_eos_token_id(tokens.index("<|return|>"))
-    w.add_chat_template(TEMPLATE)
 
     def add(name: str, array: np.ndarray, kind: Q | None = None) -> None:
         raw = kind if kind is not None else (Q.BF16 if array.dtype == np.uint16 else None)

@@ -16,7 +16,7 @@ Layers of equal parity share their arrays (fast to write). The vocabulary is byt
 from __future__ import annotations
 
 import numpy as np
-from random_gguf import byte_vocabulary, random_bf16, shape_parser
+from random_gguf import add_byte_tokenizer, random_bf16, shape_parser
 
 from freetoken.codecs import get_codec
 
@@ -83,15 +83,9 @@ def main() -> None:
     w.add_expert_count(e)
     w.add_expert_used_count(args.top_k)
     w.add_expert_feed_forward_length(i)
-    tokens, types, merges = byte_vocabulary(args.vocab, QWEN_SPECIALS)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
+    tokens = add_byte_tokenizer(w, args.vocab, QWEN_SPECIALS, "qwen2", TEMPLATE)
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_bos_token_id(tokens.index("<|endoftext|>"))
-    w.add_chat_template(TEMPLATE)
 
     def add(name: str, array: np.ndarray, kind: str = "BF16") -> None:
         if array.dtype == np.uint8:

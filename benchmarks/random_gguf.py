@@ -1,9 +1,11 @@
 """Pieces shared by the random-weight GGUF generators (make_qwen3moe_gguf.py, make_gpt_oss_gguf.py): a
-byte-level BPE vocabulary llama.cpp accepts, the shape arguments, random bf16 arrays."""
+byte-level BPE vocabulary llama.cpp accepts and its tokenizer fields, the shape arguments, random bf16
+arrays."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import numpy as np
 
@@ -51,3 +53,16 @@ def shape_parser(description: str, **defaults: int) -> argparse.ArgumentParser:
 def random_bf16(rng: np.random.Generator, *shape: int, std: float = 0.02) -> np.ndarray:
     """Normal values of `std` as bf16 bits (uint16), for GGUFWriter's raw BF16 tensors."""
     return ((rng.standard_normal(shape, dtype=np.float32) * std).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def add_byte_tokenizer(writer: Any, size: int, specials: list[str], pre: str, template: str) -> list[str]:
+    """Write byte_vocabulary(size, specials) as a gpt2-style tokenizer with `pre`'s pre-tokenizer and the
+    chat template into a GGUFWriter; returns the tokens (for special-token ids)."""
+    tokens, types, merges = byte_vocabulary(size, specials)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_chat_template(template)
+    return tokens
