@@ -134,7 +134,7 @@ def _check_bank(
     if bank.dtype != dtype:
         raise ValueError(f"{name} is {bank.dtype}, not {dtype} as src_gate_up")
     run = shape[1] * shape[2]
-    if slots and bank[0].is_contiguous() and bank.stride(0) >= run and shape[0] > 0:
+    if slots and shape[0] > 0 and bank[0].is_contiguous() and bank.stride(0) >= run:
         return
     if not bank.is_contiguous():
         raise ValueError(f"{name} must be contiguous" + (" within each slot" if slots else ""))
