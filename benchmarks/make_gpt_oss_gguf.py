@@ -14,7 +14,7 @@ what the real model's does.
 from __future__ import annotations
 
 import numpy as np
-from random_gguf import add_byte_tokenizer, random_bf16, shape_parser
+from random_gguf import add_byte_tokenizer, random_bf16, shape_parser, write_out
 
 from freetoken.codecs import get_codec
 
@@ -94,10 +94,7 @@ def main() -> None:
         for name, array in parity[layer % 2].items():
             kind = Q.MXFP4 if name.endswith("_exps.weight") else None
             add(f"blk.{layer}.{name}", array, kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=True)
-    w.close()
+    write_out(w)
 
 
 if __name__ == "__main__":

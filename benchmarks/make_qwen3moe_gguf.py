@@ -16,7 +16,7 @@ Layers of equal parity share their arrays (fast to write). The vocabulary is byt
 from __future__ import annotations
 
 import numpy as np
-from random_gguf import add_byte_tokenizer, random_bf16, shape_parser
+from random_gguf import add_byte_tokenizer, random_bf16, shape_parser, write_out
 
 from freetoken.codecs import get_codec
 
@@ -125,10 +125,7 @@ def main() -> None:
             if key not in banks:
                 banks[key] = experts(kind, *shape)
             add(f"blk.{layer}.ffn_{part}_exps.weight", banks[key], kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=True)
-    w.close()
+    write_out(w)
 
 
 if __name__ == "__main__":

@@ -66,3 +66,11 @@ def add_byte_tokenizer(writer: Any, size: int, specials: list[str], pre: str, te
     writer.add_token_merges(merges)
     writer.add_chat_template(template)
     return tokens
+
+
+def write_out(writer: Any) -> None:
+    """Header, metadata and tensors of a GGUFWriter to its file, with a progress bar; then close it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file(progress=True)
+    writer.close()
