@@ -56,10 +56,14 @@ def test_hand_overs_replay_from_a_graph() -> None:
             result = body()
         for seed in range(6):
             xs, i, ws = step(seed)
+            if seed % 3 == 2:  # no CPU pair in the step: both layers answer themselves
+                i = torch.full_like(i, -1)
             x.copy_(xs), ids.copy_(i), w.copy_(ws), base.copy_(torch.randn(5, 128))
             want = base.cpu()
             for layer in (0, 1):  # the sum the branch's kernel computes (bf16 activations on bf16-dot CPUs)
-                if branch.bf16_act:
+                if not bool((i >= 0).any()):
+                    part = torch.zeros_like(want)
+                elif branch.bf16_act:
                     part = bf16_act_reference(xs, i, ws, p.gate_up[layer], p.down[layer])
                 else:
                     part = grouped_experts(xs, i, ws, p.gate_up[layer].float(), p.down[layer].float())
@@ -67,7 +71,8 @@ def test_hand_overs_replay_from_a_graph() -> None:
             graph.replay()
             torch.cuda.synchronize()
             torch.testing.assert_close(result.cpu(), want, rtol=1e-4, atol=1e-4)
-        assert branch.served() == 2 * (1 + 6) and branch.failure() is None  # the capture itself ran none
+        # the capture itself ran none; the steps with no CPU pair never reached the coordinator
+        assert branch.served() == 2 * (1 + 4) and branch.failure() is None
     finally:
         branch.close()
 

@@ -13,7 +13,8 @@ from freetoken.runtime.moe import stream_branch
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels import loader
 from freetoken.runtime.moe.kernels.cpu_experts import bf16_act_reference
-from freetoken.runtime.moe.stream_branch import StreamBranch, stage_bytes
+from freetoken.runtime.moe.kernels.hand_over import stage_bytes
+from freetoken.runtime.moe.stream_branch import StreamBranch
 
 CPU = torch.device("cpu")
 
@@ -65,6 +66,20 @@ def test_pairs_left_to_the_gpu_are_skipped() -> None:
         base, got = hand_over(branch, 0, x, mine, w)
         torch.testing.assert_close(got - base, ref, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got[::2], base[::2], rtol=0, atol=0)
+    finally:
+        branch.close()
+
+
+def test_a_layer_with_no_cpu_pair_answers_itself() -> None:
+    branch = StreamBranch(pool(torch.bfloat16), CPU, top_k=3, max_rows=8, threads=1)
+    try:
+        x, ids, w = step(4)
+        base, got = hand_over(branch, 1, x, torch.full_like(ids, -1), w)
+        assert torch.equal(got, base) and branch.served() == 0  # the coordinator never heard of it
+        ref = reference(branch, 0, x, ids, w)
+        base, got = hand_over(branch, 0, x, ids, w)  # the next one with pairs is served as ever
+        torch.testing.assert_close(got - base, ref, rtol=1e-4, atol=1e-5)
+        assert branch.served() == 1 and branch.failure() is None
     finally:
         branch.close()
 

@@ -1,13 +1,15 @@
 """The CPU branch handed over inside the device's stream: a decode step with CPU work and no host in it.
 
 Per MoE layer step of at most `max_rows` rows (kernels/branch_coordinator.c holds the protocol):
-  submit  the rows' CPU pairs (ids -1 elsewhere), their weights and x are packed into one device buffer,
-          copied to pinned staging in one transfer, and the submit flag is raised — all stream work
+  submit  one kernel writes the rows' CPU pairs (ids -1 elsewhere), their weights and x into the pinned
+          stage and raises the submit flag; a layer with no CPU pair raises the done flag instead and the
+          coordinator never hears of it (kernels/hand_over.py) — all stream work
   (the GPU computes its own pairs meanwhile; the coordinator thread runs the C kernel on the pool)
-  merge   the stream waits for the done flag, copies the result [T, H] fp32 back and adds it
-On CUDA the four stream operations go through the driver (kernels/stream_ops.py), so the decode step is
-captured in a CUDA graph with its CPU branch; on the cpu device the calling thread does them, which runs
-this same path in CI. A dead or stuck branch answers every hand-over at once (the GPU never hangs) and
+  merge   the stream waits for the done flag, copies the result [T, H] fp32 back and adds it where the
+          layer had a CPU pair
+On CUDA these are stream operations (kernels/stream_ops.py), so the decode step is captured in a CUDA graph
+with its CPU branch; on the cpu device the calling thread does them, which runs this same path in CI.
+A dead or stuck branch answers every hand-over at once (the GPU never hangs) and
 `failure()` says why; the executor raises it after the step and falls back to the read-back path.
 """
 
@@ -27,22 +29,17 @@ from freetoken.runtime.moe.kernels.cpu_experts import (
     expert_fn_c,
     kernel_takes,
 )
+from freetoken.runtime.moe.kernels.hand_over import stage_bytes
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.kernels.stream_ops import DriverStreamOps, HostStreamOps
 from freetoken.runtime.moe.pool import HostExpertPool
 
-HEADER_BYTES = 16  # int64 rows, int64 layer row
 FAILURES = {
     1: "the CPU expert kernel failed (code {error})",
     2: "the CPU expert branch was stuck in one layer for over {stall:g} s",
     3: "the CPU expert branch's thread stopped",
     4: "the CPU expert branch received a malformed hand-over",
 }
-
-
-def stage_bytes(rows: int, hidden: int, top_k: int) -> int:
-    """Bytes of one hand-over: header, x fp32 [rows, H], ids int64 [rows, K], weights fp32 [rows, K]."""
-    return HEADER_BYTES + rows * (4 * hidden + 12 * top_k)
 
 
 class StreamBranch:
@@ -69,7 +66,6 @@ class StreamBranch:
         self.row_of = {layer: row for row, layer in enumerate(layers)}
         self.hidden, self.top_k, self.max_rows, self.stall_s = pool.hidden_size, top_k, max_rows, stall_s
         size = stage_bytes(max_rows, self.hidden, top_k)
-        self.pack = torch.zeros(size, dtype=torch.uint8, device=device)  # the stage, built on the device
         self.result = torch.zeros(max_rows, self.hidden, dtype=torch.float32, device=device)
         self.bf16_act = bf16_activations(pool.dtype)
         ids = [codec_ids(names, int8_act, self.bf16_act) for names in codecs]
@@ -77,10 +73,6 @@ class StreamBranch:
         pointers = ctypes.c_void_p * n
         ints = ctypes.c_int * n
         inter = bank_sizes(pool.gate_up[layers[0]], pool.down[layers[0]])[1]
-        # every (rows, layer row) header, so a hand-over copies a view (no host value enters the stream)
-        rows_col = torch.arange(max_rows + 1)[:, None].expand(max_rows + 1, n)
-        rows_row = torch.arange(n)[None, :].expand(max_rows + 1, n)
-        self._headers = torch.stack((rows_col, rows_row), dim=-1).to(device)  # [max_rows + 1, n, 2] int64
         fns = [expert_fn_c(pool.fn, pool.gate_up_bias.get(layer)) for layer in layers]
         fn_array = None if all(f is None for f in fns) else (ExpertFnC * n)(*(f or ExpertFnC() for f in fns))
         self.handle = lib.ft_branch_new(
@@ -105,40 +97,32 @@ class StreamBranch:
         )
         f, st, o = offsets
         self.flags = region[f : f + 8].view(torch.int32)  # submit, done
-        self.stage = region[st : st + size]
+        self.stage = region[st : st + -(-size // 8) * 8]  # whole words (the region pads it to 64 bytes)
         self.out_host = (
             region[o : o + 4 * max_rows * self.hidden].view(torch.float32).view(max_rows, self.hidden)
         )
         self.ops: DriverStreamOps | HostStreamOps = (
             DriverStreamOps(device) if device.type == "cuda" else HostStreamOps(lib, self.handle)
         )
-        self._submit_flag = self.ops.device_address(self.flags.data_ptr())
-        self._done_flag = self._submit_flag + 4
+        self._done_flag = self.ops.device_address(self.flags.data_ptr()) + 4
+        self._ids: torch.Tensor | None = None  # the hand-over in flight's ids (its memory kept to the merge)
 
     def set_threads(self, threads: int) -> None:
         self.lib.ft_branch_set_threads(self.handle, threads)
 
     def submit(self, layer: int, x: torch.Tensor, cpu_ids: torch.Tensor, weights: torch.Tensor) -> None:
         """Hand over x [T, H]'s pairs `cpu_ids` [T, K] (-1: not the CPU's) with `weights` [T, K]."""
-        t, h, k = x.shape[0], self.hidden, self.top_k
-        assert t <= self.max_rows, f"a hand-over takes at most {self.max_rows} rows"
-        pack = self.pack
-        pack[:HEADER_BYTES].view(torch.int64).copy_(self._headers[t, self.row_of[layer]])
-        a = HEADER_BYTES
-        pack[a : a + 4 * t * h].view(torch.float32).view(t, h).copy_(x)
-        a += 4 * t * h
-        pack[a : a + 8 * t * k].view(torch.int64).view(t, k).copy_(cpu_ids)
-        a += 8 * t * k
-        pack[a : a + 4 * t * k].view(torch.float32).view(t, k).copy_(weights)
-        self.ops.d2h(self.stage.data_ptr(), pack, stage_bytes(t, h, k))
-        self.ops.signal(self._submit_flag)
+        assert x.shape[0] <= self.max_rows, f"a hand-over takes at most {self.max_rows} rows"
+        self._ids = cpu_ids.contiguous()
+        self.ops.hand_over(x, self._ids, weights, self.stage, self.flags, self.row_of[layer])
 
     def merge(self, out: torch.Tensor) -> torch.Tensor:
-        """out [T, H] + the CPU's result for the layer handed over last."""
-        t = out.shape[0]
+        """out [T, H] + the CPU's result for the layer handed over last (out itself when it had no CPU
+        pair)."""
+        assert self._ids is not None, "merge follows a submit"
+        ids, self._ids = self._ids, None
         self.ops.wait(self._done_flag)
-        self.ops.h2d(self.result, self.out_host.data_ptr(), 4 * t * self.hidden)
-        return out + self.result[:t].to(out.dtype)
+        return self.ops.merge(out, self.result, self.out_host[: out.shape[0]], ids)
 
     def check(self, timeout_s: float = 2.0) -> None:
         """One hand-over for real before the branch is trusted: eagerly and, on CUDA, replayed from a

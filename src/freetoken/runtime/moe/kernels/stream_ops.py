@@ -1,15 +1,16 @@
 """The stream operations of the CPU branch's hand-over, two ways with one interface.
 
-  DriverStreamOps  (CUDA) through the driver on the current stream: copies between a device buffer and
-                   pinned host memory (cuMemcpyDtoHAsync / cuMemcpyHtoDAsync) and 32-bit flag writes and
-                   waits on mapped pinned memory (cuStreamWriteValue32 / cuStreamWaitValue32), so a captured
-                   graph replays all four as nodes and no host thread takes part in the step. A flag write
-                   carries a memory barrier: the copies before it are visible to the host when it lands.
-  HostStreamOps    (the cpu device standing in) the same four, done by the calling thread: copies are
-                   memmoves, the signal a release store, the wait blocks (interpreter lock released) until
-                   the coordinator answers.
+  DriverStreamOps  (CUDA) on the current stream: the hand-over kernel (kernels/hand_over.py: the stage
+                   written through unified addressing, then the submit word, or the done word when the
+                   layer has no CPU pair), the wait through the driver (cuStreamWaitValue32 on mapped pinned
+                   memory, then cuStreamWriteValue32 back to 0), the result copied back (cuMemcpyHtoDAsync)
+                   and the merge kernel; a captured graph replays them all as nodes and no host thread takes
+                   part in the step.
+  HostStreamOps    (the cpu device standing in) the same, done by the calling thread with the torch
+                   references: the stage and the result are memory the thread reads and writes, the submit
+                   a release store, the wait blocks (interpreter lock released) until the coordinator answers.
 
-Flags are int32 words in pinned memory; `signal` sets one to 1, `wait` waits for 1 and sets it back to 0.
+Flags are int32 words in pinned memory (submit, done); `wait` waits for done = 1 and sets it back to 0.
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ import ctypes
 import functools
 
 import torch
+
+from freetoken.runtime.moe.kernels.hand_over import (
+    merge_hand_over,
+    merge_reference,
+    stage_hand_over,
+    stage_reference,
+)
 
 CU_STREAM_WAIT_VALUE_EQ = 0x1
 CU_STREAM_WRITE_VALUE_DEFAULT = 0x0  # with a memory barrier before the write
@@ -48,14 +56,12 @@ class DriverStreamOps:
         vp, u32, u64, size = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_size_t
         self._write = _entry(lib, "cuStreamWriteValue32_v2", "cuStreamWriteValue32")
         self._wait = _entry(lib, "cuStreamWaitValue32_v2", "cuStreamWaitValue32")
-        self._d2h = _entry(lib, "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync")
         self._h2d = _entry(lib, "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync")
         self._mapped = _entry(lib, "cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
         self._write.argtypes = self._wait.argtypes = [vp, u64, u32, ctypes.c_uint]
-        self._d2h.argtypes = [vp, u64, size, vp]
         self._h2d.argtypes = [u64, vp, size, vp]
         self._mapped.argtypes = [ctypes.POINTER(u64), vp, ctypes.c_uint]
-        for fn in (self._write, self._wait, self._d2h, self._h2d, self._mapped):
+        for fn in (self._write, self._wait, self._h2d, self._mapped):
             fn.restype = ctypes.c_int
 
     def _stream(self) -> int:
@@ -73,17 +79,19 @@ class DriverStreamOps:
             return host_ptr  # not mapped by that call's rules: unified addressing shares the address
         return out.value
 
-    def d2h(self, dst_ptr: int, src: torch.Tensor, nbytes: int) -> None:
-        self._check("cuMemcpyDtoHAsync", self._d2h(dst_ptr, src.data_ptr(), nbytes, self._stream()))
+    def hand_over(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stage: torch.Tensor,
+        flags: torch.Tensor, row: int,
+    ) -> None:  # fmt: skip
+        stage_hand_over(x, ids, weights, stage, flags, row)
 
-    def h2d(self, dst: torch.Tensor, src_ptr: int, nbytes: int) -> None:
-        self._check("cuMemcpyHtoDAsync", self._h2d(dst.data_ptr(), src_ptr, nbytes, self._stream()))
-
-    def signal(self, flag: int) -> None:
-        """`flag`: the device address of the word."""
-        self._check(
-            "cuStreamWriteValue32", self._write(self._stream(), flag, 1, CU_STREAM_WRITE_VALUE_DEFAULT)
-        )
+    def merge(
+        self, out: torch.Tensor, result: torch.Tensor, out_host: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """out + the CPU's result (copied back into `result` first) where `ids` had a CPU pair."""
+        copy = self._h2d(result.data_ptr(), out_host.data_ptr(), 4 * out.numel(), self._stream())
+        self._check("cuMemcpyHtoDAsync", copy)
+        return merge_hand_over(out, result, ids)
 
     def wait(self, flag: int) -> None:
         stream = self._stream()
@@ -100,14 +108,19 @@ class HostStreamOps:
     def device_address(self, host_ptr: int) -> int:
         return host_ptr
 
-    def d2h(self, dst_ptr: int, src: torch.Tensor, nbytes: int) -> None:
-        ctypes.memmove(dst_ptr, src.data_ptr(), nbytes)
+    def hand_over(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stage: torch.Tensor,
+        flags: torch.Tensor, row: int,
+    ) -> None:  # fmt: skip
+        if stage_reference(x, ids, weights, stage, row):
+            self.lib.ft_branch_signal(self.branch)  # the branch's own submit word
+        else:
+            flags[1] = 1  # answered here: the wait below is this thread's own
 
-    def h2d(self, dst: torch.Tensor, src_ptr: int, nbytes: int) -> None:
-        ctypes.memmove(dst.data_ptr(), src_ptr, nbytes)
-
-    def signal(self, flag: int) -> None:
-        self.lib.ft_branch_signal(self.branch)  # the branch's own submit word
+    def merge(
+        self, out: torch.Tensor, result: torch.Tensor, out_host: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        return merge_reference(out, out_host, ids)
 
     def wait(self, flag: int) -> None:
         self.lib.ft_branch_wait_done(self.branch)  # the branch's own done word

@@ -1,0 +1,107 @@
+"""The CPU branch's hand-over as device work that decides by itself whether the CPU is needed.
+
+A decode step hands each MoE layer's CPU pairs over (stream_branch.py). Most layers of a well-cached
+step have none; a round trip through the coordinator for those (flag, thread, kernel call, flag) costs
+tens of microseconds a layer. So the stage is written by a kernel that looks at the ids first:
+
+  stage    any CPU pair: header, x, ids and weights into the page-locked stage, then submit = 1 (the
+           coordinator serves it); none: done = 1 at once (the stream's wait passes, the coordinator never
+           hears of it). One program; its stores reach host memory through unified addressing, ordered
+           before the flag by a barrier and a system-scope release.
+  merge    out + the copied-back result where the hand-over had a CPU pair, else out.
+
+`stage_reference` / `merge_reference` do the same in torch: the cpu device standing in runs them (with
+the coordinator's own signal and answer), and the tests compare the kernels with them (Triton's
+interpreter runs the kernel bodies on CPU tensors without CUDA).
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+import torch
+
+HEADER_BYTES = 16  # int64 rows, int64 layer row
+STAGE_BLOCK = 1024  # x values per store step of the stage kernel
+MERGE_BLOCK = 1024
+
+
+def stage_bytes(rows: int, hidden: int, top_k: int) -> int:
+    """Bytes of one hand-over: header, x fp32 [rows, H], ids int64 [rows, K], weights fp32 [rows, K]."""
+    return HEADER_BYTES + rows * (4 * hidden + 12 * top_k)
+
+
+def has_cpu_pairs(ids: torch.Tensor) -> bool:
+    return bool((ids >= 0).any())
+
+
+@functools.cache
+def _body() -> tuple[ModuleType, bool]:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from freetoken.runtime.moe.kernels import hand_over_triton as body
+
+    return body, isinstance(body.stage_kernel, InterpretedFunction)
+
+
+def _pairs_p2(pairs: int) -> int:
+    return 1 << max(0, pairs - 1).bit_length()
+
+
+def stage_hand_over(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    stage: torch.Tensor,
+    flags: torch.Tensor,
+    row: int,
+) -> None:
+    """x [T, H], ids [T, K] int64, weights [T, K] on the device; `stage` uint8 (the page-locked region's
+    stage, its length a multiple of 8) and `flags` int32 [2] (submit, done) in page-locked host memory."""
+    body, _ = _body()
+    t, h = x.shape
+    k = ids.shape[1]
+    body.stage_kernel[(1,)](
+        x.contiguous(), ids.contiguous(), weights.contiguous(), stage.view(torch.int64),
+        stage.view(torch.float32), flags, row, ROWS=t, H=h, K=k, PAIRS_P2=_pairs_p2(t * k), BLOCK=STAGE_BLOCK,
+    )  # fmt: skip
+
+
+def merge_hand_over(out: torch.Tensor, result: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """out [T, H] + result [>= T, H] fp32 (rounded to out's dtype) where `ids` [T, K] has a CPU pair."""
+    body, _ = _body()
+    t, h = out.shape
+    out = out.contiguous()
+    dst = torch.empty_like(out)
+    n = t * h
+    body.merge_kernel[(-(-n // MERGE_BLOCK),)](
+        out, result, ids.contiguous(), dst, n, PAIRS=ids.numel(), PAIRS_P2=_pairs_p2(ids.numel()),
+        BLOCK=MERGE_BLOCK,
+    )  # fmt: skip
+    return dst
+
+
+def stage_reference(
+    x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stage: torch.Tensor, row: int
+) -> bool:
+    """The stage kernel's bytes, written by torch when the hand-over has a CPU pair; returns whether it
+    has (the caller then signals submit, else answers done)."""
+    if not has_cpu_pairs(ids):
+        return False
+    t, h = x.shape
+    k = ids.shape[1]
+    stage[:HEADER_BYTES].view(torch.int64).copy_(torch.tensor([t, row], dtype=torch.int64))
+    a = HEADER_BYTES
+    stage[a : a + 4 * t * h].view(torch.float32).view(t, h).copy_(x)
+    a += 4 * t * h
+    stage[a : a + 8 * t * k].view(torch.int64).view(t, k).copy_(ids)
+    a += 8 * t * k
+    stage[a : a + 4 * t * k].view(torch.float32).view(t, k).copy_(weights)
+    return True
+
+
+def merge_reference(out: torch.Tensor, result: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    if not has_cpu_pairs(ids):
+        return out
+    return out + result[: out.shape[0]].to(out.device, out.dtype)

@@ -1,0 +1,83 @@
+"""Triton kernel bodies of the CPU branch's hand-over (launchers and references in hand_over.py).
+
+stage_kernel, one program: the hand-over's ids [PAIRS] decide. Any id >= 0: the header (ROWS, row), x as
+fp32 [ROWS, H], the ids (int64) and the weights (fp32) are stored into the page-locked stage through
+unified addressing, the program's threads meet at a barrier, and the submit word is set to 1 with a
+release at system scope (the stage's bytes are visible to the host before the word is). No id >= 0: the
+stage is left alone and the done word is set to 1 the same way: the hand-over answers itself.
+
+merge_kernel, grid (cdiv(N, BLOCK),): dst = out + result rounded to out's dtype where the hand-over had a
+CPU pair, else out (the result buffer then holds an older layer's numbers, never read).
+
+Stage layout (byte offsets, rows = ROWS): header int64 [2] at 0, x fp32 [rows, H] at 16, ids int64
+[rows, K] at 16 + 4·rows·H (8-aligned: H is even), weights fp32 [rows, K] after the ids.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _has_pairs(ids_ptr, PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr):
+    p = tl.arange(0, PAIRS_P2)
+    ids = tl.load(ids_ptr + p, mask=p < PAIRS, other=-1)
+    return tl.max((ids >= 0).to(tl.int32), axis=0) > 0
+
+
+@triton.jit
+def stage_kernel(
+    x_ptr,  # [ROWS, H] any float dtype, contiguous
+    ids_ptr,  # [ROWS, K] int64 (-1: not the CPU's pair)
+    w_ptr,  # [ROWS, K] float
+    stage64_ptr,  # the stage as int64 words
+    stage32_ptr,  # the stage as fp32 words (the same bytes)
+    flags_ptr,  # int32 [2]: submit, done
+    row,  # the layer's row in the branch
+    ROWS: tl.constexpr,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    PAIRS_P2: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    PAIRS: tl.constexpr = ROWS * K
+    if _has_pairs(ids_ptr, PAIRS, PAIRS_P2):
+        two = tl.arange(0, 2)
+        header = tl.where(two == 0, ROWS, row).to(tl.int64)
+        tl.store(stage64_ptr + two, header)
+        for start in tl.static_range(0, ROWS * H, BLOCK):
+            o = start + tl.arange(0, BLOCK)
+            m = o < ROWS * H
+            tl.store(stage32_ptr + 4 + o, tl.load(x_ptr + o, mask=m).to(tl.float32), mask=m)
+        p = tl.arange(0, PAIRS_P2)
+        pm = p < PAIRS
+        ids_at: tl.constexpr = (16 + 4 * ROWS * H) // 8
+        tl.store(stage64_ptr + ids_at + p, tl.load(ids_ptr + p, mask=pm), mask=pm)
+        w_at: tl.constexpr = (16 + 4 * ROWS * H + 8 * PAIRS) // 4
+        tl.store(stage32_ptr + w_at + p, tl.load(w_ptr + p, mask=pm).to(tl.float32), mask=pm)
+        tl.debug_barrier()
+        tl.atomic_xchg(flags_ptr, 1, sem="release", scope="sys")
+    else:
+        tl.atomic_xchg(flags_ptr + 1, 1, sem="release", scope="sys")
+
+
+@triton.jit
+def merge_kernel(
+    out_ptr,  # [N] the device's part, contiguous
+    result_ptr,  # [N] fp32, the CPU's part as copied back
+    ids_ptr,  # [PAIRS] int64, the hand-over's ids
+    dst_ptr,  # [N] out's dtype
+    N,
+    PAIRS: tl.constexpr,
+    PAIRS_P2: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < N
+    out = tl.load(out_ptr + o, mask=m, other=0.0)
+    if _has_pairs(ids_ptr, PAIRS, PAIRS_P2):
+        # as torch adds two tensors of out's dtype: the result rounded to it, the sum in fp32, rounded
+        part = tl.load(result_ptr + o, mask=m, other=0.0).to(dst_ptr.dtype.element_ty).to(tl.float32)
+        out = (out.to(tl.float32) + part).to(dst_ptr.dtype.element_ty)
+    tl.store(dst_ptr + o, out, mask=m)
