@@ -59,6 +59,7 @@ RUN = ["run", "demo", "-p", "x", "-n", "2", "--device", "cpu"]
         (["--moe-pcie-gbps", "-1"], "--moe-pcie-gbps: expected a positive number, got -1.0"),
         (["--moe-host-gbps", "inf"], "--moe-host-gbps: expected a positive number, got inf"),
         (["--moe-hybrid-max-fetch", "0"], "--moe-hybrid-max-fetch: expected a positive integer, got 0"),
+        (["--moe-prefetch", "200"], "--moe-prefetch: expected an integer in [0, 128], got 200"),
         (
             ["--moe-prefill-stream", "maybe"],
             "--moe-prefill-stream: expected one of auto, on, off, got 'maybe'",

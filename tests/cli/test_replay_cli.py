@@ -33,7 +33,7 @@ def test_routing_json_and_plot(trace: Path, tmp_path: Path) -> None:
     doc = json.loads(result.stdout)
     rows = {(r["policy"], r["capacity"]): r for r in doc["rows"]}
     assert {c for _, c in rows} == {32, 64}  # 0.25 of the demo's 128 experts, and 64 slots
-    assert len({p for p, _ in rows}) == 7
+    assert len({p for p, _ in rows}) == 8  # every policy by default
     for capacity in (32, 64):
         assert all(
             rows[("belady", capacity)]["decode_misses"] <= r["decode_misses"]

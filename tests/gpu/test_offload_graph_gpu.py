@@ -85,16 +85,18 @@ def test_fills_read_the_registered_pool_and_replay_from_a_graph() -> None:
             assert torch.equal(slots_dn[slot].cpu(), pool.down[0][expert])
 
 
+@pytest.mark.parametrize("prefetch", [0, 2], ids=["demand", "prefetch"])
 @pytest.mark.parametrize("batch", [1, 3, 8])
 @pytest.mark.parametrize("slots", [2, 4, 16], ids=["top-k", "quarter", "whole"])
 def test_offload_graph_decode_with_misses_equals_the_cpu_reference(
-    tiny_model: tuple[Path, Any], slots: int, batch: int
+    tiny_model: tuple[Path, Any], slots: int, batch: int, prefetch: int
 ) -> None:
     prompts = PROMPTS[:batch]
     want = greedy(build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused"), prompts)
     engine = build_engine(
-        tiny_model[0], device="cuda", dtype="float32", moe_backend="offload", cache_size=slots
-    )
+        tiny_model[0], device="cuda", dtype="float32", moe_backend="offload", cache_size=slots,
+        prefetch=prefetch,
+    )  # fmt: skip
     try:
         assert greedy(engine, prompts) == want
         assert engine.decoder is not None
@@ -103,6 +105,7 @@ def test_offload_graph_decode_with_misses_equals_the_cpu_reference(
         totals = engine.moe_counters.totals()
         assert totals["misses"] > 0 if slots < 16 else True
         assert totals["cpu"] == 0 or slots * 1 < batch * 2 * 2
+        assert totals["prefetched"] > 0 if prefetch and slots == 2 else prefetch or totals["prefetched"] == 0
         assert_residency_true(engine)
     finally:
         engine.close()

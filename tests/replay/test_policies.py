@@ -231,6 +231,8 @@ def test_lru_is_the_runtime_residency(seed: int, warm: bool) -> None:
         # lookahead without prefetching is exactly lru
         plain = simulate("lookahead", trace, capacity, warm=warm, width=0)
         assert plain.__dict__ | {"policy": "lru"} == got.__dict__
+        plain = simulate("lru-prefetch", trace, capacity, warm=warm, width=0)  # likewise the engine's
+        assert plain.__dict__ | {"policy": "lru"} == got.__dict__
 
 
 def test_whole_pool_misses_each_expert_once() -> None:
@@ -303,9 +305,11 @@ def test_lookahead_beats_lru_on_cross_layer_structure() -> None:
         ex.append(perm[ex[-1]])
     trace = make_trace(np.stack(ex, axis=1), experts)
     for capacity in (12, 24, 40):
-        ours, base = simulate("lookahead", trace, capacity), simulate("lru", trace, capacity)
-        assert misses(ours) < 0.5 * misses(base), capacity
-        assert misses(simulate("belady", trace, capacity)) <= ours.fetches
+        base = simulate("lru", trace, capacity)
+        for policy in ("lookahead", "lru-prefetch"):
+            ours = simulate(policy, trace, capacity)
+            assert misses(ours) < 0.5 * misses(base), (policy, capacity)
+            assert misses(simulate("belady", trace, capacity)) <= ours.fetches
 
 
 def test_lookahead_by_hand_keeps_the_pass_resident() -> None:
@@ -342,6 +346,7 @@ def test_capacity_out_of_range(capacity: int) -> None:
 def test_unknown_policy_and_registry() -> None:
     assert list(POLICIES) == [
         "lru",
+        "lru-prefetch",
         "lru-per-layer",
         "static",
         "prefill-pinned",

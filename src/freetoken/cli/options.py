@@ -110,6 +110,15 @@ CpuLayersOpt = Annotated[
 MaxFetchOpt = Annotated[
     int | None, typer.Option("--moe-hybrid-max-fetch", help="Most misses hybrid fetches per layer step.")
 ]
+PrefetchOpt = Annotated[
+    int,
+    typer.Option(
+        "--moe-prefetch",
+        help="Router-lookahead prefetch (offload, hybrid): after each MoE layer, fetch up to N experts of "
+        "the next layer that co-occurrence learned while running says are likely (0: off). Check it on "
+        "your own traces first: `freetoken replay routing` with the lru-prefetch policy.",
+    ),
+]
 CpuThreadsOpt = Annotated[
     int | None,
     typer.Option(
@@ -208,6 +217,7 @@ def moe_config_from(flags: dict[str, Any]) -> MoeConfig:
         vram_budget=flags["vram_budget"],
         cpu_layers=flags["moe_cpu_layers"],
         hybrid_max_fetch=flags["moe_hybrid_max_fetch"],
+        prefetch=flags["moe_prefetch"],
         cpu_threads=flags["moe_cpu_threads"],
         cpu_int8_act=flags["moe_cpu_int8_act"],
         pcie_gbps=flags["moe_pcie_gbps"],

@@ -14,7 +14,7 @@ from freetoken.cli.options import DeviceOpt
 replay_app = typer.Typer(
     help="Replay routing traces against cache policies, or agent sessions against the engine."
 )
-DEFAULT_POLICIES = "lru,lru-per-layer,static,prefill-pinned,lfu,lookahead,belady"
+DEFAULT_POLICIES = "lru,lru-prefetch,lru-per-layer,static,prefill-pinned,lfu,lookahead,belady"
 
 
 @replay_app.command("routing")

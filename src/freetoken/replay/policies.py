@@ -27,6 +27,7 @@ import torch
 
 from freetoken.replay.belady import belady as belady_hits
 from freetoken.replay.trace import PREFILL, RoutingTrace
+from freetoken.runtime.moe.lookahead import CoRouting
 from freetoken.runtime.moe.residency import ExpertResidency
 
 
@@ -107,6 +108,37 @@ def lru(trace: RoutingTrace, capacity: int, warm: bool = False) -> ReplayResult:
         tally.add(g.phase, hits, misses)
         tally.fetches += fills
     return tally.result("lru", capacity)
+
+
+def lru_prefetch(
+    trace: RoutingTrace, capacity: int, warm: bool = False, width: int | None = None
+) -> ReplayResult:
+    """`lru` with the engine's router-lookahead prefetch (`--moe-prefetch`: lookahead.py's CoRouting and
+    ExpertResidency.prefetch on the cpu device, driven as the executor drives them): after each layer step
+    of a pass, the pass's token rows teach the co-routing counts and up to `width` (default top-k) of the
+    next layer's likely experts are prefetched. Prefetch fills count in `fetches`; width 0 is `lru`."""
+    layers, experts = _shape(trace, capacity)
+    width = trace.top_k if width is None else width
+    residency = ExpertResidency(range(layers), experts, capacity, "cpu")
+    co = CoRouting(layers, experts, max(width, 1), "cpu")
+    tally = _Tally(len(residency.warm_start()) if warm else 0)
+    counts, fills_at = residency.counters, 2  # [L, 5]: hits, misses, fills, ...
+    rows = _pass_rows(trace)
+    for i, g in enumerate(trace.groups()):
+        before = counts[g.layer].clone()
+        ids = torch.from_numpy(g.experts.astype(np.int64))[None]  # [1, M]: as `lru` steps
+        residency.ensure(g.layer, ids, torch.ones(ids.shape))
+        hits, misses, fills = (counts[g.layer, :3] - before[:3]).tolist()
+        tally.add(g.phase, hits, misses)
+        tally.fetches += fills
+        chosen = torch.from_numpy(trace.experts[rows[i // layers]].astype(np.int64))  # [T, L, K]
+        if g.layer > 0:
+            co.learn(g.layer, chosen[:, g.layer - 1], chosen[:, g.layer])
+        if width > 0 and g.layer + 1 < layers:
+            prefetched = residency.prefetch_counters[g.layer + 1, fills_at].item()
+            residency.prefetch(g.layer + 1, *co.predict(g.layer, chosen[:, g.layer]))
+            tally.fetches += residency.prefetch_counters[g.layer + 1, fills_at].item() - prefetched
+    return tally.result("lru-prefetch", capacity)
 
 
 def lru_per_layer(trace: RoutingTrace, capacity: int, warm: bool = False) -> ReplayResult:
@@ -305,6 +337,7 @@ def lookahead(
 
 POLICIES: dict[str, Callable[..., ReplayResult]] = {
     "lru": lru,
+    "lru-prefetch": lru_prefetch,
     "lru-per-layer": lru_per_layer,
     "static": static,
     "prefill-pinned": prefill_pinned,

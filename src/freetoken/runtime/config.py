@@ -26,6 +26,8 @@ DTYPE_ALIASES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "b
 MOE_BACKEND_NAMES = ("auto", "fused", "offload", "cpu", "hybrid")  # = moe.executor.BACKEND_CHOICES
 CHECKPOINT_POLICIES = ("anchors", "interval", "none")
 MAX_CPU_THREADS = 4096
+MAX_PREFETCH = 128  # the LRU kernel's pairs per step
+PREFETCH_WIDTH = Kind(f"an integer in [0, {MAX_PREFETCH}]", lambda v: COUNT.check(v) and v <= MAX_PREFETCH)
 CPU_THREADS = Kind(
     f"an integer in [1, {MAX_CPU_THREADS}]", lambda v: POSITIVE_INT.check(v) and v <= MAX_CPU_THREADS
 )
@@ -184,6 +186,7 @@ class MoeConfig:
     vram_budget: str | None = None  # the engine's device memory cap: GiB ("20", "20GiB") or a share ("0.5")
     cpu_layers: str | None = None  # "3,7,11" ids, "4" the first four MoE layers, "0.25" a fraction
     hybrid_max_fetch: int | None = None
+    prefetch: int = 0  # router-lookahead prefetch: experts of the next MoE layer fetched per layer step
     cpu_threads: int | None = None
     cpu_int8_act: bool = False  # CPU dots of quantized experts against int8 activation blocks
     pcie_gbps: float | None = None  # B_P; None: from this machine's bandwidth profile, if any
@@ -205,6 +208,7 @@ class MoeConfig:
             ("--moe-cache-ratio", self.cache_ratio, FRACTION),
             ("--kv-reserve-tokens", self.kv_reserve_tokens, COUNT),
             ("--moe-hybrid-max-fetch", self.hybrid_max_fetch, POSITIVE_INT),
+            ("--moe-prefetch", self.prefetch, PREFETCH_WIDTH),
             ("--moe-cpu-threads", self.cpu_threads, CPU_THREADS),
             ("--moe-pcie-gbps", self.pcie_gbps, POSITIVE),
             ("--moe-host-gbps", self.host_gbps, POSITIVE),

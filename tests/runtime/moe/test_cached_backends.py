@@ -24,6 +24,8 @@ BACKENDS = {
     "cpu": {},
     "hybrid": {"pcie_gbps": 25.0, "host_gbps": 100.0},
     "hybrid-capped": {"pcie_gbps": 90.0, "host_gbps": 100.0, "hybrid_max_fetch": 1},
+    "offload-prefetch": {"prefetch": 2},  # router-lookahead prefetch: the same tokens, fewer or more fills
+    "hybrid-prefetch": {"pcie_gbps": 25.0, "host_gbps": 100.0, "prefetch": 3},
 }
 SIZES = {"top-k": 2, "quarter": 4, "whole": POOL}
 
@@ -53,7 +55,7 @@ def test_batch_of_one_matches_fused(
     engine = cached(tiny_model[0], backend, size)
     try:
         assert greedy(engine) == greedy(fused)
-        if backend != "offload":  # decode steps handed their CPU pairs over inside the step
+        if backend not in ("offload", "offload-prefetch"):  # CPU pairs handed over inside the step
             branch = engine.executor.stream_branch
             assert branch is not None and branch.served() > 0 and engine.executor.stream_off is None
         seq, ref_seq = engine.new_sequence(), fused.new_sequence()
@@ -117,6 +119,25 @@ def test_counters_add_up(tiny_model: tuple[Path, Any], backend: str) -> None:
         if backend == "hybrid":  # q >= 1 whenever there is a miss: no step leaves all misses to the CPU
             assert all(fetched_when_missed) and totals["fills"] > 0
         assert 0 < c.miss_rate() < 1
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("backend", ["offload-prefetch", "hybrid-prefetch"])
+def test_prefetches_fill_apart_from_the_demand_counters(tiny_model: tuple[Path, Any], backend: str) -> None:
+    engine = cached(tiny_model[0], backend, 4)
+    try:
+        seq = engine.new_sequence()
+        engine.forward(seq, PROMPT)
+        engine.moe_counters.reset()
+        for t in range(20):
+            engine.forward(seq, [(37 * t) % 700])
+        by_layer = engine.moe_counters.by_layer
+        assert by_layer["prefetched"][1] > 0  # layer 0's steps fetch layer 2's likely experts
+        assert by_layer["prefetched"][0] == 0  # nothing predicts the first MoE layer
+        assert by_layer["hits"].sum() + by_layer["misses"].sum() == 20 * 2 * 2  # demand only
+        follow = engine.executor.prefetcher.co.follow  # [1, 8, 8]: learned from every pass, prompt too
+        assert int(follow.sum()) == (len(PROMPT) + 20) * 2 * 2
     finally:
         engine.close()
 

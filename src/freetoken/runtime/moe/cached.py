@@ -36,6 +36,7 @@ from freetoken.runtime.moe.kernels.cpu_experts import bf16_activations, cpu_expe
 from freetoken.runtime.moe.kernels.expert_fill import fill_slots, fill_slots_reference
 from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS
 from freetoken.runtime.moe.layer_stream import LayerStreamer
+from freetoken.runtime.moe.lookahead import Prefetcher
 from freetoken.runtime.moe.policy import fetch_fraction
 from freetoken.runtime.moe.prefill_plan import PrefillCosts
 from freetoken.runtime.moe.residency import COUNTER_NAMES, ExpertResidency
@@ -62,6 +63,12 @@ class CachedExecutor(ExpertExecutor):
         self.probes = 0
         self.streamer: LayerStreamer | None = None
         self._fill = fill_slots if ctx.device.type == "cuda" else fill_slots_reference
+        prefetch = ctx.moe.prefetch and self.mode in ("offload", "hybrid") and ctx.num_slots > 0
+        self.prefetcher = (
+            Prefetcher(self.residency, pool, self.bank, self._fill, ctx.moe.prefetch, ctx.device)
+            if prefetch
+            else None
+        )
         self.counters.attach(self.residency.read_counters)
         self._set_fetch()
         self.stream_branch: StreamBranch | None = None
@@ -211,6 +218,8 @@ class CachedExecutor(ExpertExecutor):
         the measured costs say so (and the slots hold two full layers)."""
         self.counters.tokens += rows
         self.counters.steps += 1
+        if self.prefetcher is not None:
+            self.prefetcher.begin_pass()
         moe = self.ctx.moe
         if tokens < 2 or moe.prefill_stream == "off" or self.residency.num_slots < 2 * self.pool.num_experts:
             return
@@ -264,6 +273,25 @@ class CachedExecutor(ExpertExecutor):
                 return self._forward_all_handed_over(layer, x, topk_ids, topk_weights)
             return self._forward_from_pool(layer, x, topk_ids, topk_weights)
         slot_ids, plan, count = self.residency.ensure(layer, topk_ids, topk_weights)
+        if self.prefetcher is None:
+            return self._from_slots(layer, x, topk_ids, topk_weights, slot_ids, plan, count, in_stream)
+        self.prefetcher.join()  # a prefetch fill in flight may be into this step's slots
+        out = self._from_slots(layer, x, topk_ids, topk_weights, slot_ids, plan, count, in_stream)
+        self.prefetcher.after(layer, topk_ids)
+        return out
+
+    def _from_slots(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        slot_ids: torch.Tensor,
+        plan: torch.Tensor,
+        count: torch.Tensor,
+        in_stream: bool,
+    ) -> torch.Tensor:
+        """The layer step after the policy's: fills, the slots' pairs, the CPU's share, merged."""
         pool, bank = self.pool, self.bank
         bias = self.pair_bias(layer, topk_ids)
         if self._device_alone(layer, topk_ids.numel()):

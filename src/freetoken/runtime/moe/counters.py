@@ -1,9 +1,10 @@
 """Expert cache counters, per MoE layer and per token.
 
-hits, misses, fills, evictions and cpu (distinct experts per layer step) are counted on the device by
-the residency policy and read from there when reported (`attach`); streamed / d2d — experts copied by
-prefill layer streaming over PCIe / on the device, whose passes read no routing, so they count no hits
-or misses — are counted on the host.
+hits, misses, fills, evictions and cpu (distinct experts per layer step) — and prefetched, the experts
+router-lookahead prefetches filled (lookahead.py), apart from the demand fills — are counted on the
+device by the residency policy and read from there when reported (`attach`); streamed / d2d — experts
+copied by prefill layer streaming over PCIe / on the device, whose passes read no routing, so they
+count no hits or misses — are counted on the host.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-DEVICE_FIELDS = ("hits", "misses", "fills", "evictions", "cpu")
+DEVICE_FIELDS = ("hits", "misses", "fills", "evictions", "cpu", "prefetched")
 FIELDS = (*DEVICE_FIELDS, "streamed", "d2d")
 
 
@@ -23,7 +24,7 @@ class MoeCounters:
     tokens: int = 0  # token rows through the MoE layers
     steps: int = 0  # forward passes
     host: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [L] int64, counted here
-    _device: Callable[[], np.ndarray] | None = field(default=None, repr=False)  # -> [L, 5] accumulated
+    _device: Callable[[], np.ndarray] | None = field(default=None, repr=False)  # -> [L, 6] accumulated
     _baseline: np.ndarray | None = field(default=None, repr=False)  # the device counts at the last reset
 
     def __post_init__(self) -> None:

@@ -8,6 +8,8 @@ The tables are the one truth, on the device the slots are on (the cpu device whe
   fetch     [L] float32   per row, the fraction f of a step's misses to fetch (q* = m·B_P/B_H; 1 fetches
                           all, 0 none: the CPU computes them)
   counters  [L, 5] int64  hits, misses, fills, evictions, cpu (distinct experts), accumulated
+  prefetch_counters [L, 5] the same for the router-lookahead prefetches (lookahead.py), kept apart so
+                          the demand counters (miss rates) mean the same with or without them
 
 `ensure` is one layer step of the policy (kernels/lru_ensure.py): dedup, hits stamped, the q misses to
 fetch chosen (most tokens, then router weight), victims by least recent stamp outside the step's own
@@ -47,6 +49,8 @@ class ExpertResidency:
         self.fetch = torch.ones(n, dtype=torch.float32, device=dev)  # [L]
         self.max_fetch = NO_FETCH_CAP
         self.counters = torch.zeros(n, len(COUNTER_NAMES), dtype=torch.int64, device=dev)  # [L, 5]
+        self.prefetch_counters = torch.zeros_like(self.counters)  # [L, 5]
+        self._fetch_all = torch.ones(n, dtype=torch.float32, device=dev)  # [L]
         self._ensure = lru_ensure if dev.type == "cuda" else lru_ensure_reference
 
     # -- the policy, one layer step (graph-capturable on CUDA) ----------------------------------------------
@@ -65,6 +69,23 @@ class ExpertResidency:
             self.fetch, self.max_fetch, self.counters, slot_ids, plan, count,
         )  # fmt: skip
         return slot_ids, plan, count
+
+    def prefetch(
+        self, layer: int, experts: torch.Tensor, scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same LRU step for `experts` [1, W] of `layer` (-1: none) predicted before its own step:
+        resident ones stamped, every other one admitted (fetched, never left to the CPU), the most
+        likely first when slots run short. Returns (plan [W, 2] int32, count [1] int32) for the fill;
+        counted in `prefetch_counters`."""
+        w = experts.shape[1]
+        slot_ids = torch.empty((1, w), dtype=torch.int64, device=experts.device)
+        plan = torch.empty((w, 2), dtype=torch.int32, device=experts.device)
+        count = torch.empty(1, dtype=torch.int32, device=experts.device)
+        self._ensure(
+            experts, scores, self.row_of[layer], self.slot_of, self.owner, self.stamp, self.clock,
+            self._fetch_all, NO_FETCH_CAP, self.prefetch_counters, slot_ids, plan, count,
+        )  # fmt: skip
+        return plan, count
 
     def set_fetch(self, fractions: Sequence[float], max_fetch: int | None) -> None:
         """Per MoE layer row, the fraction of misses to fetch; `max_fetch` caps fetches per layer step."""
@@ -143,5 +164,7 @@ class ExpertResidency:
         return int((self.owner != EMPTY).sum())
 
     def read_counters(self) -> np.ndarray:
-        """[L, 5] the accumulated counters (COUNTER_NAMES), on the host."""
-        return self.counters.cpu().numpy()
+        """[L, 6] the accumulated counters (COUNTER_NAMES), then the experts prefetches filled, on the
+        host."""
+        fills = COUNTER_NAMES.index("fills")
+        return torch.cat((self.counters, self.prefetch_counters[:, fills : fills + 1]), dim=1).cpu().numpy()
