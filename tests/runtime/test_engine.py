@@ -136,3 +136,22 @@ def test_chunked_prefill_equals_unchunked(tiny_model: tuple[Path, Any], backend:
 def test_max_prefill_tokens_must_be_positive(tiny_model: tuple[Path, Any]) -> None:
     with pytest.raises(FreeTokenError, match="--max-prefill-tokens: expected a positive integer, got 0"):
         build_engine(tiny_model[0], device="cpu", max_prefill_tokens=0)
+
+
+@pytest.mark.parametrize("backend", ["fused", "hybrid"])
+def test_a_closed_engine_frees_its_pool_when_dropped(tiny_model: tuple[Path, Any], backend: str) -> None:
+    import gc
+    import weakref
+
+    options = {"cache_size": 4} if backend != "fused" else {}
+    engine = build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend=backend, **options)
+    list(engine.generate([5, 77, 301], SamplingParams(max_tokens=3, ignore_eos=True)))
+    pool, model = weakref.ref(engine.pool), weakref.ref(engine.model)
+    engine.close()
+    engine.close()  # twice is fine
+    gc.disable()  # freed by reference counts alone, as soon as the engine is dropped
+    try:
+        del engine
+        assert pool() is None and model() is None
+    finally:
+        gc.enable()

@@ -155,8 +155,10 @@ class Engine:
         self.moe_counters.reset()
 
     def close(self) -> None:
-        """Stop the executor's worker threads."""
+        """Stop the executor's threads; drop the scheduler (it points back here), so the pool and model
+        go when the caller drops the engine, not at the next full gc pass. Takes no request after."""
         self.executor.close()
+        self.__dict__.pop("scheduler", None)
 
     def reset(self) -> None:
         """Forget cached conversations (K/V and checkpoints): the next request prefills its whole prompt."""
