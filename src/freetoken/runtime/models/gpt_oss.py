@@ -4,7 +4,8 @@ norms, a learned sink logit per head in every softmax, a sliding window on the l
 them, and experts with gate/up and down biases computing gpt-oss's clamped SwiGLU (moe/expert_fn.py).
 
 transformers saves the experts per layer as [E, in, out] banks with gate and up columns alternating; the
-pool takes them in its own layout (formats/tensor_names.py GPT_OSS_EXPERTS). Decoding runs eagerly.
+pool takes them in its own layout (formats/tensor_names.py GPT_OSS_EXPERTS). Decoding runs over the static
+KV pool (models/slot_decode.py: sinks and windows in the attention kernel, CUDA graphs on a GPU).
 """
 
 from __future__ import annotations

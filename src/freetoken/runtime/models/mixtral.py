@@ -2,7 +2,7 @@
 weights renormalised (as Qwen3's norm_topk_prob); every layer MoE; with `sliding_window`, every layer's
 queries see that many keys. Checkpoints name experts `block_sparse_moe.experts.{e}.w1/w3/w2` (gate/up/down);
 llama.cpp stores Mixtral as its `llama` arch with whole-layer banks (formats/gguf_meta.py). Decoding runs
-eagerly (no per-head q/k norm for the slot-decode kernels)."""
+over the static KV pool (models/slot_decode.py: no q/k norm, the window in the attention kernel)."""
 
 from __future__ import annotations
 

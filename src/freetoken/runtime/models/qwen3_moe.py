@@ -246,9 +246,15 @@ class Qwen3MoeForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        # the layers models/slot_decode.py steps over the static KV pool are Qwen3-MoE's (q/k normed per
-        # head, rope on every dim, a softmax router); the other families here decode eagerly
-        self.slot_decode = cfg.architecture == "qwen3_moe"
+        # the layers models/slot_decode.py steps over the static KV pool: grouped-query attention with
+        # per-head q/k norms or none, rope on every dim, no clamp (Qwen3-MoE, gpt-oss, Mixtral); the
+        # other families here (latent attention, whole-projection norms, partial rope) decode eagerly
+        self.slot_decode = (
+            not cfg.kv_lora_rank
+            and cfg.qk_norm in ("head", "none")
+            and cfg.clip_qkv is None
+            and cfg.rotary_dim == cfg.head_dim
+        )
         self.model = Backbone(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)

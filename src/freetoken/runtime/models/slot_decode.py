@@ -68,7 +68,9 @@ class DecodeOps:
 
 
 def supports_slot_decode(model: nn.Module) -> bool:
-    """Whether the model's layers are the ones this step knows (Qwen3-MoE: attention + MoE/dense MLP)."""
+    """Whether the model's layers are the ones this step knows (grouped-query attention with per-head q/k
+    norms or none, rope on every dim, sinks and sliding windows where the model has them; a routed MoE
+    or dense MLP: Qwen3-MoE, gpt-oss, Mixtral)."""
     return bool(getattr(model, "slot_decode", False))
 
 
@@ -79,7 +81,8 @@ def prepare_for_slot_decode(model: nn.Module) -> None:
 
 
 def decode_step(model: nn.Module, rows: DecodeRows, pool: KVSlotPool, ops: DecodeOps) -> torch.Tensor:
-    """Qwen3-MoE layers over the slot pool -> logits [B, V]. The caller advances each sequence's length.
+    """The model's layers (supports_slot_decode) over the slot pool -> logits [B, V]. The caller advances
+    each sequence's length.
 
     The residual stream is carried beside the normed activations: each norm adds the branch output to
     it first (x + attn, then + mlp), exactly the sums the eager layer computes.
@@ -118,13 +121,14 @@ def _attention(
         if out is not None:
             return ops.linear(out, attn.o_proj.weight, attn.o_proj.bias)
     nq, nkv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+    normed = attn.qk_norm == "head"
     q = ops.qk_norm_rope_kv_write(
         qkv[:, :nq],
         qkv[:, nq : nq + nkv],
         qkv[:, nq + nkv :],
-        attn.q_norm.weight,
-        attn.k_norm.weight,
-        attn.q_norm.eps,
+        attn.q_norm.weight if normed else None,
+        attn.k_norm.weight if normed else None,
+        attn.q_norm.eps if normed else 0.0,
         cos,
         sin,
         k_cache,
@@ -132,5 +136,7 @@ def _attention(
         rows.slots,
         rows.positions,
     )  # [B, NH, D]
-    out = ops.attention(q, k_cache, v_cache, rows.slots, rows.lengths, attn.head_dim**-0.5)
+    sinks = getattr(attn, "sinks", None)
+    scale = attn.head_dim**-0.5
+    out = ops.attention(q, k_cache, v_cache, rows.slots, rows.lengths, scale, sinks, attn.window)
     return ops.linear(out, attn.o_proj.weight, attn.o_proj.bias)

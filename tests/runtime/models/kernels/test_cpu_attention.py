@@ -25,7 +25,9 @@ def layer(dtype: torch.dtype, g: torch.Generator, d: int = D) -> SimpleNamespace
     norm = SimpleNamespace(eps=1e-6)
     q_norm = SimpleNamespace(weight=(1 + 0.1 * torch.randn(d, generator=g)).to(dtype), eps=norm.eps)
     k_norm = SimpleNamespace(weight=(1 + 0.1 * torch.randn(d, generator=g)).to(dtype), eps=norm.eps)
-    return SimpleNamespace(head_dim=d, num_heads=NH, num_kv_heads=KVH, q_norm=q_norm, k_norm=k_norm)
+    return SimpleNamespace(
+        head_dim=d, num_heads=NH, num_kv_heads=KVH, q_norm=q_norm, k_norm=k_norm, qk_norm="head", plain=True
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -87,3 +87,29 @@ def test_refuses_inputs_that_do_not_fit() -> None:
         slot_decode_attention(q, k_cache, v_cache[:, :, :10], slots, lengths, 1.0)
     with pytest.raises(ValueError, match="group"):
         slot_decode_attention(q[:, :3], k_cache, v_cache, slots, lengths, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("window", "sinks", "splits"), [(None, True, 2), (9, False, 3), (20, True, None), (1, True, 2)]
+)
+def test_sinks_and_windows_match_the_reference(window: int | None, sinks: bool, splits: int | None) -> None:
+    q, k_cache, v_cache, slots, lengths = case(8, 2, 32, seed=11)
+    sink = 2.0 * torch.randn(8, generator=torch.Generator().manual_seed(1)) if sinks else None
+    args = (q, k_cache, v_cache, slots, lengths, 32**-0.5, sink, window)
+    got = slot_decode_attention(*args, splits=splits, blocks=SMALL)
+    want = slot_decode_attention_reference(*args)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(got[1]) == 0  # padding: still zeros
+    plain = slot_decode_attention_reference(q, k_cache, v_cache, slots, lengths, 32**-0.5)
+    assert not torch.allclose(want[2], plain[2])  # the sinks or the window did change the 37-key row
+
+
+def test_the_sink_reference_is_the_model_sink_window_attention() -> None:
+    from freetoken.runtime.models.layers import sink_window_attention
+
+    q, k_cache, v_cache, slots, lengths = case(8, 2, 32, seed=12)
+    sink = torch.randn(8, generator=torch.Generator().manual_seed(2))
+    want = slot_decode_attention_reference(q, k_cache, v_cache, slots, lengths, 32**-0.5, sink, 7)
+    k, v = k_cache[0, :, :37], v_cache[0, :, :37]
+    eager = sink_window_attention(q[2][:, None], k, v, 32**-0.5, sink, 7)
+    torch.testing.assert_close(want[2:3], eager, rtol=1e-6, atol=1e-6)

@@ -127,3 +127,19 @@ def test_refuses_inputs_that_do_not_fit() -> None:
     x = rows(2, 8, dtype=torch.bfloat16, seed=0)
     with pytest.raises(ValueError, match="does not fit"):
         add_rms_norm(x, None, torch.ones(8), EPS)  # an fp32 weight for bf16 activations
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_without_q_k_norms_matches_the_reference(dtype: torch.dtype) -> None:
+    from freetoken.runtime.models.rope import apply_rotary
+
+    args, ref_args = (list(a) for a in qkv_case(dtype, seed=17))
+    args[3:5] = ref_args[3:5] = [None, None]  # gpt-oss, Mixtral: no q/k norm
+    q_out = qk_norm_rope_kv_write(*args)
+    want_q = qk_norm_rope_kv_write_reference(*ref_args)
+    live = [0, 2, 3]
+    assert_exact_or_near(q_out[live], want_q[live])
+    assert_exact_or_near(args[8], ref_args[8])
+    q, cos, sin = args[0], args[6], args[7]
+    plain = apply_rotary(q.reshape(4, 4, 24).transpose(0, 1), cos, sin).transpose(0, 1)  # rope alone
+    assert torch.equal(want_q[live], plain[live])

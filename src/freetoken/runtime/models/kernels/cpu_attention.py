@@ -40,8 +40,8 @@ def cpu_attention_block(
     """qkv [B, (NH + 2 KVH) D] -> attention output [B, NH D] in qkv's dtype, the K/V written; None when
     the native kernel does not take the inputs (the caller runs the torch steps)."""
     d = attn.head_dim
-    if not native_attention_takes(qkv, k_cache, d):
-        return None
+    if attn.qk_norm != "head" or not attn.plain or not native_attention_takes(qkv, k_cache, d):
+        return None  # the native kernel norms q/k per head and has no sinks or window
     lib = load_library()
     assert lib is not None
     b, nh, kvh, cap = qkv.shape[0], attn.num_heads, attn.num_kv_heads, k_cache.shape[2]

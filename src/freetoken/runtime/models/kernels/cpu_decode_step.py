@@ -105,6 +105,8 @@ class CpuDecodeStep:
             return None
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
+            if attn.qk_norm != "head" or not attn.plain or mlp_routes_otherwise(mlp):
+                return None  # the native step: Qwen3-MoE's per-head q/k norms and softmax router only
             if isinstance(mlp, SparseMoeBlock) and i in banks and mlp.gate.bias is None:
                 if not kernel_takes(*banks[i], executor.pool.codec_names(i)):
                     return None
@@ -192,3 +194,13 @@ class CpuDecodeStep:
 
 def _projections(mlp: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
     return mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+
+def mlp_routes_otherwise(mlp: nn.Module) -> bool:
+    """Whether a routed MoE block routes other than the native step does (a softmax over every expert,
+    top-k, renormalised as the config says; no shared experts, no scaling)."""
+    from freetoken.runtime.models.qwen3_moe import SparseMoeBlock
+
+    if not isinstance(mlp, SparseMoeBlock):
+        return False
+    return mlp.scoring != "softmax" or mlp.shared_experts is not None or mlp.scaling != 1.0

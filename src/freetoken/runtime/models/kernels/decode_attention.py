@@ -71,13 +71,17 @@ def slot_decode_attention(
     slots: torch.Tensor,
     lengths: torch.Tensor,
     scale: float,
+    sinks: torch.Tensor | None = None,
+    window: int | None = None,
     splits: int | None = None,
     blocks: AttentionBlocks = DEFAULT_ATTENTION_BLOCKS,
 ) -> torch.Tensor:
     """q [B, NH, D]; k_cache, v_cache [S, KVH, CAP, D] (D contiguous, same strides); slots, lengths [B]
     int32 on q's device -> [B, NH * D] in q's dtype. Row b attends to keys [0, lengths[b]) of slot
-    slots[b]; a row with slot < 0 reads nothing and gets zeros. Lengths should lie in [1, CAP] for real
-    rows (not checked, which would sync; the kernel clamps them to [0, CAP], and 0 gives zeros)."""
+    slots[b] (the last `window` of them with a window); `sinks` [NH]: each head's sink logit joins its
+    softmax's denominator (gpt-oss); a row with slot < 0 reads nothing and gets zeros. Lengths should lie
+    in [1, CAP] for real rows (not checked, which would sync; the kernel clamps them to [0, CAP], and 0
+    gives zeros)."""
     b, nh, d = q.shape
     _, kvh, cap, _ = k_cache.shape
     if k_cache.shape[-1] != d or v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
@@ -103,16 +107,17 @@ def slot_decode_attention(
     out = torch.empty(b, nh * d, dtype=q.dtype, device=q.device)
     if b == 0:
         return out
+    sinks32 = part_lse if sinks is None else sinks.float().contiguous()  # [NH]; never read without sinks
     body.split_attention_kernel[(b, kvh, splits)](
-        q, k_cache, v_cache, slots, lengths, part_o, part_lse, scale * math.log2(math.e), cap,
+        q, k_cache, v_cache, slots, lengths, part_o, part_lse, scale * math.log2(math.e), cap, window or 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NH=nh, G=g, D=d, SPLITS=splits, BLOCK_H=max(16, _next_pow2(g)), BLOCK_N=blocks.block_n,
         BLOCK_D=block_d, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         COMPILED=not interpreted, num_warps=blocks.num_warps, num_stages=blocks.num_stages,
     )  # fmt: skip
     body.combine_splits_kernel[(b, nh)](
-        part_o, part_lse, out, NH=nh, D=d, SPLITS=splits, BLOCK_S=_next_pow2(splits), BLOCK_D=block_d,
-        num_warps=4,
+        part_o, part_lse, sinks32, out, NH=nh, D=d, SPLITS=splits, BLOCK_S=_next_pow2(splits),
+        BLOCK_D=block_d, HAS_SINKS=sinks is not None, num_warps=4,
     )  # fmt: skip
     return out
 
@@ -128,18 +133,30 @@ def slot_decode_attention_reference(
     slots: torch.Tensor,
     lengths: torch.Tensor,
     scale: float,
+    sinks: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """The oracle (and a CPU path): same arguments and result as `slot_decode_attention`, row by row
-    with the math of layers.decode_attention (scores in the dtype, softmax in fp32, probs back to it)."""
+    with the math of layers.decode_attention (scores in the dtype, softmax in fp32, probs back to it);
+    with sinks or a window, that of layers.sink_window_attention (scores in fp32, the sink a column of
+    the softmax that is dropped after it)."""
     b, nh, d = q.shape
     kvh = k_cache.shape[1]
     out = torch.zeros(b, nh * d, dtype=q.dtype, device=q.device)
     for row, (slot, length) in enumerate(zip(slots.tolist(), lengths.tolist(), strict=True)):
         if slot < 0:
             continue
-        k, v = k_cache[slot, :, :length], v_cache[slot, :, :length]  # [KVH, L, D]
+        first = max(0, length - window) if window else 0
+        k, v = k_cache[slot, :, first:length], v_cache[slot, :, first:length]  # [KVH, L, D]
         qg = q[row].reshape(kvh, nh // kvh, d)  # [KVH, G, D]
-        scores = torch.bmm(qg, k.transpose(1, 2)) * scale  # [KVH, G, L]
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+        if sinks is None and not window:
+            scores = torch.bmm(qg, k.transpose(1, 2)) * scale  # [KVH, G, L]
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+        else:
+            scores = torch.bmm(qg, k.transpose(1, 2)).float() * scale
+            if sinks is not None:
+                sink = sinks.float().view(kvh, nh // kvh, 1)
+                scores = torch.cat((scores, sink), dim=-1)
+            probs = torch.softmax(scores, dim=-1)[..., : length - first].to(v.dtype)
         out[row] = torch.bmm(probs, v).reshape(nh * d)
     return out

@@ -8,7 +8,11 @@ kernel from the length in device memory, so one launch (or one CUDA graph) serve
 
   split:   o[b, h, s] = Σ_n p_n v_n / Σ_n p_n,  lse[b, h, s] = max_n t_n + log2 Σ_n p_n,
            t_n = scale·log2(e)·(q[b, h] · k[slot, kvh, n]),  p_n = 2^(t_n - max t)
-  combine: out[b, h] = Σ_s 2^lse_s o_s / Σ_s 2^lse_s      (a split with no keys has lse = -inf)
+  combine: out[b, h] = Σ_s 2^lse_s o_s / (Σ_s 2^lse_s + 2^sink_h)   (a split with no keys has lse =
+           -inf; sink_h = sinks[h]·log2(e), the head's learned sink logit, where the model has them)
+
+With a WINDOW (sliding-window layers) a row sees keys [max(0, length − WINDOW), length) only: the splits
+share that range.
 
 A row whose slot is < 0 loads nothing and gets zeros; lengths are clamped to [0, CAP], so a bad one
 cannot read past its slot.
@@ -57,6 +61,7 @@ def split_attention_kernel(
     part_lse_ptr,  # [B, NH, SPLITS] fp32 out, log2 units
     qk_scale,  # scale * log2(e)
     cap,  # keys per slot: lengths are clamped to [0, cap]
+    window,  # > 0: only the last `window` keys of the row
     stride_qb,
     stride_qh,
     stride_cs,
@@ -78,8 +83,9 @@ def split_attention_kernel(
     slot = tl.load(slots_ptr + row)
     valid = slot >= 0
     length = tl.where(valid, tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), cap), 0)
-    chunk = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N  # keys per split, whole blocks
-    start = split * chunk
+    first = tl.where(window > 0, tl.maximum(length - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(length - first, SPLITS), BLOCK_N) * BLOCK_N  # keys per split, whole blocks
+    start = first + split * chunk
     end = tl.minimum(start + chunk, length)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -125,12 +131,14 @@ def split_attention_kernel(
 def combine_splits_kernel(
     part_o_ptr,  # [B, NH, SPLITS, D] fp32
     part_lse_ptr,  # [B, NH, SPLITS] fp32
+    sinks_ptr,  # [NH] fp32, natural-log units (read only with HAS_SINKS)
     out_ptr,  # [B, NH * D] in q's dtype
     NH: tl.constexpr,
     D: tl.constexpr,
     SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -141,10 +149,15 @@ def combine_splits_kernel(
     lse = tl.load(part_lse_ptr + part, mask=offs_s < SPLITS, other=float("-inf"))
     live = lse > float("-inf")
     top = tl.max(lse, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head) * 1.4426950408889634  # log2(e)
+        top = tl.where(top > float("-inf"), tl.maximum(top, sink), top)
     top = tl.where(top > float("-inf"), top, 0.0)  # a padding row: every split empty, weights all 0
     w = tl.where(live, tl.exp2(lse - top), 0.0)
     o_ptrs = part_o_ptr + part[:, None] * D + offs_d[None, :]
     o = tl.load(o_ptrs, mask=live[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
     total = tl.sum(w, axis=0)
+    if HAS_SINKS:  # the sink takes its share of the denominator (none on a row with no key)
+        total += tl.where(total > 0.0, tl.exp2(sink - top), 0.0)
     out = tl.sum(o * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + row * NH * D + head * D + offs_d, out.to(out_ptr.dtype.element_ty), mask=mask_d)

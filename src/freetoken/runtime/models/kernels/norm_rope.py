@@ -1,8 +1,8 @@
 """The decode step's norms and rotary as Triton launches, with no host sync (graph-capturable):
 
 - `add_rms_norm`: the residual add and the RMSNorm after it, in one pass over [B, H];
-- `qk_norm_rope_kv_write`: per-head q/k RMSNorm, rotary on q and k, and the k/v cache write at each
-  row's (slot, position), in one launch.
+- `qk_norm_rope_kv_write`: per-head q/k RMSNorm (where the model has it), rotary on q and k, and the
+  k/v cache write at each row's (slot, position), in one launch.
 
 Each matches its reference beside it (`layers.RMSNorm` and `rope.apply_rotary` as the model runs them)
 bit for bit up to the fp32 sum of squares and rsqrt (on CPU under the interpreter they agree exactly in
@@ -87,8 +87,8 @@ def qk_norm_rope_kv_write(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    q_norm_weight: torch.Tensor,
-    k_norm_weight: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
     eps: float,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -98,14 +98,18 @@ def qk_norm_rope_kv_write(
     positions: torch.Tensor,
 ) -> torch.Tensor:
     """q [B, NH*D], k, v [B, KVH*D] (row strides free, columns contiguous: views into one qkv projection
-    are fine), norm weights [D], cos, sin [B, D] (rows contiguous), caches [S, KVH, CAP, D] (D contiguous,
-    same strides), slots, positions [B] int32 -> q rotated [B, NH, D] (contiguous). Writes rotated k and
-    raw v at [slots[b], :, positions[b]] for every row with slots[b] >= 0 (a position outside [0, CAP)
-    writes nothing: checking it on the host would sync). Activations, weights and caches in one dtype."""
-    d = q_norm_weight.numel()
+    are fine), norm weights [D] (both None: no q/k norm), cos, sin [B, D] (rows contiguous), caches
+    [S, KVH, CAP, D] (D contiguous, same strides), slots, positions [B] int32 -> q rotated [B, NH, D]
+    (contiguous). Writes rotated k and raw v at [slots[b], :, positions[b]] for every row with
+    slots[b] >= 0 (a position outside [0, CAP) writes nothing: checking it on the host would sync).
+    Activations, weights and caches in one dtype."""
+    d = cos.shape[-1]
     b = q.shape[0]
     nh, kvh = q.shape[1] // d, k.shape[1] // d
-    if d % 2 or k_norm_weight.shape != (d,) or q.shape[1] != nh * d or k.shape[1] != kvh * d:
+    norm = q_norm_weight is not None
+    if norm and (q_norm_weight.shape != (d,) or k_norm_weight is None or k_norm_weight.shape != (d,)):
+        raise ValueError(f"q/k norm weights must be [{d}] each (or both None)")
+    if d % 2 or q.shape[1] != nh * d or k.shape[1] != kvh * d:
         raise ValueError(f"q {tuple(q.shape)} / k {tuple(k.shape)} do not split into heads of {d}")
     widths = {"q": (q, nh * d), "k": (k, kvh * d), "v": (v, kvh * d), "cos": (cos, d), "sin": (sin, d)}
     for name, (t, width) in widths.items():
@@ -116,7 +120,8 @@ def qk_norm_rope_kv_write(
         raise ValueError("k and v caches need one shape and one layout")
     if any(t.dtype != torch.int32 or t.shape != (b,) for t in (slots, positions)):
         raise ValueError("slots and positions must be int32 vectors of one entry per row")
-    others = (k, v, q_norm_weight, k_norm_weight, cos, sin, k_cache, v_cache)
+    weights = (q_norm_weight, k_norm_weight) if norm else ()
+    others = (k, v, *weights, cos, sin, k_cache, v_cache)
     if any(t.dtype != q.dtype for t in others):
         found = sorted({str(t.dtype) for t in (q, *others)})
         raise ValueError(f"activations, weights, cos/sin and caches need one dtype, not {found}")
@@ -126,10 +131,10 @@ def qk_norm_rope_kv_write(
         return q_out
     body, interpreted = _body()
     body.qk_norm_rope_kv_write_kernel[(b, nh + kvh)](
-        q, k, v, q_norm_weight.contiguous(), k_norm_weight.contiguous(), cos, sin, k_cache, v_cache,
+        q, k, v, *(w.contiguous() for w in weights or (q, q)), cos, sin, k_cache, v_cache,
         slots, positions, q_out, q.stride(0), k.stride(0), v.stride(0), cos.stride(0), sin.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps, k_cache.shape[2],
-        NH=nh, D=d, HALF=d // 2, BLOCK=_next_pow2(d // 2), COMPILED=not interpreted, num_warps=1,
+        NH=nh, D=d, HALF=d // 2, BLOCK=_next_pow2(d // 2), NORM=norm, COMPILED=not interpreted, num_warps=1,
         enable_fp_fusion=False,  # keep x*cos + r*sin two roundings, as torch computes it (fp32 models)
     )  # fmt: skip
     return q_out
@@ -139,8 +144,8 @@ def qk_norm_rope_kv_write_reference(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    q_norm_weight: torch.Tensor,
-    k_norm_weight: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
     eps: float,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -149,11 +154,14 @@ def qk_norm_rope_kv_write_reference(
     slots: torch.Tensor,
     positions: torch.Tensor,
 ) -> torch.Tensor:
-    """The oracle: Attention.forward_batch's q/k norm and rotary, then the cache writes, in plain torch."""
-    d = q_norm_weight.numel()
+    """The oracle: Attention.forward_batch's q/k norm (none when the weights are None) and rotary, then the
+    cache writes, in plain torch."""
+    d = cos.shape[-1]
     b = q.shape[0]
-    qh = rms_norm_reference(q.reshape(b, -1, d), q_norm_weight, eps).transpose(0, 1)  # [NH, B, D]
-    kh = rms_norm_reference(k.reshape(b, -1, d), k_norm_weight, eps).transpose(0, 1)  # [KVH, B, D]
+    qh, kh = q.reshape(b, -1, d), k.reshape(b, -1, d)
+    if q_norm_weight is not None and k_norm_weight is not None:
+        qh, kh = rms_norm_reference(qh, q_norm_weight, eps), rms_norm_reference(kh, k_norm_weight, eps)
+    qh, kh = qh.transpose(0, 1), kh.transpose(0, 1)  # [NH, B, D], [KVH, B, D]
     q_rot, k_rot = apply_rotary(qh, cos, sin), apply_rotary(kh, cos, sin)
     live = slots >= 0
     at_slot, at_pos = slots[live].long(), positions[live].long()

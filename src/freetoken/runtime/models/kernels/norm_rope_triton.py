@@ -65,18 +65,22 @@ def add_rms_norm_kernel(
 @triton.jit
 def _norm_rope_head(
     x_ptr, w_ptr, cos_ptr, sin_ptr, eps, offs, mask,
-    D: tl.constexpr, HALF: tl.constexpr, COMPILED: tl.constexpr,
+    D: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr, COMPILED: tl.constexpr,
 ):  # fmt: skip
-    """One head's two halves -> (first, second) half of rotary(rms_norm(x)), in x's dtype."""
+    """One head's two halves -> (first, second) half of rotary(rms_norm(x)) (rotary(x) without NORM), in
+    x's dtype."""
     x1 = tl.load(x_ptr + offs, mask=mask, other=0.0)
     x2 = tl.load(x_ptr + HALF + offs, mask=mask, other=0.0)
     dtype = x1.dtype
     h1, h2 = x1.to(tl.float32), x2.to(tl.float32)
-    rstd = tl.rsqrt((tl.sum(h1 * h1, axis=0) + tl.sum(h2 * h2, axis=0)) / D + eps)
-    w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    w2 = tl.load(w_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-    n1 = _in(w1 * _in(h1 * rstd, dtype, COMPILED), dtype, COMPILED)
-    n2 = _in(w2 * _in(h2 * rstd, dtype, COMPILED), dtype, COMPILED)
+    if NORM:
+        rstd = tl.rsqrt((tl.sum(h1 * h1, axis=0) + tl.sum(h2 * h2, axis=0)) / D + eps)
+        w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+        n1 = _in(w1 * _in(h1 * rstd, dtype, COMPILED), dtype, COMPILED)
+        n2 = _in(w2 * _in(h2 * rstd, dtype, COMPILED), dtype, COMPILED)
+    else:  # the values themselves (exact in fp32)
+        n1, n2 = h1, h2
     c1 = tl.load(cos_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     c2 = tl.load(cos_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
     s1 = tl.load(sin_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -115,6 +119,7 @@ def qk_norm_rope_kv_write_kernel(
     D: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK: tl.constexpr,  # >= HALF
+    NORM: tl.constexpr,  # False: no q/k norm (the weights are not read)
     COMPILED: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -125,14 +130,14 @@ def qk_norm_rope_kv_write_kernel(
     sin = sin_ptr + row * stride_sin
     if head < NH:
         x = q_ptr + row * stride_q + head * D
-        out1, out2 = _norm_rope_head(x, q_w_ptr, cos, sin, eps, offs, mask, D, HALF, COMPILED)
+        out1, out2 = _norm_rope_head(x, q_w_ptr, cos, sin, eps, offs, mask, D, HALF, NORM, COMPILED)
         out = q_out_ptr + (row * NH + head) * D
         tl.store(out + offs, out1, mask=mask)
         tl.store(out + HALF + offs, out2, mask=mask)
     else:
         kv_head = head - NH
         x = k_ptr + row * stride_k + kv_head * D
-        out1, out2 = _norm_rope_head(x, k_w_ptr, cos, sin, eps, offs, mask, D, HALF, COMPILED)
+        out1, out2 = _norm_rope_head(x, k_w_ptr, cos, sin, eps, offs, mask, D, HALF, NORM, COMPILED)
         slot = tl.load(slots_ptr + row)
         position = tl.load(positions_ptr + row)
         writes = (slot >= 0) & (position >= 0) & (position < cap)  # a padding row writes nothing
