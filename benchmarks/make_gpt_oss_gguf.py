@@ -14,7 +14,7 @@ what the real model's does.
 from __future__ import annotations
 
 import numpy as np
-from random_gguf import add_byte_tokenizer, random_bf16, shape_parser, write_out
+from random_gguf import add_array, add_byte_tokenizer, add_embeddings, random_bf16, shape_parser, write_out
 
 from freetoken.codecs import get_codec
 
@@ -27,7 +27,6 @@ TEMPLATE = (
 
 def main() -> None:
     import gguf
-    from gguf import GGMLQuantizationType as Q
 
     args = shape_parser(
         __doc__.splitlines()[0], layers=24, vocab=201088, hidden=2880, experts=32, top_k=4, moe_inter=2880,
@@ -68,13 +67,10 @@ def main() -> None:
     tokens = add_byte_tokenizer(w, args.vocab, HARMONY, "gpt-4o", TEMPLATE)
     w.add_eos_token_id(tokens.index("<|return|>"))
 
-    def add(name: str, array: np.ndarray, kind: Q | None = None) -> None:
-        raw = kind if kind is not None else (Q.BF16 if array.dtype == np.uint16 else None)
-        w.add_tensor(name, array, raw_dtype=raw)
+    def add(name: str, array: np.ndarray) -> None:
+        add_array(w, name, array, "MXFP4")
 
-    add("token_embd.weight", bf16(args.vocab, h))
-    add("output_norm.weight", np.ones(h, dtype=np.float32))
-    add("output.weight", bf16(args.vocab, h))
+    add_embeddings(w, rng, args.vocab, h)
     parity = []
     for _ in range(2):
         parity.append({
@@ -92,8 +88,7 @@ def main() -> None:
         })  # fmt: skip
     for layer in range(args.layers):
         for name, array in parity[layer % 2].items():
-            kind = Q.MXFP4 if name.endswith("_exps.weight") else None
-            add(f"blk.{layer}.{name}", array, kind)
+            add(f"blk.{layer}.{name}", array)  # uint8: the experts' MXFP4 blocks
     write_out(w)
 
 

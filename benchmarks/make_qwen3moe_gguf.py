@@ -16,7 +16,7 @@ Layers of equal parity share their arrays (fast to write). The vocabulary is byt
 from __future__ import annotations
 
 import numpy as np
-from random_gguf import add_byte_tokenizer, random_bf16, shape_parser, write_out
+from random_gguf import add_array, add_byte_tokenizer, add_embeddings, random_bf16, shape_parser, write_out
 
 from freetoken.codecs import get_codec
 
@@ -48,7 +48,6 @@ def expert_types(kind: str, layer: int, layers: int) -> tuple[str, str]:
 
 def main() -> None:
     import gguf
-    from gguf import GGMLQuantizationType as Q
 
     ap = shape_parser(
         __doc__.splitlines()[0], layers=24, vocab=151936, hidden=2048, experts=128, top_k=8, moe_inter=768,
@@ -87,16 +86,11 @@ def main() -> None:
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_bos_token_id(tokens.index("<|endoftext|>"))
 
-    def add(name: str, array: np.ndarray, kind: str = "BF16") -> None:
-        if array.dtype == np.uint8:
-            w.add_tensor(name, array, raw_dtype=Q[kind])
-        else:
-            w.add_tensor(name, array, raw_dtype=Q.BF16 if array.dtype == np.uint16 else None)
+    def add(name: str, array: np.ndarray, kind: str | None = None) -> None:
+        add_array(w, name, array, kind)
 
     ones = np.ones(h, dtype=np.float32)
-    add("token_embd.weight", bf16(args.vocab, h))
-    add("output_norm.weight", ones)
-    add("output.weight", bf16(args.vocab, h))
+    add_embeddings(w, rng, args.vocab, h)
     dense = [
         {
             "attn_q.weight": bf16(args.heads * d, h),

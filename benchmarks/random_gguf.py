@@ -1,6 +1,6 @@
-"""Pieces shared by the random-weight GGUF generators (make_qwen3moe_gguf.py, make_gpt_oss_gguf.py): a
-byte-level BPE vocabulary llama.cpp accepts and its tokenizer fields, the shape arguments, random bf16
-arrays."""
+"""Pieces shared by the random-weight GGUF generators (make_qwen3moe_gguf.py, make_gpt_oss_gguf.py,
+make_deepseek_gguf.py): a byte-level BPE vocabulary llama.cpp accepts and its tokenizer fields, the shape
+arguments, random bf16 arrays, tensors and the embeddings into a writer."""
 
 from __future__ import annotations
 
@@ -66,6 +66,25 @@ def add_byte_tokenizer(writer: Any, size: int, specials: list[str], pre: str, te
     writer.add_token_merges(merges)
     writer.add_chat_template(template)
     return tokens
+
+
+def add_array(writer: Any, name: str, array: np.ndarray, blocks: str | None = None) -> None:
+    """A tensor into a GGUFWriter: uint8 arrays as raw blocks of GGML type `blocks` (e.g. "Q4_K"), uint16
+    ones as bf16 bits, others as they are."""
+    from gguf import GGMLQuantizationType as Q
+
+    if array.dtype == np.uint8:
+        assert blocks is not None, f"{name}: raw blocks need their type"
+        writer.add_tensor(name, array, raw_dtype=Q[blocks])
+    else:
+        writer.add_tensor(name, array, raw_dtype=Q.BF16 if array.dtype == np.uint16 else None)
+
+
+def add_embeddings(writer: Any, rng: np.random.Generator, vocab: int, hidden: int) -> None:
+    """token_embd and output (bf16, std 0.02) and output_norm (ones)."""
+    add_array(writer, "token_embd.weight", random_bf16(rng, vocab, hidden))
+    add_array(writer, "output_norm.weight", np.ones(hidden, dtype=np.float32))
+    add_array(writer, "output.weight", random_bf16(rng, vocab, hidden))
 
 
 def write_out(writer: Any) -> None:

@@ -1,5 +1,5 @@
 """The benchmarks' random-weight GGUF generators write files the engine loads as they say: Qwen3-MoE with
-Q4_K_M's per-layer expert types, gpt-oss with MXFP4 experts."""
+Q4_K_M's per-layer expert types, gpt-oss with MXFP4 experts, DeepSeek-V3 with latent attention."""
 
 from __future__ import annotations
 
@@ -54,6 +54,22 @@ def test_gpt_oss_generator_keeps_mxfp4_experts(tmp_path: Path) -> None:
     engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
     try:
         assert engine.pool.describe()["dtypes"] == ["MXFP4"]
+    finally:
+        engine.close()
+    assert len(decode(path)) == 4
+
+
+def test_deepseek_generator_writes_latent_attention_and_grouped_routing(tmp_path: Path) -> None:
+    path = tmp_path / "d.gguf"
+    generate("make_deepseek_gguf.py", path, "--layers", "3", "--dense-layers", "1", "--hidden", "256",
+             "--experts", "16", "--groups", "4", "--group-topk", "2", "--moe-inter", "256", "--inter", "384",
+             "--heads", "4", "--q-lora-rank", "64", "--kv-lora-rank", "32", "--vocab", "2048")  # fmt: skip
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
+    try:
+        cfg = engine.config
+        assert (cfg.architecture, cfg.kv_lora_rank, cfg.n_group, cfg.topk_group) == ("deepseek_v3", 32, 4, 2)
+        assert cfg.moe_layers == (1, 2) and cfg.n_shared_experts == 1 and cfg.routed_scaling_factor == 2.5
+        assert engine.pool.describe()["dtypes"] == ["Q4_K"]
     finally:
         engine.close()
     assert len(decode(path)) == 4
