@@ -75,6 +75,21 @@ def test_attention_matches_the_reference(b: int) -> None:
         assert torch.count_nonzero(got[1]) == 0
 
 
+@pytest.mark.parametrize("window", [None, 128])
+def test_gpt_oss_attention_with_sinks_and_window_matches_the_reference(window: int | None) -> None:
+    nh, kvh, d = 64, 8, 64  # gpt-oss-20b's heads
+    q = randn(8, nh, d, seed=30)
+    k_cache, v_cache = randn(SLOTS, kvh, CAP, d, seed=31), randn(SLOTS, kvh, CAP, d, seed=32)
+    slots, lengths = rows_of(8, seed=33)
+    lengths[3] = 100  # shorter than the window: every key
+    sinks = randn(nh, seed=34, scale=2.0).float()
+    got = slot_decode_attention(q, k_cache, v_cache, slots, lengths, d**-0.5, sinks, window)
+    as_fp32 = (q.float(), k_cache.float(), v_cache.float())
+    want = slot_decode_attention_reference(*as_fp32, slots, lengths, d**-0.5, sinks, window)
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+    assert torch.count_nonzero(got[1]) == 0
+
+
 def test_add_rms_norm_matches_the_reference() -> None:
     x, residual = randn(8, H, seed=1), randn(8, H, seed=2, scale=8.0)
     weight = norm_weight(H, seed=3)
@@ -110,6 +125,17 @@ def test_qk_norm_rope_matches_the_reference() -> None:
     assert_bf16_close(got[live], want[live])
     assert torch.equal(v_cache, ref_v)
     assert_bf16_close(k_cache, ref_k, equal_share=0.9999)  # all but the new cells are equal anyway
+
+
+def test_rope_without_norms_matches_the_reference() -> None:
+    qkv, _, _, cos, sin, k_cache, v_cache, slots, positions = qkv_case(8, seed=21)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    head = (*split(qkv), None, None, 0.0, cos, sin)
+    got = qk_norm_rope_kv_write(*head, k_cache, v_cache, slots, positions)
+    want = qk_norm_rope_kv_write_reference(*head, ref_k, ref_v, slots, positions)
+    live = slots >= 0
+    assert_bf16_close(got[live], want[live])
+    assert_bf16_close(k_cache, ref_k, equal_share=0.9999)
 
 
 def capture(fn: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
