@@ -138,6 +138,19 @@ def test_rope_without_norms_matches_the_reference() -> None:
     assert_bf16_close(k_cache, ref_k, equal_share=0.9999)
 
 
+def test_latent_rows_write_as_the_reference() -> None:
+    from freetoken.runtime.models.kernels.slot_write import slot_write, slot_write_reference
+
+    rows = randn(8, 576, seed=40)  # DeepSeek-V3's [c ; k_pe]
+    cache = randn(SLOTS, 1, CAP, 576, seed=41)
+    slots, lengths = rows_of(8, seed=42)
+    positions = lengths - 1
+    want = cache.clone()
+    slot_write_reference(rows, want, slots, positions)
+    slot_write(rows, cache, slots, positions)
+    assert torch.equal(cache, want)
+
+
 def capture(fn: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
     fn()  # compile outside the capture
     torch.cuda.synchronize()

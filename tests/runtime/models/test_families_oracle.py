@@ -100,11 +100,11 @@ def test_prompt_and_decode_logits(family_model: tuple[str, Path, Any]) -> None:
         assert rel_err(engine.forward(seq, ids[-1:])[-1], reference(model, ids)[-1]) < 1e-4
 
 
-SLOT_DECODED = {"gpt_oss", "mixtral"}  # sinks and sliding windows, no q/k norm: the static decode step
+SLOT_DECODED = {"gpt_oss", "mixtral", "deepseek_v3"}  # sinks, windows, no q/k norm, latent attention
 
 
 def test_the_families_the_static_decode_step_takes(family_model: tuple[str, Path, Any]) -> None:
-    """gpt-oss and Mixtral decode over the static KV pool (CUDA graphs on a GPU), so the greedy-token tests
+    """gpt-oss, Mixtral and DeepSeek-V3 decode over the static KV pool (CUDA graphs on a GPU), so the tests
     below check that step against transformers; the others decode eagerly."""
     family, folder, _ = family_model
     engine = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused")

@@ -3,9 +3,9 @@ optional low-rank projection, keys and values from one cached latent per positio
 pairs, yarn's mscale folded into the softmax scale), and GLM-4.5's MoE: the first `first_k_dense_replace`
 layers dense, a sigmoid router choosing by score plus a correction bias within the best `topk_group` of
 `n_group` groups, weights renormalised and scaled by `routed_scaling_factor`, beside `n_shared_experts`
-always-computed shared experts. Decoding runs eagerly (the latent attention's absorbed form). The
-multi-token-prediction layers published checkpoints carry after the trunk (`num_nextn_predict_layers`) are
-skipped."""
+always-computed shared experts. Decoding runs over the static KV pool (models/latent_decode.py: the latent
+attention's absorbed form). The multi-token-prediction layers published checkpoints carry after the trunk
+(`num_nextn_predict_layers`) are skipped."""
 
 from __future__ import annotations
 

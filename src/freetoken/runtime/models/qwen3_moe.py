@@ -247,14 +247,11 @@ class Qwen3MoeForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         # the layers models/slot_decode.py steps over the static KV pool: grouped-query attention with
-        # per-head q/k norms or none, rope on every dim, no clamp (Qwen3-MoE, gpt-oss, Mixtral); the
-        # other families here (latent attention, whole-projection norms, partial rope) decode eagerly
-        self.slot_decode = (
-            not cfg.kv_lora_rank
-            and cfg.qk_norm in ("head", "none")
-            and cfg.clip_qkv is None
-            and cfg.rotary_dim == cfg.head_dim
-        )
+        # per-head q/k norms or none, rope on every dim, no clamp (Qwen3-MoE, gpt-oss, Mixtral), or latent
+        # attention without an indexer (DeepSeek-V3, Kimi-K2); the other families here (whole-projection
+        # norms, partial rope, sparse attention's indexer) decode eagerly
+        gqa = cfg.qk_norm in ("head", "none") and cfg.clip_qkv is None and cfg.rotary_dim == cfg.head_dim
+        self.slot_decode = (not cfg.index_topk) if cfg.kv_lora_rank else gqa
         self.model = Backbone(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)

@@ -29,6 +29,9 @@ from freetoken.runtime.models.kernels.norm_rope import (
     qk_norm_rope_kv_write,
     qk_norm_rope_kv_write_reference,
 )
+from freetoken.runtime.models.kernels.slot_write import slot_write, slot_write_reference
+from freetoken.runtime.models.latent_decode import latent_slot_attention
+from freetoken.runtime.models.mla import LatentAttention
 from freetoken.runtime.models.qwen3_moe import SparseMoeBlock
 
 
@@ -53,11 +56,14 @@ class DecodeOps:
     linear: Callable[..., torch.Tensor]  # x [B, H], weight [N, H], bias -> [B, N]
     # the whole attention block at once (norms, rotary, K/V write, attention), or None where it declines
     attention_block: Callable[..., torch.Tensor | None] | None = None
+    slot_write: Callable[..., None] = slot_write_reference  # a latent row into its slot (latent attention)
 
     @staticmethod
     def for_device(device: torch.device) -> DecodeOps:
         if device.type == "cuda":
-            return DecodeOps(add_rms_norm, qk_norm_rope_kv_write, slot_decode_attention, F.linear)
+            return DecodeOps(
+                add_rms_norm, qk_norm_rope_kv_write, slot_decode_attention, F.linear, slot_write=slot_write
+            )
         return DecodeOps(
             cpu_add_rms_norm,  # one native call where it takes the inputs, else the reference
             qk_norm_rope_kv_write_reference,
@@ -70,14 +76,16 @@ class DecodeOps:
 def supports_slot_decode(model: nn.Module) -> bool:
     """Whether the model's layers are the ones this step knows (grouped-query attention with per-head q/k
     norms or none, rope on every dim, sinks and sliding windows where the model has them; a routed MoE
-    or dense MLP: Qwen3-MoE, gpt-oss, Mixtral)."""
+    or dense MLP: Qwen3-MoE, gpt-oss, Mixtral; latent attention without an indexer: DeepSeek-V3, Kimi-K2)."""
     return bool(getattr(model, "slot_decode", False))
 
 
 def prepare_for_slot_decode(model: nn.Module) -> None:
-    """Once, after the weights are loaded: each attention layer's q, k, v weights become one matrix."""
+    """Once, after the weights are loaded: each attention layer's q, k, v weights become one matrix (latent
+    attention keeps its own projections)."""
     for layer in model.model.layers:
-        layer.self_attn.fuse_projections()
+        if not isinstance(layer.self_attn, LatentAttention):
+            layer.self_attn.fuse_projections()
 
 
 def decode_step(model: nn.Module, rows: DecodeRows, pool: KVSlotPool, ops: DecodeOps) -> torch.Tensor:
@@ -95,7 +103,11 @@ def decode_step(model: nn.Module, rows: DecodeRows, pool: KVSlotPool, ops: Decod
     for layer in backbone.layers:
         norm = layer.input_layernorm
         h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
-        x = _attention(layer.self_attn, h, cos, sin, pool, rows, ops)
+        attn = layer.self_attn
+        if isinstance(attn, LatentAttention):
+            x = latent_slot_attention(attn, h, cos, sin, pool, rows, ops.slot_write)
+        else:
+            x = _attention(attn, h, cos, sin, pool, rows, ops)
         norm = layer.post_attention_layernorm
         h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
         x = layer.mlp(h, real) if isinstance(layer.mlp, SparseMoeBlock) else layer.mlp(h)

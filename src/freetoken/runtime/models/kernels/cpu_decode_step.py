@@ -105,7 +105,8 @@ class CpuDecodeStep:
             return None
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            if attn.qk_norm != "head" or not attn.plain or mlp_routes_otherwise(mlp):
+            plain_gqa = getattr(attn, "qk_norm", None) == "head" and getattr(attn, "plain", False)
+            if not plain_gqa or mlp_routes_otherwise(mlp):
                 return None  # the native step: Qwen3-MoE's per-head q/k norms and softmax router only
             if isinstance(mlp, SparseMoeBlock) and i in banks and mlp.gate.bias is None:
                 if not kernel_takes(*banks[i], executor.pool.codec_names(i)):

@@ -1,0 +1,52 @@
+"""Latent attention (MLA: DeepSeek-V3/R1, Kimi-K2) in the decode step over the static KV pool
+(models/slot_decode.py): the absorbed form against each row's cached latents, every input a device tensor
+(graph-capturable).
+
+Per row b: the new [c ; k_pe] goes to cache[slot_b, 0, position_b] (kernels/slot_write.py: padding rows
+write nothing); the query is absorbed per head (q_latent = W_UKᵀ q_nope) and scored against every
+position of the row's slot at once — [B, NH, CAP] scores, those at or past the row's length masked —
+and the weighted latents go through W_UV. So each layer reads the whole slot: CAP positions of r + d_rope
+numbers per row (4.7 MB at DeepSeek-V3's 576 and 4,096 positions in bf16): plain torch, no flash kernel
+yet. The math is LatentAttention._absorbed's, with the scores taken in one product over [c ; k_pe]
+instead of two summed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from freetoken.runtime.kv.slot_pool import KVSlotPool
+    from freetoken.runtime.models.mla import LatentAttention
+    from freetoken.runtime.models.slot_decode import DecodeRows
+
+
+def latent_slot_attention(
+    attn: LatentAttention,
+    h: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pool: KVSlotPool,
+    rows: DecodeRows,
+    write: Callable[..., None],
+) -> torch.Tensor:
+    """h [B, H] normed -> the attention block's output [B, H] (o_proj applied), the rows' latents written."""
+    cache = pool.k[pool.index[attn.layer]]  # [S, 1, CAP, r + dr]
+    q_nope, q_pe, latent, _ = attn._project(h, cos, sin)  # [NH, B, dn], [NH, B, dr], [1, B, r + dr]
+    write(latent[0].contiguous(), cache, rows.slots, rows.positions)
+    b, nh, r = h.shape[0], attn.heads, attn.rank
+    w = attn.kv_b_proj.weight.view(nh, attn.d_nope + attn.d_v, r)
+    w_uk, w_uv = w[:, : attn.d_nope], w[:, attn.d_nope :]  # [NH, dn, r], [NH, dv, r]
+    q = torch.cat((torch.bmm(q_nope, w_uk), q_pe), dim=-1).transpose(0, 1)  # [B, NH, r + dr]
+    kv = cache[rows.slots.clamp(min=0).long(), 0]  # [B, CAP, r + dr]: a padding row reads slot 0
+    scores = torch.bmm(q, kv.transpose(1, 2)) * attn.scale  # [B, NH, CAP]
+    positions = torch.arange(kv.shape[1], device=h.device)
+    seen = positions[None, :] < rows.lengths.clamp(min=1)[:, None]  # [B, CAP]
+    scores = scores.masked_fill(~seen[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(kv.dtype)
+    mixed = torch.bmm(probs, kv[..., :r])  # [B, NH, r]
+    out = torch.bmm(mixed.transpose(0, 1), w_uv.transpose(1, 2))  # [NH, B, dv]
+    return attn.o_proj(out.transpose(0, 1).reshape(b, nh * attn.d_v))
