@@ -6,11 +6,13 @@
         --gguf small.gguf --device cpu --threads 2 --json
 
 The GGUFs: `make_qwen3moe_gguf.py` (Qwen3-30B-A3B's shapes; experts BF16, Q8_0, Q4_K, Q6_K or Q4_K_M's
-per-layer mix) and `make_gpt_oss_gguf.py` (gpt-oss-20b's, MXFP4 experts), beside this script.
+per-layer mix), `make_gpt_oss_gguf.py` (gpt-oss-20b's, MXFP4 experts) and `make_deepseek_gguf.py`
+(DeepSeek-V3's, cut to a few layers), beside this script.
 
-A budget is the fraction of the expert bytes on the GPU. llama.cpp gets `-ngl 99 -ncmoe N` with N =
-round((1 - budget) · layers) (layers whose experts stay in host memory); FreeToken gets `fused` at 1
-and `--moe-backend BACKEND --moe-cache-ratio (layers - N) / layers` below it, the same bytes. On a cpu
+A budget is the fraction of the expert bytes on the GPU. Of the M MoE layers (the file's layers less its
+leading dense ones, D), N = round((1 - budget) · M) keep their experts in host memory: llama.cpp gets
+`-ngl 99 -ncmoe D + N` (it counts from the first layer, dense ones included); FreeToken gets `fused` at 1
+and `--moe-backend BACKEND --moe-cache-ratio (M - N) / M` below it, the same bytes. On a cpu
 device both run everything on the host (`-ngl 0`; FreeToken's `cpu` backend). Prefill: one prompt of
 `--prompt` tokens (llama-bench pp); decode: `--gen` tokens after it (tg). Random weights route unevenly,
 so a cache hits more than on a real model: say so beside any figure.
@@ -93,8 +95,9 @@ def batch_decode_tok_s(engine: Engine, batch: int, gen: int) -> float:
 
 
 def freetoken_options(args: argparse.Namespace, offloaded: int, layers: int) -> list[dict[str, Any]]:
-    """The engine options matching llama.cpp's `-ncmoe offloaded`: fused with every expert on the GPU;
-    each of --backends at the same share of expert bytes; cpu with no slot when no expert is on the GPU."""
+    """The engine options matching `offloaded` of `layers` MoE layers' experts in host memory: fused with
+    every expert on the GPU; each of --backends at the same share of expert bytes; cpu with no slot when
+    no expert is on the GPU."""
     if args.device == "cpu":
         modes = {"off": [False], "on": [True], "both": [False, True]}[args.int8_act]
         return [{"moe_backend": "cpu", "cpu_threads": args.threads, "cpu_int8_act": mode} for mode in modes]
@@ -148,12 +151,22 @@ def _last(events: Iterator[TokenEvent]) -> GenerationStats:
     return last.stats
 
 
-def layer_count(gguf: Path) -> int:
+def budget_split(budget: float, layers: int, dense: int) -> tuple[int, int, float]:
+    """A budget (share of expert bytes on the GPU) -> (llama.cpp's -ncmoe, MoE layers whose experts stay
+    in host memory, FreeToken's cache ratio of the same bytes): the module's note."""
+    moe = layers - dense
+    on_host = round((1 - budget) * moe)
+    return (dense + on_host if on_host else 0), on_host, (moe - on_host) / moe
+
+
+def layer_counts(gguf: Path) -> tuple[int, int]:
+    """(layers, leading dense layers) of a GGUF."""
     from gguf import GGUFReader
 
     reader = GGUFReader(gguf)
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    return int(reader.fields[f"{arch}.block_count"].parts[-1][0])
+    dense = reader.fields.get(f"{arch}.leading_dense_block_count")
+    return int(reader.fields[f"{arch}.block_count"].parts[-1][0]), int(dense.parts[-1][0]) if dense else 0
 
 
 def main() -> None:
@@ -188,31 +201,31 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="also decode this many requests together (fused)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    layers = layer_count(args.gguf)
+    layers, dense = layer_counts(args.gguf)
+    moe = layers - dense
     rows: list[dict[str, Any]] = []
     budgets = [1.0] if args.device == "cpu" else [float(b) for b in args.budgets.split(",")]
     for budget in budgets:
-        offloaded = 0 if args.device == "cpu" else round((1 - budget) * layers)
-        ratio = (layers - offloaded) / layers
+        ncmoe, on_host, ratio = budget_split(1.0 if args.device == "cpu" else budget, layers, dense)
         peer = (
-            earlier_peer(args.peer_from, offloaded)
+            earlier_peer(args.peer_from, ncmoe)
             if args.peer_from
             else llama_bench(
-                args.llama_bench, args.gguf, args.device, offloaded, args.threads, args.prompt, args.gen
+                args.llama_bench, args.gguf, args.device, ncmoe, args.threads, args.prompt, args.gen
             )
         )
-        for options in freetoken_options(args, offloaded, layers):
-            ours = measure(args, options, batch=args.batch if offloaded == 0 else 1)
+        for options in freetoken_options(args, on_host, moe):
+            ours = measure(args, options, batch=args.batch if on_host == 0 else 1)
             rows.append(
                 {
                     "budget": ratio,
-                    "llama_cpp": {"ncmoe": offloaded, **peer},
+                    "llama_cpp": {"ncmoe": ncmoe, **peer},
                     "freetoken": {**options, **ours},
                     "ratio": {k: ours[k] / peer[k] for k in ("prefill_tok_s", "decode_tok_s") if peer.get(k)},
                 }
             )
-    doc = {"gguf": str(args.gguf), "layers": layers, "device": args.device, "threads": args.threads,
-           "prompt": args.prompt, "gen": args.gen, "rows": rows}  # fmt: skip
+    doc = {"gguf": str(args.gguf), "layers": layers, "dense_layers": dense, "device": args.device,
+           "threads": args.threads, "prompt": args.prompt, "gen": args.gen, "rows": rows}  # fmt: skip
     if args.peer_from:
         doc["llama_cpp_from"] = str(args.peer_from)
     if args.json:
