@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ import torch
 
 from freetoken.replay.belady import belady as belady_hits
 from freetoken.replay.trace import PREFILL, RoutingTrace
-from freetoken.runtime.moe.lookahead import CoRouting
+from freetoken.runtime.moe.lookahead import CoRouting, prefetch_next
 from freetoken.runtime.moe.residency import ExpertResidency
 
 
@@ -119,10 +119,12 @@ def lru_prefetch(
     next layer's likely experts are prefetched. Prefetch fills count in `fetches`; width 0 is `lru`."""
     layers, experts = _shape(trace, capacity)
     width = trace.top_k if width is None else width
+    if width <= 0:
+        return replace(lru(trace, capacity, warm), policy="lru-prefetch")
     residency = ExpertResidency(range(layers), experts, capacity, "cpu")
-    co = CoRouting(layers, experts, max(width, 1), "cpu")
+    co = CoRouting(layers, experts, width, "cpu")
     tally = _Tally(len(residency.warm_start()) if warm else 0)
-    counts, fills_at = residency.counters, 2  # [L, 5]: hits, misses, fills, ...
+    counts = residency.counters  # [L, 5]: hits, misses, fills, ...
     rows = _pass_rows(trace)
     for i, g in enumerate(trace.groups()):
         before = counts[g.layer].clone()
@@ -132,12 +134,10 @@ def lru_prefetch(
         tally.add(g.phase, hits, misses)
         tally.fetches += fills
         chosen = torch.from_numpy(trace.experts[rows[i // layers]].astype(np.int64))  # [T, L, K]
-        if g.layer > 0:
-            co.learn(g.layer, chosen[:, g.layer - 1], chosen[:, g.layer])
-        if width > 0 and g.layer + 1 < layers:
-            prefetched = residency.prefetch_counters[g.layer + 1, fills_at].item()
-            residency.prefetch(g.layer + 1, *co.predict(g.layer, chosen[:, g.layer]))
-            tally.fetches += residency.prefetch_counters[g.layer + 1, fills_at].item() - prefetched
+        earlier = chosen[:, g.layer - 1] if g.layer > 0 else None
+        step = prefetch_next(co, residency, g.layer, earlier, chosen[:, g.layer])
+        if step is not None:
+            tally.fetches += int(step[2].item())  # the prefetch's admissions
     return tally.result("lru-prefetch", capacity)
 
 

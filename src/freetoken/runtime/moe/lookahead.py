@@ -56,6 +56,22 @@ class CoRouting:
         return experts[None], best.to(torch.float32)[None]
 
 
+def prefetch_next(
+    co: CoRouting, residency: ExpertResidency, row: int, before: torch.Tensor | None, ids: torch.Tensor
+) -> tuple[int, torch.Tensor, torch.Tensor] | None:
+    """After MoE row `row`'s step (ids [T, K]): learn from `before` (row - 1's ids in this pass, or None),
+    then admit row + 1's likely experts -> (that layer, plan, count) for the fill; None at the last row.
+    What the executor runs (Prefetcher) and what `replay`'s `lru-prefetch` runs."""
+    if before is not None:
+        co.learn(row, before, ids)
+    layers = residency.moe_layers
+    if row + 1 >= len(layers):
+        return None
+    nxt = layers[row + 1]
+    plan, count = residency.prefetch(nxt, *co.predict(row, ids))
+    return nxt, plan, count
+
+
 class Prefetcher:
     """Drives the prefetch for an executor: after each MoE layer step, learn, predict, admit and fill the
     next row's experts; on CUDA the fill runs on its own stream, forked after the step's work and joined
@@ -71,8 +87,7 @@ class Prefetcher:
         device: torch.device,
     ) -> None:
         self.residency, self.pool, self.bank, self.fill = residency, pool, bank, fill
-        self.layers = pool.layers
-        self.co = CoRouting(len(self.layers), pool.num_experts, width, device)
+        self.co = CoRouting(len(pool.layers), pool.num_experts, width, device)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._before: tuple[int, torch.Tensor] | None = None  # (row, ids) of this pass's last step
         self._pending: tuple[torch.Tensor, ...] = ()  # a forked fill's tensors, kept to its join
@@ -90,14 +105,12 @@ class Prefetcher:
         """`layer`'s step (routing `ids` [T, K]) is issued: learn from the pass so far, prefetch for the
         next MoE row."""
         row = self.residency.row_of[layer]
-        if self._before is not None and self._before[0] == row - 1:
-            self.co.learn(row, self._before[1], ids)
+        before = self._before[1] if self._before is not None and self._before[0] == row - 1 else None
         self._before = (row, ids)
-        if row + 1 >= len(self.layers):
+        step = prefetch_next(self.co, self.residency, row, before, ids)
+        if step is None:
             return
-        nxt = self.layers[row + 1]
-        experts, scores = self.co.predict(row, ids)
-        plan, count = self.residency.prefetch(nxt, experts, scores)
+        nxt, plan, count = step
         banks = (self.pool.gate_up[nxt], self.pool.down[nxt], *self.bank.banks(nxt))
         if self.stream is None:
             self.fill(plan, count, *banks)

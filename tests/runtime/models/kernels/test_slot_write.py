@@ -33,19 +33,10 @@ def test_rows_land_at_their_slot_and_position(dtype: torch.dtype) -> None:
     assert changed == 3  # rows 0, 2 and 4: padding and the out-of-range position write nothing
 
 
-def test_refuses_rows_that_do_not_fit() -> None:
-    rows = torch.zeros(2, 8)
-    with pytest.raises(ValueError, match="int32"):
-        slot_write(
-            rows,
-            torch.zeros(2, 1, 4, 8),
-            torch.zeros(2, dtype=torch.int64),
-            torch.zeros(2, dtype=torch.int32),
-        )
-    with pytest.raises(ValueError, match="do not fit"):
-        slot_write(
-            rows,
-            torch.zeros(2, 1, 4, 4),
-            torch.zeros(2, dtype=torch.int32),
-            torch.zeros(2, dtype=torch.int32),
-        )
+@pytest.mark.parametrize(
+    ("width", "index_dtype", "message"), [(8, torch.int64, "int32"), (4, torch.int32, "do not fit")]
+)
+def test_refuses_rows_that_do_not_fit(width: int, index_dtype: torch.dtype, message: str) -> None:
+    slots = torch.zeros(2, dtype=index_dtype)
+    with pytest.raises(ValueError, match=message):
+        slot_write(torch.zeros(2, 8), torch.zeros(2, 1, 4, width), slots, torch.zeros(2, dtype=torch.int32))
