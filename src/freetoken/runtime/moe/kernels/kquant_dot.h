@@ -44,6 +44,38 @@ static inline v8i bytes8(const uint8_t *p) {
 
 static inline v8f to_f32(v8i v) { return __builtin_convertvector(v, v8f); }
 
+// The weight-only dots' lanes: 16 with AVX-512 (half the instructions per weight: those dots are bound by
+// the core, not the bytes), 8 elsewhere. kbytes: KW bytes zero-extended to 32-bit lanes.
+#if defined(__AVX512F__)
+#define KW 16
+typedef float kvf __attribute__((vector_size(64)));
+typedef int32_t kvi __attribute__((vector_size(64)));
+static inline kvi kbytes(const uint8_t *p) {
+    const __m512i wide = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    kvi out;
+    memcpy(&out, &wide, sizeof out);
+    return out;
+}
+static inline kvf kload(const float *p) {
+    kvf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline float ksum(kvf v) {
+    float a[16];
+    memcpy(a, &v, sizeof a);
+    return fold_sum(a, 16);
+}
+#else
+#define KW 8
+typedef v8f kvf;
+typedef v8i kvi;
+static inline kvi kbytes(const uint8_t *p) { return bytes8(p); }
+static inline kvf kload(const float *p) { return load8f(p); }
+static inline float ksum(kvf v) { return sum8(v); }
+#endif
+static inline kvf kto_f32(kvi v) { return __builtin_convertvector(v, kvf); }
+
 // The eight 6-bit scales and mins of a Q4_K super-block from its 12 packed bytes, four at a time as 32-bit
 // words: sub-blocks 0-3 keep the low six bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 take
 // the nibbles of bytes 8-11 and, above them, the top two bits of bytes 0-3 (scales) and 4-7 (mins).
@@ -69,8 +101,8 @@ static inline void sums32(const float *restrict x, float *restrict out, int n) {
 // the quants' products are summed, then scaled; the mins come from xs.
 static inline float dot_q45_k(const uint8_t *restrict w, int high, const float *restrict x,
                               const float *restrict xs, int n) {
-    v8f acc0 = {0}, acc1 = {0};
-    float mins = 0.0f;
+    kvf acc0 = {0}, acc1 = {0};
+    v8f mins = {0};  // Σ dmin · m_k · xs_k, lane k: sub-block k
     const long bytes = high ? Q5_K_BYTES : Q4_K_BYTES;
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * bytes, *qh = blk + 16, *qs = blk + (high ? 48 : 16);
@@ -78,51 +110,50 @@ static inline float dot_q45_k(const uint8_t *restrict w, int high, const float *
         const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
         uint8_t sc[8], mn[8];
         q4_k_scales(blk + 4, sc, mn);
-        float m = 0.0f;
-        for (int k = 0; k < 8; k++) m += (float)mn[k] * xs[8L * b + k];
-        mins += dmin * m;
+        mins += dmin * (to_f32(bytes8(mn)) * load8f(xs + 8L * b));
+        const v8f dsc = d * to_f32(bytes8(sc));  // each sub-block's scale
         for (int j = 0; j < 4; j++) {  // 64 weights: sub-blocks 2j (low nibbles, bit 2j) and 2j + 1
-            v8f p0 = {0}, p1 = {0};
-            for (int l = 0; l < 32; l += 8) {
-                const v8i q = bytes8(qs + 32 * j + l);
-                v8i q0 = q & 15, q1 = q >> 4;
+            kvf p0 = {0}, p1 = {0};
+            for (int l = 0; l < 32; l += KW) {
+                const kvi q = kbytes(qs + 32 * j + l);
+                kvi q0 = q & 15, q1 = q >> 4;
                 if (high) {
-                    const v8i h = bytes8(qh + l);
+                    const kvi h = kbytes(qh + l);
                     q0 |= ((h >> (2 * j)) & 1) << 4, q1 |= ((h >> (2 * j + 1)) & 1) << 4;
                 }
-                p0 += to_f32(q0) * load8f(xb + 64 * j + l);
-                p1 += to_f32(q1) * load8f(xb + 64 * j + 32 + l);
+                p0 += kto_f32(q0) * kload(xb + 64 * j + l);
+                p1 += kto_f32(q1) * kload(xb + 64 * j + 32 + l);
             }
-            acc0 += (d * sc[2 * j]) * p0;
-            acc1 += (d * sc[2 * j + 1]) * p1;
+            acc0 += dsc[2 * j] * p0;
+            acc1 += dsc[2 * j + 1] * p1;
         }
     }
-    return sum8(acc0 + acc1) - mins;
+    return ksum(acc0 + acc1) - sum8(mins);
 }
 
 static inline float dot_q6_k(const uint8_t *restrict w, const float *restrict x, int n) {
-    v8f acc0 = {0}, acc1 = {0};
+    kvf acc0 = {0}, acc1 = {0};
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * Q6_K_BYTES;
         const int8_t *sc = (const int8_t *)(blk + 192);
         const float d = fp16_at(blk + 208);
         for (int half = 0; half < 2; half++) {  // 128 weights: ql 64 bytes, qh 32 bytes, 8 scales
             const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
-            const int8_t *s = sc + 8 * half;
+            const v8f ds = d * to_f32(((bytes8((const uint8_t *)sc + 8 * half) ^ 128) - 128));  // signed
             const float *xb = x + (long)b * QK_K + 128 * half;
-            for (int l = 0; l < 32; l += 8) {
+            for (int l = 0; l < 32; l += KW) {  // a scale covers 16 weights: KW never straddles two
                 const int is = l / 16;
-                const v8i lo = bytes8(ql + l), hi = bytes8(ql + l + 32), top = bytes8(qh + l);
-                const v8f q1 = to_f32(((lo & 15) | ((top & 3) << 4)) - 32);
-                const v8f q2 = to_f32(((hi & 15) | (((top >> 2) & 3) << 4)) - 32);
-                const v8f q3 = to_f32(((lo >> 4) | (((top >> 4) & 3) << 4)) - 32);
-                const v8f q4 = to_f32(((hi >> 4) | (((top >> 6) & 3) << 4)) - 32);
-                acc0 += (d * s[is]) * (q1 * load8f(xb + l)) + (d * s[is + 2]) * (q2 * load8f(xb + 32 + l));
-                acc1 += (d * s[is + 4]) * (q3 * load8f(xb + 64 + l)) + (d * s[is + 6]) * (q4 * load8f(xb + 96 + l));
+                const kvi lo = kbytes(ql + l), hi = kbytes(ql + l + 32), top = kbytes(qh + l);
+                const kvf q1 = kto_f32(((lo & 15) | ((top & 3) << 4)) - 32);
+                const kvf q2 = kto_f32(((hi & 15) | (((top >> 2) & 3) << 4)) - 32);
+                const kvf q3 = kto_f32(((lo >> 4) | (((top >> 4) & 3) << 4)) - 32);
+                const kvf q4 = kto_f32(((hi >> 4) | (((top >> 6) & 3) << 4)) - 32);
+                acc0 += ds[is] * (q1 * kload(xb + l)) + ds[is + 2] * (q2 * kload(xb + 32 + l));
+                acc1 += ds[is + 4] * (q3 * kload(xb + 64 + l)) + ds[is + 6] * (q4 * kload(xb + 96 + l));
             }
         }
     }
-    return sum8(acc0 + acc1);
+    return ksum(acc0 + acc1);
 }
 
 // Against activations quantized to int8 in blocks of 256 (quantize_q8 at act8_block: xq values, one scale xd
