@@ -184,7 +184,22 @@ static inline float dot_q8_0_f32(const uint8_t *restrict w, const float *restric
     const int nb = n / Q8_BLOCK;
     int b = 0;
     float s = 0.0f;
-#if defined(__AVX2__)
+#if defined(__AVX512F__)  // two halves of 16 widened quants a block: half the instructions of eight-wide
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (; b < nb; b++) {
+        const uint8_t *wb = w + (long)b * Q8_0_BYTES;
+        const float *xb = x + (long)b * Q8_BLOCK;
+        PREFETCH_ROW(wb);
+        const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wb + 2))));
+        const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wb + 18))));
+        const __m512 sum = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(q0, _mm512_loadu_ps(xb)));
+        if (b & 1)
+            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(fp16_at(wb)), sum, acc1);
+        else
+            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(fp16_at(wb)), sum, acc0);
+    }
+    s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#elif defined(__AVX2__)
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (; b < nb; b++) {
         const uint8_t *wb = w + (long)b * Q8_0_BYTES;
