@@ -100,6 +100,9 @@ static inline float dot_nvfp4(const uint8_t *restrict w, const float *restrict x
 
 static inline float dot_fp8(const uint8_t *restrict w, const float *restrict x, int n) {
     float s = 0.0f;
+#if defined(__AVX2__) && defined(__F16C__)
+    __m256 total = _mm256_setzero_ps();  // the blocks' scaled lanes: one horizontal sum per row
+#endif
     for (int b = 0; b < n / 128; b++) {
         const uint8_t *blk = w + (long)b * FP8_BYTES;
         const float *xb = x + 128L * b;
@@ -116,13 +119,16 @@ static inline float dot_fp8(const uint8_t *restrict w, const float *restrict x, 
             acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(hlo), _mm256_loadu_ps(xb + j), acc0);
             acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(hhi), _mm256_loadu_ps(xb + j + 8), acc1);
         }
-        s += scale * 256.0f * hsum256(_mm256_add_ps(acc0, acc1));
+        total = _mm256_fmadd_ps(_mm256_set1_ps(scale * 256.0f), _mm256_add_ps(acc0, acc1), total);
 #else
         float part = 0.0f;
         for (int j = 0; j < 128; j++) part += e4m3_f32(blk[4 + j]) * xb[j];
         s += scale * part;
 #endif
     }
+#if defined(__AVX2__) && defined(__F16C__)
+    s = hsum256(total);
+#endif
     return s;
 }
 
@@ -167,18 +173,40 @@ static inline void dequant_mxfp4(const uint8_t *restrict w, float *restrict out,
     }
 }
 
-// Weight-only: the 32 looked-up int8 values of a sub-block times fp32 activations, summed, then scaled.
-static inline float table_block_f32(const uint8_t *restrict qs, const int8_t *table, const float *restrict x) {
+// Weight-only: the 32 looked-up int8 values of a sub-block times fp32 activations, as lanes (tvec) that the
+// caller scales into its accumulator; one horizontal sum per row, not per block.
+#if defined(__AVX512F__)
+typedef __m512 tvec;
+static inline tvec tzero(void) { return _mm512_setzero_ps(); }
+static inline tvec tscaled(float scale, tvec v, tvec acc) { return _mm512_fmadd_ps(_mm512_set1_ps(scale), v, acc); }
+static inline float tsum(tvec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__AVX2__)
+typedef __m256 tvec;
+static inline tvec tzero(void) { return _mm256_setzero_ps(); }
+static inline tvec tscaled(float scale, tvec v, tvec acc) { return _mm256_fmadd_ps(_mm256_set1_ps(scale), v, acc); }
+static inline float tsum(tvec v) { return hsum256(v); }
+#else
+typedef float tvec;
+static inline tvec tzero(void) { return 0.0f; }
+static inline tvec tscaled(float scale, tvec v, tvec acc) { return acc + scale * v; }
+static inline float tsum(tvec v) { return v; }
+#endif
+
+static inline tvec table_block_f32(const uint8_t *restrict qs, const int8_t *table, const float *restrict x) {
 #if defined(__AVX2__)
     const __m128i q = _mm_loadu_si128((const __m128i *)qs), low4 = _mm_set1_epi8(15);
     const __m128i t = _mm_loadu_si128((const __m128i *)table);
     const __m128i lo = _mm_shuffle_epi8(t, _mm_and_si128(q, low4));
     const __m128i hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(q, 4), low4));
+#if defined(__AVX512F__)
+    const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), _mm512_loadu_ps(x));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), _mm512_loadu_ps(x + 16), s);
+#else
     __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_loadu_ps(x));
     s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), _mm256_loadu_ps(x + 8), s);
     s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_loadu_ps(x + 16), s);
-    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(x + 24), s);
-    return hsum256(s);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(x + 24), s);
+#endif
 #else
     float s = 0.0f;
     for (int j = 0; j < 16; j++) s += table[qs[j] & 15] * x[j] + table[qs[j] >> 4] * x[j + 16];
@@ -187,24 +215,32 @@ static inline float table_block_f32(const uint8_t *restrict qs, const int8_t *ta
 }
 
 static inline float dot_iq4_xs(const uint8_t *restrict w, const float *restrict x, int n) {
-    float s = 0.0f;
+    tvec acc = tzero();
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * IQ4_XS_BYTES;
-        float part = 0.0f;
-        for (int sb = 0; sb < 8; sb++)
-            part += (float)iq4_xs_scale(blk, sb) * table_block_f32(blk + 8 + 16 * sb, IQ4_NL_VALUES, x + (long)b * QK_K + 32 * sb);
-        s += fp16_at(blk) * part;
+        const float d = fp16_at(blk);
+        for (int sb = 0; sb < 8; sb++) {
+            const tvec v = table_block_f32(blk + 8 + 16 * sb, IQ4_NL_VALUES, x + (long)b * QK_K + 32 * sb);
+            acc = tscaled(d * (float)iq4_xs_scale(blk, sb), v, acc);
+        }
     }
-    return s;
+    return tsum(acc);
 }
 
 static inline float dot_mxfp4(const uint8_t *restrict w, const float *restrict x, int n) {
-    float s = 0.0f;
-    for (int b = 0; b < n / 32; b++) {
+    tvec acc0 = tzero(), acc1 = tzero();
+    int b = 0;
+    for (; b + 2 <= n / 32; b += 2) {  // two accumulators: the scaled adds do not wait on each other
         const uint8_t *blk = w + (long)b * MXFP4_BYTES;
-        s += e8m0_half(blk[0]) * table_block_f32(blk + 1, MXFP4_VALUES, x + 32L * b);
+        acc0 = tscaled(e8m0_half(blk[0]), table_block_f32(blk + 1, MXFP4_VALUES, x + 32L * b), acc0);
+        acc1 = tscaled(e8m0_half(blk[MXFP4_BYTES]), table_block_f32(blk + MXFP4_BYTES + 1, MXFP4_VALUES,
+                                                                    x + 32L * (b + 1)), acc1);
     }
-    return s;
+    for (; b < n / 32; b++) {
+        const uint8_t *blk = w + (long)b * MXFP4_BYTES;
+        acc0 = tscaled(e8m0_half(blk[0]), table_block_f32(blk + 1, MXFP4_VALUES, x + 32L * b), acc0);
+    }
+    return tsum(acc0) + tsum(acc1);
 }
 
 // Against activations quantized to int8 in blocks of 256 with one scale (IQ4_XS: the sub-block scales
