@@ -17,3 +17,8 @@ def kernel_runs_on(body: Callable[[], tuple[Any, bool]], device: torch.device | 
         return False
     kind = torch.device(device).type
     return kind == "cuda" or (kind == "cpu" and interpreted)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): Triton's block sizes."""
+    return 1 << max(0, n - 1).bit_length()

@@ -18,7 +18,7 @@ from types import ModuleType
 
 import torch
 
-from freetoken.runtime.triton_support import kernel_runs_on
+from freetoken.runtime.triton_support import kernel_runs_on, next_pow2
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def slot_decode_attention(
         q = q.contiguous()
     g = nh // kvh
     splits = splits or choose_splits(b, kvh, cap, blocks)
-    block_d = _next_pow2(max(d, 16))
+    block_d = next_pow2(max(d, 16))
     part_o = torch.empty(b, nh, splits, d, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(b, nh, splits, dtype=torch.float32, device=q.device)
     out = torch.empty(b, nh * d, dtype=q.dtype, device=q.device)
@@ -111,19 +111,15 @@ def slot_decode_attention(
     body.split_attention_kernel[(b, kvh, splits)](
         q, k_cache, v_cache, slots, lengths, part_o, part_lse, scale * math.log2(math.e), cap, window or 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        NH=nh, G=g, D=d, SPLITS=splits, BLOCK_H=max(16, _next_pow2(g)), BLOCK_N=blocks.block_n,
+        NH=nh, G=g, D=d, SPLITS=splits, BLOCK_H=max(16, next_pow2(g)), BLOCK_N=blocks.block_n,
         BLOCK_D=block_d, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         COMPILED=not interpreted, num_warps=blocks.num_warps, num_stages=blocks.num_stages,
     )  # fmt: skip
     body.combine_splits_kernel[(b, nh)](
-        part_o, part_lse, sinks32, out, NH=nh, D=d, SPLITS=splits, BLOCK_S=_next_pow2(splits),
+        part_o, part_lse, sinks32, out, NH=nh, D=d, SPLITS=splits, BLOCK_S=next_pow2(splits),
         BLOCK_D=block_d, HAS_SINKS=sinks is not None, num_warps=4,
     )  # fmt: skip
     return out
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def slot_decode_attention_reference(

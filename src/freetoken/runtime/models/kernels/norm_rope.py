@@ -18,6 +18,7 @@ import torch
 
 from freetoken.runtime.models.kernels.decode_attention import check_device
 from freetoken.runtime.models.rope import apply_rotary
+from freetoken.runtime.triton_support import next_pow2
 
 
 @functools.cache
@@ -28,10 +29,6 @@ def _body() -> tuple[ModuleType, bool]:
     from freetoken.runtime.models.kernels import norm_rope_triton as body
 
     return body, isinstance(body.add_rms_norm_kernel, InterpretedFunction)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def add_rms_norm(
@@ -53,7 +50,7 @@ def add_rms_norm(
     summed = x if residual is None else torch.empty_like(normed)
     if b == 0:
         return normed, summed
-    block = _next_pow2(h)
+    block = next_pow2(h)
     body, interpreted = _body()
     body.add_rms_norm_kernel[(b,)](
         x, x if residual is None else residual, weight.contiguous(), normed, summed,
@@ -134,7 +131,7 @@ def qk_norm_rope_kv_write(
         q, k, v, *(w.contiguous() for w in weights or (q, q)), cos, sin, k_cache, v_cache,
         slots, positions, q_out, q.stride(0), k.stride(0), v.stride(0), cos.stride(0), sin.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps, k_cache.shape[2],
-        NH=nh, D=d, HALF=d // 2, BLOCK=_next_pow2(d // 2), NORM=norm, COMPILED=not interpreted, num_warps=1,
+        NH=nh, D=d, HALF=d // 2, BLOCK=next_pow2(d // 2), NORM=norm, COMPILED=not interpreted, num_warps=1,
         enable_fp_fusion=False,  # keep x*cos + r*sin two roundings, as torch computes it (fp32 models)
     )  # fmt: skip
     return q_out

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import torch
 
-from freetoken.runtime.triton_support import kernel_runs_on
+from freetoken.runtime.triton_support import kernel_runs_on, next_pow2
 
 
 @functools.cache
@@ -47,7 +47,7 @@ def slot_write(rows: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, pos
     body, _ = _body()
     body.slot_write_kernel[(b,)](
         rows, cache, slots, positions, rows.stride(0), cache.stride(0), cache.stride(2), cache.shape[2],
-        W=w, BLOCK=1 << max(0, w - 1).bit_length(), num_warps=4,
+        W=w, BLOCK=next_pow2(w), num_warps=4,
     )  # fmt: skip
 
 

@@ -22,6 +22,8 @@ from types import ModuleType
 
 import torch
 
+from freetoken.runtime.triton_support import next_pow2
+
 HEADER_BYTES = 16  # int64 rows, int64 layer row
 STAGE_BLOCK = 1024  # x values per store step of the stage kernel
 MERGE_BLOCK = 1024
@@ -45,10 +47,6 @@ def _body() -> tuple[ModuleType, bool]:
     return body, isinstance(body.stage_kernel, InterpretedFunction)
 
 
-def _pairs_p2(pairs: int) -> int:
-    return 1 << max(0, pairs - 1).bit_length()
-
-
 def stage_hand_over(
     x: torch.Tensor,
     ids: torch.Tensor,
@@ -64,7 +62,7 @@ def stage_hand_over(
     k = ids.shape[1]
     body.stage_kernel[(1,)](
         x.contiguous(), ids.contiguous(), weights.contiguous(), stage.view(torch.int64),
-        stage.view(torch.float32), flags, row, ROWS=t, H=h, K=k, PAIRS_P2=_pairs_p2(t * k), BLOCK=STAGE_BLOCK,
+        stage.view(torch.float32), flags, row, ROWS=t, H=h, K=k, PAIRS_P2=next_pow2(t * k), BLOCK=STAGE_BLOCK,
     )  # fmt: skip
 
 
@@ -76,7 +74,7 @@ def merge_hand_over(out: torch.Tensor, result: torch.Tensor, ids: torch.Tensor) 
     dst = torch.empty_like(out)
     n = t * h
     body.merge_kernel[(-(-n // MERGE_BLOCK),)](
-        out, result, ids.contiguous(), dst, n, PAIRS=ids.numel(), PAIRS_P2=_pairs_p2(ids.numel()),
+        out, result, ids.contiguous(), dst, n, PAIRS=ids.numel(), PAIRS_P2=next_pow2(ids.numel()),
         BLOCK=MERGE_BLOCK,
     )  # fmt: skip
     return dst

@@ -38,7 +38,7 @@ from types import ModuleType
 import torch
 
 from freetoken.runtime.moe.policy import quota
-from freetoken.runtime.triton_support import kernel_runs_on
+from freetoken.runtime.triton_support import kernel_runs_on, next_pow2
 
 MAX_KERNEL_PAIRS = 128  # T·K: the per-pair [P, P] comparison matrices live in registers
 MAX_KERNEL_EXPERTS = 1024
@@ -59,10 +59,6 @@ def lru_kernel_available(device: torch.device | str) -> bool:
     """Whether the LRU kernel runs on tensors of `device`: CUDA ones, or CPU ones under TRITON_INTERPRET=1
     (set before Triton is first imported)."""
     return kernel_runs_on(_body, device)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _check(
@@ -149,12 +145,12 @@ def lru_ensure(
     slots = owner.shape[0]
     plan_rows = plan.shape[0]
     body, interpreted = _body()
-    block_p = _next_pow2(pairs)
+    block_p = next_pow2(pairs)
     body.lru_ensure_kernel[(1,)](
         ids, weights, slot_of, owner, stamp, clock, fetch, counters, slot_ids, plan, count,
         row, max(1, min(max_fetch, pairs)),
         N=pairs, E=num_experts, S=slots, P=plan_rows, BLOCK_P=block_p,
-        BLOCK_S=min(_next_pow2(slots), MAX_SCAN_BLOCK), BLOCK_F=min(_next_pow2(plan_rows), MAX_SCAN_BLOCK),
+        BLOCK_S=min(next_pow2(slots), MAX_SCAN_BLOCK), BLOCK_F=min(next_pow2(plan_rows), MAX_SCAN_BLOCK),
         COMPILED=not interpreted,
         num_warps=max(4, block_p // 8),  # sm_90 ptxas: no spills up to 64 pairs, ~2 KB at 128 (16 warps)
     )  # fmt: skip

@@ -17,6 +17,7 @@ import torch
 from freetoken.codecs import get_codec
 from freetoken.env import moe_decode_blocks
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
+from freetoken.runtime.triton_support import next_pow2
 
 # codecs the kernels read as stored, by the numbers quant_dot_triton.py (and the CPU kernel) use
 QUANT_CODECS = {"Q8_0": 1, "Q4_K": 3, "Q6_K": 4, "MXFP4": 12}
@@ -139,14 +140,8 @@ def fused_moe_decode(
         num_warps=b.num_warps, num_stages=b.num_stages,
     )  # fmt: skip
     if split:
-        sum_choices[(t, -(-h // SUM_BLOCK))](
-            target, out, H=h, K=k, K_POW2=_next_power_of_2(k), BLOCK_N=SUM_BLOCK
-        )
+        sum_choices[(t, -(-h // SUM_BLOCK))](target, out, H=h, K=k, K_POW2=next_pow2(k), BLOCK_N=SUM_BLOCK)
     return out
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _block_k(block_k: int, code: int) -> int:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from freetoken.env import moe_decode_kernel_choice
 from freetoken.runtime.models.kernels.decode_attention import check_device
 from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS, triton_available
+from freetoken.runtime.triton_support import next_pow2
 
 
 @functools.cache
@@ -33,10 +34,6 @@ def _body() -> tuple[ModuleType, bool]:
     from freetoken.runtime.moe.kernels import router_topk_triton as body
 
     return body, isinstance(body.router_topk_kernel, InterpretedFunction)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def router_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,11 +53,11 @@ def router_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[to
     weights = torch.empty(t, top_k, dtype=logits.dtype, device=logits.device)
     if t == 0:
         return ids, weights
-    block = _next_pow2(e)
+    block = next_pow2(e)
     body, interpreted = _body()
     body.router_topk_kernel[(t,)](
         logits, ids, weights, logits.stride(0),
-        E=e, K=top_k, BLOCK=block, K_BLOCK=_next_pow2(top_k), RENORM=renormalize,
+        E=e, K=top_k, BLOCK=block, K_BLOCK=next_pow2(top_k), RENORM=renormalize,
         COMPILED=not interpreted, num_warps=max(1, min(8, block // 512)),
     )  # fmt: skip
     return ids, weights
