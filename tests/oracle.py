@@ -147,6 +147,26 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
+def assert_follows_cached_decode(
+    engine: Any, model: Any, prompt: list[int], steps: int, cache_arg: str
+) -> None:
+    """The engine's fp32 logits within 1e-4 of transformers' over the prompt, then over `steps` greedy
+    tokens decoded with transformers' own cache (`cache_arg`: the forward's name for it)."""
+    from transformers import DynamicCache
+
+    seq = engine.new_sequence()
+    got = engine.forward(seq, prompt, all_logits=True)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), use_cache=True, **{cache_arg: cache})
+    assert rel_err(got, out.logits[0]) < 1e-4
+    for _ in range(steps):
+        token = int(out.logits[0, -1].argmax())
+        with torch.no_grad():
+            out = model(torch.tensor([[token]]), use_cache=True, **{cache_arg: cache})
+        assert rel_err(engine.forward(seq, [token])[-1], out.logits[0, -1]) < 1e-4
+
+
 # every model_type the architecture registry knows, as its errors list them
 SUPPORTED_ARCHITECTURES = (
     "deepseek_v3, deepseek_v32, deepseek_v4, glm4_moe, glm_moe_dsa, gpt_oss, kimi_linear, minimax_m2, "

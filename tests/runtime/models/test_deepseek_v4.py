@@ -21,7 +21,7 @@ from freetoken.runtime.models.deepseek_v4_config import DeepseekV4ModelConfig, p
 from freetoken.runtime.models.hash_moe import Router
 from freetoken.runtime.models.hyper_connections import HyperConnection
 from freetoken.runtime.sampling import SamplingParams
-from oracle import build_family_model, rel_err
+from oracle import assert_follows_cached_decode, build_family_model, rel_err
 
 PROMPT = [5, 77, 301, 12, 9, 250, 33, 401, 18, 2, 64, 111]
 
@@ -152,22 +152,10 @@ def test_hash_routing_takes_the_token_table() -> None:
 def test_the_indexers_sparse_choice_decodes_as_transformers(tmp_path: Path) -> None:
     """Each query of the compressed-sparse layer keeps 2 of its entries: the prompt's logits are
     transformers' (one pass), and 20 decode steps those of transformers decoding with its cache."""
-    from transformers import DynamicCache
-
     model = build_family_model(tmp_path, "deepseek_v4", index_topk=2, index_n_heads=8)
     engine = build_engine(tmp_path, device="cpu", dtype="float32", moe_backend="offload", cache_size=3)
     assert engine.config.index_topk == 2
-    seq = engine.new_sequence()
-    got = engine.forward(seq, PROMPT, all_logits=True)
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        out = model(torch.tensor([PROMPT]), cache=cache, use_cache=True)
-    assert rel_err(got, out.logits[0]) < 1e-4
-    for _ in range(20):
-        token = int(out.logits[0, -1].argmax())
-        with torch.no_grad():
-            out = model(torch.tensor([[token]]), cache=cache, use_cache=True)
-        assert rel_err(engine.forward(seq, [token])[-1], out.logits[0, -1]) < 1e-4
+    assert_follows_cached_decode(engine, model, PROMPT, 20, "cache")
     engine.close()
 
 

@@ -13,7 +13,7 @@ import torch
 
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.sampling import SamplingParams
-from oracle import FAMILY_TINY, build_family_model, rel_err
+from oracle import FAMILY_TINY, assert_follows_cached_decode, build_family_model, rel_err
 
 PROMPT = [5, 77, 301, 12, 9, 250, 33, 401, 18, 2, 64, 111]
 POOL = 6 * 2  # experts per layer x MoE layers (GLM's first layer is dense: at most this many)
@@ -444,8 +444,6 @@ def test_sparse_attention_keeps_the_indexers_choice(tmp_path: Path, family: str)
     give those of transformers decoding with its cache (the indexer's top-k over scores that tie at zero
     is not prefix-stable, so a full recompute can choose differently at a tie; both engines choose alike
     step by step)."""
-    from transformers import DynamicCache
-
     model = build_family_model(tmp_path, family, index_topk=4)
     engine = build_engine(tmp_path, device="cpu", dtype="float32", moe_backend="offload", cache_size=3)
     assert engine.config.index_topk == 4 and engine.config.kv_dims == (1, 20, 8)
@@ -454,15 +452,5 @@ def test_sparse_attention_keeps_the_indexers_choice(tmp_path: Path, family: str)
         shared,
         bool(shared),
     )
-    seq = engine.new_sequence()
-    got = engine.forward(seq, PROMPT, all_logits=True)
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        out = model(torch.tensor([PROMPT]), past_key_values=cache, use_cache=True)
-    assert rel_err(got, out.logits[0]) < 1e-4
-    for _ in range(16):
-        token = int(out.logits[0, -1].argmax())
-        with torch.no_grad():
-            out = model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
-        assert rel_err(engine.forward(seq, [token])[-1], out.logits[0, -1]) < 1e-4
+    assert_follows_cached_decode(engine, model, PROMPT, 16, "past_key_values")
     engine.close()
