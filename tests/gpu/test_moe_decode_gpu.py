@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from codec_banks import CODEC_CASES, check_codec_banks
 from freetoken.runtime.moe.expert_fn import ExpertFn
 from freetoken.runtime.moe.experts import grouped_experts
-from freetoken.runtime.moe.kernels.moe_decode import fused_moe_decode
+from freetoken.runtime.moe.kernels.moe_decode import DecodeBlocks, fused_moe_decode
 
 pytestmark = [
     pytest.mark.gpu,
@@ -62,3 +63,10 @@ def test_replays_in_a_cuda_graph_without_a_host_sync() -> None:
     weights.copy_(weights2)
     graph.replay()
     torch.testing.assert_close(out, fused_moe_decode(x, ids, weights, gate_up, down))
+
+
+@pytest.mark.parametrize(("codecs", "h", "i", "tiles", "kind"), CODEC_CASES)
+def test_banks_of_codec_blocks_compiled(
+    codecs: tuple[str, str], h: int, i: int, tiles: DecodeBlocks, kind: str
+) -> None:
+    check_codec_banks(codecs, h, i, tiles, kind, "cuda")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from freetoken.runtime.moe.kernels.quant_dot_triton import quant_row_dot
+from freetoken.runtime.moe.kernels.quant_dot_triton import quant_row_part, quant_row_sums
 
 
 @triton.jit
@@ -52,10 +52,10 @@ def gate_up_act_kernel(
     rows_live = offs_n < tl.where(expert >= 0, INTER, 0)  # a skipped pair reads nothing
     base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
     token = pair // K
-    acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        if CODEC == 0:
+    if CODEC == 0:
+        acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < H
             xk = tl.load(x_ptr + token * H + offs_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -65,12 +65,17 @@ def gate_up_act_kernel(
             up = tl.load(rows + INTER * stride_wn + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
             acc_gate += tl.sum(gate * xk[None, :], axis=1)
             acc_up += tl.sum(up * xk[None, :], axis=1)
-        else:
-            rows = base + offs_n * stride_wn
-            acc_gate += quant_row_dot(rows, x_ptr + token * H, k0, rows_live, H, CODEC, BLOCK_K)
-            acc_up += quant_row_dot(
-                rows + INTER * stride_wn, x_ptr + token * H, k0, rows_live, H, CODEC, BLOCK_K
-            )
+    else:
+        gate_rows = base + offs_n * stride_wn
+        up_rows = gate_rows + INTER * stride_wn
+        xt = x_ptr + token * H
+        part_gate = quant_row_part(gate_rows, xt, 0, rows_live, H, CODEC, BLOCK_K)
+        part_up = quant_row_part(up_rows, xt, 0, rows_live, H, CODEC, BLOCK_K)
+        for k0 in range(BLOCK_K, H, BLOCK_K):
+            part_gate += quant_row_part(gate_rows, xt, k0, rows_live, H, CODEC, BLOCK_K)
+            part_up += quant_row_part(up_rows, xt, k0, rows_live, H, CODEC, BLOCK_K)
+        acc_gate = quant_row_sums(part_gate)
+        acc_up = quant_row_sums(part_up)
     if HAS_BIAS:
         row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
         acc_gate += tl.load(row + offs_n, mask=mask_n, other=0.0)
@@ -94,9 +99,9 @@ def _down_pair(act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, I
     expert = tl.load(ids_ptr + pair)
     rows_live = offs_n < tl.where(expert >= 0, H, 0)
     base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
-    acc = tl.zeros(offs_n.shape, dtype=tl.float32)
-    for k0 in range(0, INTER, BLOCK_K):
-        if CODEC == 0:
+    if CODEC == 0:
+        acc = tl.zeros(offs_n.shape, dtype=tl.float32)
+        for k0 in range(0, INTER, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < INTER
             a = tl.load(act_ptr + pair * INTER + offs_k, mask=mask_k, other=0.0)
@@ -104,9 +109,13 @@ def _down_pair(act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, I
             rows = base + offs_n[:, None] * stride_wn
             w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
             acc += tl.sum(w * a[None, :], axis=1)
-        else:
-            rows = base + offs_n * stride_wn
-            acc += quant_row_dot(rows, act_ptr + pair * INTER, k0, rows_live, INTER, CODEC, BLOCK_K)
+    else:
+        rows = base + offs_n * stride_wn
+        a = act_ptr + pair * INTER
+        part = quant_row_part(rows, a, 0, rows_live, INTER, CODEC, BLOCK_K)
+        for k0 in range(BLOCK_K, INTER, BLOCK_K):
+            part += quant_row_part(rows, a, k0, rows_live, INTER, CODEC, BLOCK_K)
+        acc = quant_row_sums(part)
     return acc
 
 

@@ -1,0 +1,50 @@
+"""Banks of codec blocks through the fused MoE decode kernel against the plain sum over the reference
+dequantisation: one check, run by Triton's interpreter on CPU tensors (tests/runtime/moe) and compiled on
+CUDA (tests/gpu), where a layout the interpreter cannot show (a reshape free to reorder mixed rows) fails."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from freetoken.codecs import get_codec
+from freetoken.runtime.moe.expert_fn import ExpertFn, PairBias
+from freetoken.runtime.moe.experts import grouped_experts
+from freetoken.runtime.moe.kernels.moe_decode import DecodeBlocks, fused_moe_decode
+
+CODEC_CASES = [  # (gate_up codec, down codec), H, I, tiles, the experts' function
+    (("Q8_0", "Q8_0"), 96, 64, DecodeBlocks(16, 64, 16, 64), "clamped"),
+    (("Q4_K", "Q4_K"), 256, 256, DecodeBlocks(16, 64, 16, 64), "clamped_silu"),
+    (("MXFP4", "MXFP4"), 64, 96, DecodeBlocks(16, 64, 16, 64), "clamped"),
+    (("Q4_K", "Q8_0"), 256, 96, DecodeBlocks(16, 64, 16, 64), "clamped_silu"),
+    (("Q4_K", "MXFP4"), 768, 160, DecodeBlocks(8, 512, 8, 128), "clamped"),
+    (("Q8_0", "Q4_K"), 96, 512, DecodeBlocks(8, 64, 8, 1024, split_choices=1), "clamped_silu"),
+    (("Q6_K", "Q6_K"), 768, 256, DecodeBlocks(8, 512, 8, 256), "clamped"),
+    (("Q4_K", "Q6_K"), 256, 512, DecodeBlocks(16, 256, 16, 1024, split_choices=1), "clamped_silu"),
+]
+SCALES = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}  # block scales giving values about 1
+
+
+def check_codec_banks(
+    codecs: tuple[str, str], h: int, i: int, tiles: DecodeBlocks, kind: str, device: str
+) -> None:
+    """Slots holding blocks as stored: the kernel dequantises in registers, with a clamped function (its
+    limit passed) and biases on, and gives the plain sum over gguf's dequantisation of the same blocks;
+    chunks of several blocks whose last ones lie past the row (768 = 1.5 chunks of 512; 160 = 1.25 of 128)
+    read nothing there."""
+    rng = np.random.default_rng(1)
+    gu, dn = (get_codec(name) for name in codecs)
+    gu_blocks = gu.random_blocks(np.empty((5, 2 * i, gu.row_bytes(h)), np.uint8), rng, SCALES[gu.name])
+    dn_blocks = dn.random_blocks(np.empty((5, h, dn.row_bytes(i)), np.uint8), rng, SCALES[dn.name])
+    gate_up = torch.from_numpy(gu.dequantize(gu_blocks, h)).to(device)
+    down = torch.from_numpy(dn.dequantize(dn_blocks, i)).to(device)
+    x, w = torch.randn(3, h).to(device), torch.rand(3, 2).to(device)
+    ids = torch.tensor([[0, 4], [2, -1], [3, 1]], device=device)
+    fn, bias = ExpertFn(kind, limit=2.0), PairBias((torch.randn(5, 2 * i) * 0.1).to(device), ids)
+    want = grouped_experts(x, ids, w, gate_up, down, fn, bias)
+    assert not torch.allclose(grouped_experts(x, ids, w, gate_up, down, replace(fn, limit=1e9), bias), want)
+    blocks = torch.from_numpy(gu_blocks).to(device), torch.from_numpy(dn_blocks).to(device)
+    got = fused_moe_decode(x, ids, w, *blocks, tiles, fn=fn, bias=bias, codecs=codecs)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
