@@ -48,6 +48,22 @@ SWEEP_CODEC = [  # banks of codec blocks: chunks of whole blocks, up to a whole 
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 
 
+def random_banks(
+    codec: str, experts: int, h: int, i: int, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Random CUDA expert banks [E, 2I, H] / [E, H, I]: bf16 values, or a codec's random blocks (small
+    finite scales) -> (gate_up, down, their fp32 values)."""
+    if codec == "bf16":
+        gate_up = (torch.randn(experts, 2 * i, h, device="cuda", generator=g) / h**0.5).bfloat16()
+        down = (torch.randn(experts, h, i, device="cuda", generator=g) / i**0.5).bfloat16()
+        return gate_up, down, (gate_up.float(), down.float())
+    c, rng = get_codec(codec), np.random.default_rng(0)
+    scale = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}[codec]
+    blocks = [np.empty((experts, rows, c.row_bytes(n)), np.uint8) for rows, n in ((2 * i, h), (h, i))]
+    gate_up, down = (torch.from_numpy(c.random_blocks(b, rng, scale)).cuda() for b in blocks)
+    return gate_up, down, (dequantize_rows(gate_up, codec, h), dequantize_rows(down, codec, i))
+
+
 def graph_time(fn: Any, reps: int = 50, rounds: int = 7) -> float:
     """Seconds per call: `reps` calls captured in one CUDA graph, median over `rounds` replays."""
     fn()
@@ -88,21 +104,12 @@ def main() -> None:
     h, i, e, k = args.hidden, args.moe_inter, args.experts, args.top_k
     g = torch.Generator(device="cuda").manual_seed(0)
     codecs = None if args.codec == "bf16" else (args.codec, args.codec)
+    gate_up, down, (plain_gate_up, plain_down) = random_banks(args.codec, e, h, i, g)
     if codecs is None:
-        gate_up = (torch.randn(e, 2 * i, h, device="cuda", generator=g) / h**0.5).bfloat16()
-        down = (torch.randn(e, h, i, device="cuda", generator=g) / i**0.5).bfloat16()
         expert_bytes = 3 * h * i * 2
-        plain_gate_up, plain_down = gate_up.float(), down.float()
     else:
-        codec, rng = get_codec(args.codec), np.random.default_rng(0)
-        scale = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}[args.codec]
-        blocks = [np.empty((e, rows, codec.row_bytes(n)), np.uint8) for rows, n in ((2 * i, h), (h, i))]
-        gate_up, down = (torch.from_numpy(codec.random_blocks(b, rng, scale)).cuda() for b in blocks)
+        codec = get_codec(args.codec)
         expert_bytes = codec.tensor_bytes(2 * i, h) + codec.tensor_bytes(h, i)
-        plain_gate_up, plain_down = (
-            dequantize_rows(gate_up, args.codec, h),
-            dequantize_rows(down, args.codec, i),
-        )
     copy = read_bandwidth()
     blocks, sweep_rows = DEFAULT_BLOCKS if codecs is None else codec_blocks(codecs[0]), []
     if args.sweep:

@@ -48,6 +48,12 @@ def moe_decode_kernel_choice() -> str:
     return os.environ.get("FREETOKEN_MOE_DECODE_KERNEL", "auto").lower()
 
 
+def moe_prefill_kernel_choice() -> str:
+    """`FREETOKEN_MOE_PREFILL_KERNEL`: `auto` (the grouped Triton kernels for more tokens than the decode
+    kernel takes, on CUDA when Triton imports) or `torch` (one expert at a time, routing read back)."""
+    return os.environ.get("FREETOKEN_MOE_PREFILL_KERNEL", "auto").lower()
+
+
 def moe_decode_blocks(codec: bool = False) -> tuple[int, ...] | None:
     """`FREETOKEN_MOE_DECODE_BLOCKS` (banks of values) or `FREETOKEN_MOE_DECODE_CODEC_BLOCKS` (banks of
     a codec's blocks as stored): the decode kernel's tiles as six integers `gate_up_n,gate_up_k,down_n,

@@ -31,7 +31,7 @@ from freetoken.runtime.moe.counters import distinct_per_layer
 from freetoken.runtime.moe.cpu_branch import CpuBranch
 from freetoken.runtime.moe.executor import ExecutorContext, ExpertExecutor
 from freetoken.runtime.moe.expert_fn import PairBias
-from freetoken.runtime.moe.experts import GATHER_MAX_PAIRS, routed_experts
+from freetoken.runtime.moe.experts import GATHER_MAX_PAIRS, prefill_kernel_on, routed_experts
 from freetoken.runtime.moe.kernels.cpu_experts import bf16_activations, cpu_experts
 from freetoken.runtime.moe.kernels.expert_fill import fill_slots, fill_slots_reference
 from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS
@@ -408,7 +408,7 @@ class CachedExecutor(ExpertExecutor):
     ) -> torch.Tensor:
         """`layer`'s experts in slots `slot_ids` [T, K] (-1 = skip) for x [T, H], weighted; `bias`: their
         gate/up biases, by expert id."""
-        if x.device.type == "cpu" or slot_ids.numel() > GATHER_MAX_PAIRS:
+        if x.device.type == "cpu" or (slot_ids.numel() > GATHER_MAX_PAIRS and not prefill_kernel_on()):
             slot_ids = slot_ids.cpu()  # grouping happens on the host anyway
         gate_up, down = self.bank.banks(layer)
         return routed_experts(

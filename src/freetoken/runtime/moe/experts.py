@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.codecs.torch_dequant import dequantize_rows
-from freetoken.env import moe_decode_kernel_choice
+from freetoken.env import moe_decode_kernel_choice, moe_prefill_kernel_choice
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
 from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS, fused_moe_decode, triton_available
+from freetoken.runtime.moe.kernels.moe_prefill import grouped_moe
 
 
 def swiglu_expert(
@@ -150,15 +151,19 @@ def routed_experts(
     bias: PairBias | None = None,
     codecs: tuple[str, str] | None = None,
 ) -> torch.Tensor:
-    """A few tokens on CUDA: the fused Triton decode kernel (weights read in place by id); a few pairs on
-    another accelerator: the gathered path; otherwise the grouped one. All without a host sync but the
-    last. `codecs`: the banks hold those codecs' blocks as stored (the decode kernel reads them in
-    place; larger steps dequantise the experts they use)."""
+    """A few tokens on CUDA: the fused Triton decode kernel (weights read in place by id); more on CUDA:
+    the grouped Triton kernels (pairs sorted by expert on the device, tensor-core tiles); a few pairs on
+    another accelerator: the gathered path; otherwise the grouped torch one (routing read back).
+    `codecs`: the banks hold those codecs' blocks as stored (the Triton kernels read them in place; the
+    torch path dequantises the experts it uses)."""
     on_device = x.device.type != "cpu" and topk_ids.device == x.device
     if on_device and x.device.type == "cuda" and x.shape[0] <= MAX_DECODE_TOKENS and decode_kernel_on():
         return fused_moe_decode(
             x, topk_ids, topk_weights, gate_up_bank, down_bank, fn=fn, bias=bias, codecs=codecs
         )
+    if x.device.type == "cuda" and x.shape[0] > MAX_DECODE_TOKENS and prefill_kernel_on():
+        on_x = None if bias is None else bias._replace(ids=bias.ids.to(x.device))
+        return grouped_moe(x, topk_ids.to(x.device), topk_weights, gate_up_bank, down_bank, fn, on_x, codecs)
     if codecs is not None:
         return stored_experts(x, topk_ids, topk_weights, gate_up_bank, down_bank, codecs, fn, bias)
     if on_device and topk_ids.numel() <= GATHER_MAX_PAIRS:
@@ -169,3 +174,8 @@ def routed_experts(
 @functools.cache
 def decode_kernel_on() -> bool:
     return moe_decode_kernel_choice() != "torch" and triton_available()
+
+
+@functools.cache
+def prefill_kernel_on() -> bool:
+    return moe_prefill_kernel_choice() != "torch" and triton_available()

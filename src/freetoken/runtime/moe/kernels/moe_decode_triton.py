@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from freetoken.runtime.moe.kernels.glu_triton import glu
 from freetoken.runtime.moe.kernels.quant_dot_triton import quant_row_part, quant_row_sums
 
 
@@ -80,15 +81,7 @@ def gate_up_act_kernel(
         row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
         acc_gate += tl.load(row + offs_n, mask=mask_n, other=0.0)
         acc_up += tl.load(row + INTER + offs_n, mask=mask_n, other=0.0)
-    if ACT == 0:
-        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
-    else:  # the clamped kinds: the gate bounded above, the up projection on both sides
-        gate = tl.minimum(acc_gate, limit)
-        up = tl.minimum(tl.maximum(acc_up, -limit), limit)
-        if ACT == 1:
-            act = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
-        else:
-            act = gate / (1.0 + tl.exp(-gate)) * up
+    act = glu(acc_gate, acc_up, alpha, limit, ACT)
     tl.store(act_ptr + pair * INTER + offs_n, act, mask=mask_n)
 
 

@@ -67,6 +67,70 @@ def _k4_scale_min(base, sub, live):
 
 
 @triton.jit
+def _q4k_halves(base, live):
+    """The super-blocks at `base` ([BLOCK_N] byte pointers; rows `live`) as fp32 weights: two [BLOCK_N, 4,
+    32], chunk c's byte j's low nibble (weight 64c + j) and high nibble (weight 64c + 32 + j)."""
+    c = tl.arange(0, 4)
+    j = tl.arange(0, 32)
+    quants = tl.load(
+        base[:, None, None] + (16 + 32 * c[:, None] + j[None, :])[None, :, :],
+        mask=live[:, None, None],
+        other=0,
+    ).to(tl.int32)  # [BLOCK_N, 4, 32]
+    d = _fp16_at(base, live)[:, None]
+    dmin = _fp16_at(base + 2, live)[:, None]
+    sc_lo, min_lo = _k4_scale_min(base, 2 * c, live)  # [BLOCK_N, 4]
+    sc_hi, min_hi = _k4_scale_min(base, 2 * c + 1, live)
+    w_lo = _as_float(quants & 15, 0.0) * (d * sc_lo)[:, :, None] - (dmin * min_lo)[:, :, None]
+    w_hi = _as_float(quants >> 4, 0.0) * (d * sc_hi)[:, :, None] - (dmin * min_hi)[:, :, None]
+    return w_lo, w_hi
+
+
+@triton.jit
+def _q6k_weights(base, live):
+    """The super-blocks at `base` as fp32 weights [BLOCK_N, 8, 2, 16]: weight 32·hg + 16m + i (half h = hg //
+    4 of 128 weights, group g = hg % 4 of 32, m the 16-weight sub-block with its own scale) = k order."""
+    hg = tl.arange(0, 8)
+    m = tl.arange(0, 2)
+    i = tl.arange(0, 16)
+    group = hg % 4
+    lane = (16 * m[:, None] + i[None, :])[None, :, :]  # [1, 2, 16]: weight l of its group
+    low_at = (64 * (hg // 4) + 32 * (group % 2))[:, None, None] + lane  # [8, 2, 16] byte of ql
+    high_at = (128 + 32 * (hg // 4))[:, None, None] + lane  # byte of qh
+    mask = live[:, None, None, None]
+    ql = tl.load(base[:, None, None, None] + low_at[None], mask=mask, other=0).to(tl.int32)
+    qh = tl.load(base[:, None, None, None] + high_at[None], mask=mask, other=0).to(tl.int32)
+    q6 = ((ql >> (4 * (group // 2))[None, :, None, None]) & 15) | (
+        ((qh >> (2 * group)[None, :, None, None]) & 3) << 4
+    )  # [BLOCK_N, 8, 2, 16]
+    sub = (2 * hg[:, None] + m[None, :])[None]  # [1, 8, 2]: the sub-block's scale byte
+    scales = tl.load(base[:, None, None] + 192 + sub, mask=live[:, None, None], other=0)
+    ds = _fp16_at(base + 208, live)[:, None, None] * scales.to(tl.int8, bitcast=True).to(tl.float32)
+    return _as_float(q6, 32.0) * ds[:, :, :, None]
+
+
+@triton.jit
+def _q8_weights(rows, block, live):
+    """Blocks `block` ([NB]) of rows `rows` ([BLOCK_N] byte pointers; `live` [BLOCK_N, NB]) as fp32
+    weights [BLOCK_N, NB, 32]."""
+    j = tl.arange(0, 32)
+    base = rows[:, None] + block[None, :] * 34
+    quants = tl.load(base[:, :, None] + 2 + j[None, None, :], mask=live[:, :, None], other=0)
+    return _as_float(quants.to(tl.int32) ^ 128, 128.0) * _fp16_at(base, live)[:, :, None]
+
+
+@triton.jit
+def _mxfp4_halves(rows, block, live):
+    """Blocks `block` of rows `rows` as fp32 weights: two [BLOCK_N, NB, 16], weights j and j + 16 of each
+    block (byte j's low and high nibble)."""
+    j = tl.arange(0, 16)
+    base = rows[:, None] + block[None, :] * 17
+    codes = tl.load(base[:, :, None] + 1 + j[None, None, :], mask=live[:, :, None], other=0).to(tl.int32)
+    scale = tl.exp2(tl.load(base, mask=live, other=0).to(tl.float32) - 128.0)[:, :, None]
+    return _e2m1_doubled(codes & 15) * scale, _e2m1_doubled(codes >> 4) * scale
+
+
+@triton.jit
 def quant_row_sums(part):
     """[BLOCK_N] fp32: the row sums of a quant_row_part accumulation."""
     return tl.sum(tl.sum(part, axis=2), axis=1)
@@ -78,78 +142,66 @@ def quant_row_part(rows, v_ptr, k0, live, limit, CODEC: tl.constexpr, BLOCK_K: t
     first element -> an fp32 tile [BLOCK_N, A, B] whose row sums are Σ over k in [k0, k0 + BLOCK_K) of
     W[row, k] · v[k]. The caller adds the tiles of successive chunks elementwise and sums rows once at the
     end (quant_row_sums): a reduction per chunk crossed the warps through shared memory every block."""
-    if CODEC == 3:  # Q4_K: BLOCK_K // 256 super-blocks -> [BLOCK_N, 4, 32]
-        c = tl.arange(0, 4)
-        j = tl.arange(0, 32)
-        part = tl.zeros([live.shape[0], 4, 32], dtype=tl.float32)
+    if (
+        CODEC == 3 or CODEC == 4
+    ):  # K-quants: BLOCK_K // 256 super-blocks -> [BLOCK_N, 4, 32] / [BLOCK_N, 16, 16]
+        if CODEC == 3:
+            part = tl.zeros([live.shape[0], 4, 32], dtype=tl.float32)
+        else:
+            part = tl.zeros([live.shape[0], 8, 2, 16], dtype=tl.float32)
         for s in tl.static_range(BLOCK_K // 256):
             k = k0 + 256 * s
             rows_here = live & (k + tl.zeros(live.shape, tl.int32) < limit)
-            base = rows + (k // 256) * 144
-            quants = tl.load(
-                base[:, None, None] + (16 + 32 * c[:, None] + j[None, :])[None, :, :],
-                mask=rows_here[:, None, None], other=0,
-            ).to(tl.int32)  # fmt: skip  # [BLOCK_N, 4, 32]: chunk c, byte j
-            offs = k + 64 * c[:, None] + j[None, :]  # [4, 32]
-            here = offs < limit
-            v_lo = tl.load(v_ptr + offs, mask=here, other=0.0).to(tl.float32)  # sub-block 2c
-            v_hi = tl.load(v_ptr + offs + 32, mask=here, other=0.0).to(tl.float32)  # sub-block 2c + 1
-            d = _fp16_at(base, rows_here)[:, None]
-            dmin = _fp16_at(base + 2, rows_here)[:, None]
-            sc_lo, min_lo = _k4_scale_min(base, 2 * c, rows_here)  # [BLOCK_N, 4]
-            sc_hi, min_hi = _k4_scale_min(base, 2 * c + 1, rows_here)
-            w_lo = _as_float(quants & 15, 0.0) * (d * sc_lo)[:, :, None] - (dmin * min_lo)[:, :, None]
-            w_hi = _as_float(quants >> 4, 0.0) * (d * sc_hi)[:, :, None] - (dmin * min_hi)[:, :, None]
-            part += w_lo * v_lo[None, :, :] + w_hi * v_hi[None, :, :]
-        return part
-    elif CODEC == 4:  # Q6_K: BLOCK_K // 256 super-blocks -> [BLOCK_N, 16, 16]
-        hg = tl.arange(0, 8)  # half h = hg // 4 of 128 weights, group g = hg % 4 of 32: weights 32·hg ..
-        m = tl.arange(0, 2)  # the 16-weight sub-block of a group (its own scale)
-        i = tl.arange(0, 16)
-        group = hg % 4
-        lane = (16 * m[:, None] + i[None, :])[None, :, :]  # [1, 2, 16]: weight l of its group
-        low_at = (64 * (hg // 4) + 32 * (group % 2))[:, None, None] + lane  # [8, 2, 16] byte of ql
-        high_at = (128 + 32 * (hg // 4))[:, None, None] + lane  # byte of qh
-        low_shift = (4 * (group // 2))[None, :, None, None]
-        high_shift = (2 * group)[None, :, None, None]
-        part = tl.zeros([live.shape[0], 8, 2, 16], dtype=tl.float32)
-        for s in tl.static_range(BLOCK_K // 256):
-            k = k0 + 256 * s
-            rows_here = live & (k + tl.zeros(live.shape, tl.int32) < limit)
-            base = rows + (k // 256) * 210
-            mask = rows_here[:, None, None, None]
-            ql = tl.load(base[:, None, None, None] + low_at[None], mask=mask, other=0).to(tl.int32)
-            qh = tl.load(base[:, None, None, None] + high_at[None], mask=mask, other=0).to(tl.int32)
-            q6 = ((ql >> low_shift) & 15) | (((qh >> high_shift) & 3) << 4)  # [BLOCK_N, 8, 2, 16]
-            offs = k + 32 * hg[:, None, None] + lane  # [8, 2, 16]
-            v = tl.load(v_ptr + offs, mask=offs < limit, other=0.0).to(tl.float32)
-            sub = (2 * hg[:, None] + m[None, :])[None]  # [1, 8, 2]: the sub-block's scale byte
-            scales = tl.load(base[:, None, None] + 192 + sub, mask=rows_here[:, None, None], other=0)
-            d = _fp16_at(base + 208, rows_here)[:, None, None]
-            ds = d * scales.to(tl.int8, bitcast=True).to(tl.float32)  # [BLOCK_N, 8, 2]
-            part += _as_float(q6, 32.0) * ds[:, :, :, None] * v[None]
-        return tl.reshape(part, [live.shape[0], 16, 16])  # rows stay rows (a reordering one mixed them)
-    elif CODEC == 1:  # Q8_0: BLOCK_K // 32 blocks -> [BLOCK_N, BLOCK_K // 32, 32]
+            if CODEC == 3:
+                w_lo, w_hi = _q4k_halves(rows + (k // 256) * 144, rows_here)
+                offs = k + 64 * tl.arange(0, 4)[:, None] + tl.arange(0, 32)[None, :]  # [4, 32]
+                v_lo = tl.load(v_ptr + offs, mask=offs < limit, other=0.0).to(tl.float32)
+                v_hi = tl.load(v_ptr + offs + 32, mask=offs < limit, other=0.0).to(tl.float32)
+                part += w_lo * v_lo[None, :, :] + w_hi * v_hi[None, :, :]
+            else:
+                hg, m, i = tl.arange(0, 8), tl.arange(0, 2), tl.arange(0, 16)
+                offs = k + 32 * hg[:, None, None] + 16 * m[None, :, None] + i[None, None, :]  # [8, 2, 16]
+                v = tl.load(v_ptr + offs, mask=offs < limit, other=0.0).to(tl.float32)
+                part += _q6k_weights(rows + (k // 256) * 210, rows_here) * v[None]
+        if CODEC == 3:
+            return part
+        else:
+            return tl.reshape(part, [live.shape[0], 16, 16])  # rows stay rows (a reordering one mixed them)
+    else:  # Q8_0 (1) / MXFP4 (12): BLOCK_K // 32 blocks -> [BLOCK_N, BLOCK_K // 32, 32 or 16]
         block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        j = tl.arange(0, 32)
         block_live = block * 32 < limit
         mask = live[:, None] & block_live[None, :]  # [BLOCK_N, NB]
-        base = rows[:, None] + block[None, :] * 34
-        quants = tl.load(base[:, :, None] + 2 + j[None, None, :], mask=mask[:, :, None], other=0)
-        v = tl.load(v_ptr + block[:, None] * 32 + j[None, :], mask=block_live[:, None], other=0.0)
-        signed = _as_float(quants.to(tl.int32) ^ 128, 128.0)  # int8 two's complement flipped into 0..255
-        return signed * _fp16_at(base, mask)[:, :, None] * v.to(tl.float32)[None, :, :]
-    else:  # MXFP4 (12): BLOCK_K // 32 blocks -> [BLOCK_N, BLOCK_K // 32, 16]
+        if CODEC == 1:
+            j = tl.arange(0, 32)
+            v = tl.load(v_ptr + block[:, None] * 32 + j[None, :], mask=block_live[:, None], other=0.0)
+            return _q8_weights(rows, block, mask) * v.to(tl.float32)[None, :, :]
+        else:
+            j = tl.arange(0, 16)
+            v_lo = tl.load(v_ptr + block[:, None] * 32 + j[None, :], mask=block_live[:, None], other=0.0)
+            v_hi = tl.load(v_ptr + block[:, None] * 32 + 16 + j[None, :], mask=block_live[:, None], other=0.0)
+            lo, hi = _mxfp4_halves(rows, block, mask)
+            return lo * v_lo.to(tl.float32)[None, :, :] + hi * v_hi.to(tl.float32)[None, :, :]
+
+
+@triton.jit
+def quant_tile(rows, k0, live, limit, CODEC: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weights W[rows, k0 : k0 + BLOCK_K] dequantised in registers -> fp32 [BLOCK_N, BLOCK_K] in k
+    order (for the prefill kernels' tensor-core dots). rows, live, limit as in quant_row_part; BLOCK_K is
+    one super-block (256) for the K-quants, a multiple of 32 for Q8_0 and MXFP4."""
+    if CODEC == 3 or CODEC == 4:
+        rows_here = live & (k0 + tl.zeros(live.shape, tl.int32) < limit)
+        if CODEC == 3:
+            w_lo, w_hi = _q4k_halves(rows + (k0 // 256) * 144, rows_here)
+            w = tl.permute(tl.join(w_lo, w_hi), (0, 1, 3, 2))  # [BLOCK_N, 4, 2, 32]: weight 64c + 32h + j
+        else:
+            w = _q6k_weights(rows + (k0 // 256) * 210, rows_here)
+        return tl.reshape(w, [live.shape[0], 256])
+    else:
         block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        j = tl.arange(0, 16)
-        block_live = block * 32 < limit
-        mask = live[:, None] & block_live[None, :]
-        base = rows[:, None] + block[None, :] * 17
-        codes = tl.load(base[:, :, None] + 1 + j[None, None, :], mask=mask[:, :, None], other=0).to(tl.int32)
-        v_lo = tl.load(v_ptr + block[:, None] * 32 + j[None, :], mask=block_live[:, None], other=0.0)
-        v_hi = tl.load(v_ptr + block[:, None] * 32 + 16 + j[None, :], mask=block_live[:, None], other=0.0)
-        scale = tl.exp2(tl.load(base, mask=mask, other=0).to(tl.float32) - 128.0)[:, :, None]
-        return (
-            _e2m1_doubled(codes & 15) * v_lo.to(tl.float32)[None, :, :]
-            + _e2m1_doubled(codes >> 4) * v_hi.to(tl.float32)[None, :, :]
-        ) * scale
+        mask = live[:, None] & (block * 32 < limit)[None, :]  # [BLOCK_N, NB]
+        if CODEC == 1:
+            return tl.reshape(_q8_weights(rows, block, mask), [live.shape[0], BLOCK_K])
+        else:
+            lo, hi = _mxfp4_halves(rows, block, mask)
+            w = tl.permute(tl.join(lo, hi), (0, 1, 3, 2))  # [BLOCK_N, NB, 2, 16]
+            return tl.reshape(w, [live.shape[0], BLOCK_K])
