@@ -183,6 +183,24 @@ def test_k_quants_match_the_dequantised_reference(codecs: tuple[str, str], token
     assert rel_err(act8, plain) < 0.2
 
 
+@pytest.mark.parametrize("codec", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_k_quants_against_bf16_activations(codec: str, tokens: int) -> None:
+    """Activations that are bf16 values (a bf16 model's) take the bf16 pair-dot path where the CPU has it:
+    the same products, so the same result to fp32 summation order; a row with one value off the bf16 grid
+    goes the fp32 way (a token each)."""
+    e, h, i, k = 5, 768, 512, 2
+    gate_up = random_blocks(codec, e, 2 * i, h, seed=3)
+    down = random_blocks(codec, e, h, i, seed=4)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(tokens, h, generator=gen).bfloat16().float()
+    x[-1, 5] += 1e-3 if tokens > 1 else 0.0
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(tokens)])
+    w = torch.rand(tokens, k, generator=gen)
+    ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=(codec, codec))
+    assert rel_err(ours, stored_reference(x, ids, w, gate_up, down, (codec, codec))) < 1e-5
+
+
 def test_banks_the_kernel_does_not_take_go_the_plain_way() -> None:
     """A codec the kernel has no dot for (IQ3_S here) is computed by the reference path, not misread."""
     e, h, i = 2, 256, 256

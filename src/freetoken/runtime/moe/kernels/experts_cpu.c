@@ -108,7 +108,21 @@ typedef struct {
     const float *d[GROUP];
     const int16_t *s[GROUP];  // int8 values' sums per 16
     const float *fs[GROUP];   // fp32 values' sums per 32 (Q4_K's and Q5_K's mins, weight-only)
+    const uint16_t *kb[GROUP];  // the same x as bf16 where every value is one (Q4_K / Q5_K's bf16 dots), or NULL
 } vecs_t;
+
+// x's row as bf16 into `out` if every value is a bf16 value (the low 16 bits of each fp32 zero: a bf16
+// model's activations): returns 1, else 0 (then `out` is partial and unused).
+static inline int exact_bf16_row(const float *restrict x, uint16_t *restrict out, long n) {
+    uint32_t low = 0;
+    for (long i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, x + i, sizeof bits);
+        low |= bits & 0xffffu;
+        out[i] = (uint16_t)(bits >> 16);
+    }
+    return low == 0;
+}
 
 // Pairs from which a quantized row is widened to fp32 once for all of them rather than per dot.
 #ifndef WIDEN_PAIRS
@@ -178,12 +192,18 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
         for (int j = 0; j < cnt; j++) out[j] = dot_q6_k_q8(row, v->q[j], v->d[j], v->s[j], n);
     else if (codec == FT_CODEC_Q8_0)
         for (int j = 0; j < cnt; j++) out[j] = dot_q8_0_f32(row, v->f[j], n);
-    else if (codec == FT_CODEC_Q4_K)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q45_k(row, 0, v->f[j], v->fs[j], n);
+    else if ((codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q5_K) && !HAVE_KQUANT_BF16)
+        for (int j = 0; j < cnt; j++) out[j] = dot_q45_k(row, codec == FT_CODEC_Q5_K, v->f[j], v->fs[j], n);
+#if HAVE_KQUANT_BF16
+    else if (codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q5_K)
+        for (int j = 0; j < cnt; j++) {
+            const int high = codec == FT_CODEC_Q5_K;
+            out[j] = v->kb[j] ? dot_q45_k_bf16(row, high, v->kb[j], v->fs[j], n)
+                              : dot_q45_k(row, high, v->f[j], v->fs[j], n);
+        }
+#endif
     else if (codec == FT_CODEC_Q6_K)
         for (int j = 0; j < cnt; j++) out[j] = dot_q6_k(row, v->f[j], n);
-    else if (codec == FT_CODEC_Q5_K)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q45_k(row, 1, v->f[j], v->fs[j], n);
     else if (codec == FT_CODEC_IQ4_XS)
         for (int j = 0; j < cnt; j++) out[j] = dot_iq4_xs(row, v->f[j], n);
     else if (codec == FT_CODEC_MXFP4)
@@ -237,8 +257,11 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     float *xd = (float *)(xq + (long)tokens * hidden);
     int16_t *xsum = (int16_t *)(xd + (long)tokens * (hidden / Q8_BLOCK));  // [T, H / 16]
     float *xfs = gfs ? malloc(sizeof(float) * (size_t)tokens * (hidden / 32)) : NULL;  // [T, H / 32]
-    if (gfs && !xfs) {
-        free(buf);
+    // [T, H] bf16 and [T] flags: the rows of x that are bf16 values, for the K-quants' bf16 dots
+    uint16_t *xkb = gfs && HAVE_KQUANT_BF16 ? malloc(sizeof(uint16_t) * (size_t)tokens * hidden) : NULL;
+    int *xkb_ok = xkb ? malloc(sizeof(int) * (size_t)tokens) : NULL;
+    if (gfs && (!xfs || (HAVE_KQUANT_BF16 && (!xkb || !xkb_ok)))) {
+        free(xfs), free(xkb), free(xkb_ok), free(buf);
         return -1;
     }
 #pragma omp parallel for num_threads(threads) if (tokens > 16)
@@ -253,6 +276,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
         else
             split_row(x + (long)t * hidden, xs + (long)t * hidden, hidden);
         if (gfs) sums32(x + (long)t * hidden, xfs + (long)t * (hidden / 32), hidden);
+        if (xkb) xkb_ok[t] = exact_bf16_row(x + (long)t * hidden, xkb + (long)t * hidden, hidden);
     }
     units_t s;
     if (unit_bytes <= 0) unit_bytes = UNIT_BYTES;
@@ -271,7 +295,8 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     float *act_fs = dfs ? malloc(sizeof(float) * threads * GROUP * (inter / 32)) : NULL;  // per thread
     uint16_t *act_b = db ? malloc(sizeof(uint16_t) * threads * GROUP * (long)inter) : NULL;  // per thread
     if (!done || (dq8 && !act_q) || ((gq || dq) && !rowbufs) || (dfs && !act_fs) || (db && !act_b)) {
-        free(done), free(act_q), free(rowbufs), free(act_fs), free(act_b), free(xfs), free(buf);
+        free(done), free(act_q), free(rowbufs), free(act_fs), free(act_b), free(xfs), free(xkb), free(xkb_ok);
+        free(buf);
         return -1;
     }
     const double t0 = trace ? omp_get_wtime() : 0.0;
@@ -308,6 +333,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                         v.d[j] = xd + t * (hidden / Q8_BLOCK);
                         v.s[j] = xsum + t * (hidden / SUM_BLOCK);
                         v.fs[j] = gfs ? xfs + t * (hidden / 32) : NULL;
+                        v.kb[j] = xkb && xkb_ok[t] ? xkb + t * hidden : NULL;
                     }
                     for (int i = i0; i < i1; i++) {
                         dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d, rowbuf);
@@ -337,6 +363,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                     float d[GROUP];
                     for (int j = 0; j < cnt; j++) {
                         v.f[j] = act + (long)(n + j) * inter;
+                        v.kb[j] = NULL;  // the activations between the projections stay fp32
                         if (db) {
                             v.b[j] = ab + (long)j * inter;
                             round_row_bf16(v.f[j], (uint16_t *)v.b[j], inter);
@@ -381,6 +408,8 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     free(act_fs);
     free(act_b);
     free(xfs);
+    free(xkb);
+    free(xkb_ok);
     free(buf);
     return pairs;
 }
