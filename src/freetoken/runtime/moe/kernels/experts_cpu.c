@@ -108,7 +108,7 @@ typedef struct {
     const float *d[GROUP];
     const int16_t *s[GROUP];  // int8 values' sums per 16
     const float *fs[GROUP];   // fp32 values' sums per 32 (Q4_K's and Q5_K's mins, weight-only)
-    const uint16_t *kb[GROUP];  // the same x as bf16 where every value is one (Q4_K / Q5_K's bf16 dots), or NULL
+    const uint16_t *kb[GROUP];  // x as bf16 where every value is one (the bf16 pair-dot paths), or NULL
 } vecs_t;
 
 // x's row as bf16 into `out` if every value is a bf16 value (the low 16 bits of each fp32 zero: a bf16
@@ -205,9 +205,25 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
     else if (codec == FT_CODEC_Q6_K)
         for (int j = 0; j < cnt; j++) out[j] = dot_q6_k(row, v->f[j], n);
     else if (codec == FT_CODEC_IQ4_XS)
-        for (int j = 0; j < cnt; j++) out[j] = dot_iq4_xs(row, v->f[j], n);
+        for (int j = 0; j < cnt; j++) {
+#if HAVE_KQUANT_BF16
+            if (v->kb[j]) {
+                out[j] = dot_iq4_xs_bf16(row, v->kb[j], n);
+                continue;
+            }
+#endif
+            out[j] = dot_iq4_xs(row, v->f[j], n);
+        }
     else if (codec == FT_CODEC_MXFP4)
-        for (int j = 0; j < cnt; j++) out[j] = dot_mxfp4(row, v->f[j], n);
+        for (int j = 0; j < cnt; j++) {
+#if HAVE_KQUANT_BF16
+            if (v->kb[j]) {
+                out[j] = dot_mxfp4_bf16(row, v->kb[j], n);
+                continue;
+            }
+#endif
+            out[j] = dot_mxfp4(row, v->f[j], n);
+        }
     else if (codec == FT_CODEC_FP8)
         for (int j = 0; j < cnt; j++) out[j] = dot_fp8(row, v->f[j], n);
     else if (codec == FT_CODEC_NVFP4)
@@ -257,10 +273,11 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     float *xd = (float *)(xq + (long)tokens * hidden);
     int16_t *xsum = (int16_t *)(xd + (long)tokens * (hidden / Q8_BLOCK));  // [T, H / 16]
     float *xfs = gfs ? malloc(sizeof(float) * (size_t)tokens * (hidden / 32)) : NULL;  // [T, H / 32]
-    // [T, H] bf16 and [T] flags: the rows of x that are bf16 values, for the K-quants' bf16 dots
-    uint16_t *xkb = gfs && HAVE_KQUANT_BF16 ? malloc(sizeof(uint16_t) * (size_t)tokens * hidden) : NULL;
+    // [T, H] bf16 and [T] flags: the rows of x that are bf16 values, for the bf16 pair-dot paths
+    const int gkb = HAVE_KQUANT_BF16 && (gfs || gu_codec == FT_CODEC_IQ4_XS || gu_codec == FT_CODEC_MXFP4);
+    uint16_t *xkb = gkb ? malloc(sizeof(uint16_t) * (size_t)tokens * hidden) : NULL;
     int *xkb_ok = xkb ? malloc(sizeof(int) * (size_t)tokens) : NULL;
-    if (gfs && (!xfs || (HAVE_KQUANT_BF16 && (!xkb || !xkb_ok)))) {
+    if ((gfs && !xfs) || (gkb && (!xkb || !xkb_ok))) {
         free(xfs), free(xkb), free(xkb_ok), free(buf);
         return -1;
     }

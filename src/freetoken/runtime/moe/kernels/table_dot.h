@@ -243,6 +243,57 @@ static inline float dot_mxfp4(const uint8_t *restrict w, const float *restrict x
     return tsum(acc0) + tsum(acc1);
 }
 
+#if HAVE_KQUANT_BF16
+// The codebooks as bf16 bits (every value exact), word i = entry i, for the bf16 pair-dot path.
+#define MXFP4_BF16 _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+    (short)0xc140, (short)0xc100, (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbf80, 0, \
+    0x4140, 0x4100, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3f80, 0)
+#define IQ4_NL_BF16 _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+    0x42e2, 0x42b2, 0x428a, 0x4254, 0x4218, 0x41c8, 0x4150, 0x3f80, (short)0xc120, (short)0xc1b0, \
+    (short)0xc20c, (short)0xc244, (short)0xc282, (short)0xc2a6, (short)0xc2d0, (short)0xc2fe)
+
+// A block of 32 (16 bytes: weights j and j + 16 in byte j's low and high nibble) through a bf16 codebook
+// against 32 bf16 activations: the 32 entries in natural order meet x in one pair-dot instruction.
+static inline __m512 table_block_bf16(const uint8_t *restrict qs, __m512i table, const uint16_t *restrict xk) {
+    const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qs)), low4 = _mm256_set1_epi16(15);
+    const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, low4)),
+                                           _mm256_srli_epi16(q, 4), 1);
+    return _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_permutexvar_epi16(idx, table), load_bh(xk));
+}
+
+// dot_iq4_xs / dot_mxfp4 against activations that are bf16 values (xk).
+static inline float dot_iq4_xs_bf16(const uint8_t *restrict w, const uint16_t *restrict xk, int n) {
+    const __m512i table = IQ4_NL_BF16;
+    __m512 acc = _mm512_setzero_ps();
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * IQ4_XS_BYTES;
+        const float d = fp16_at(blk);
+        for (int sb = 0; sb < 8; sb++) {
+            const __m512 v = table_block_bf16(blk + 8 + 16 * sb, table, xk + (long)b * QK_K + 32 * sb);
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(d * (float)iq4_xs_scale(blk, sb)), v, acc);
+        }
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static inline float dot_mxfp4_bf16(const uint8_t *restrict w, const uint16_t *restrict xk, int n) {
+    const __m512i table = MXFP4_BF16;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= n / 32; b += 2) {
+        const uint8_t *blk = w + (long)b * MXFP4_BYTES;
+        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(e8m0_half(blk[0])), table_block_bf16(blk + 1, table, xk + 32L * b), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_set1_ps(e8m0_half(blk[MXFP4_BYTES])),
+                               table_block_bf16(blk + MXFP4_BYTES + 1, table, xk + 32L * (b + 1)), acc1);
+    }
+    for (; b < n / 32; b++) {
+        const uint8_t *blk = w + (long)b * MXFP4_BYTES;
+        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(e8m0_half(blk[0])), table_block_bf16(blk + 1, table, xk + 32L * b), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+#endif
+
 // Against activations quantized to int8 in blocks of 256 with one scale (IQ4_XS: the sub-block scales
 // applied as 16-bit integers, one fp32 multiply per super-block) or of 32 (MXFP4: its e8m0 scales span
 // too far for integers, so each block is scaled in fp32).
