@@ -14,6 +14,7 @@ from freetoken.runtime.models.kernels.decode_attention import (
     slot_decode_attention,
     slot_decode_attention_reference,
 )
+from freetoken.runtime.models.kernels.latent_attention import latent_attend_reference, latent_decode_attention
 from freetoken.runtime.models.kernels.norm_rope import (
     add_rms_norm,
     add_rms_norm_reference,
@@ -180,6 +181,28 @@ def test_attention_replays_for_new_lengths_and_slots() -> None:
     want = slot_decode_attention_reference(*as_fp32, slots, lengths, D**-0.5)
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
     assert torch.count_nonzero(out[1]) == 0
+
+
+@pytest.mark.parametrize("b", [1, 8])
+def test_latent_attention_matches_the_reference_and_replays(b: int) -> None:
+    """DeepSeek-V3's latent attention (128 heads, rank 512, rope 64) over a 4,096-position slot cache: the
+    split kernels against the torch reference in fp32, then replayed in a graph for new rows."""
+    nh, rank, rope = 128, 512, 64
+    q, cache = randn(b, nh, rank + rope, seed=40 + b), randn(SLOTS, 1, CAP, rank + rope, seed=41, scale=0.5)
+    slots, lengths = rows_of(b, seed=42 + b)
+    got = latent_decode_attention(q, cache, slots, lengths, 0.07, rank)
+    want = latent_attend_reference(q.float(), cache.float(), slots, lengths, 0.07, rank)
+    live = slots >= 0
+    torch.testing.assert_close(got[live].float(), want[live], rtol=2e-2, atol=2e-2)
+    if b > 1:
+        assert torch.count_nonzero(got[1]) == 0
+    graph, out = capture(lambda: latent_decode_attention(q, cache, slots, lengths, 0.07, rank))
+    new_slots, new_lengths = rows_of(b, seed=50 + b)
+    slots.copy_(new_slots)
+    lengths.copy_(new_lengths)
+    graph.replay()
+    want = latent_attend_reference(q.float(), cache.float(), slots, lengths, 0.07, rank)
+    torch.testing.assert_close(out[slots >= 0].float(), want[slots >= 0], rtol=2e-2, atol=2e-2)
 
 
 def test_add_rms_norm_replays() -> None:

@@ -5,10 +5,11 @@
 Per row b: the new [c ; k_pe] goes to cache[slot_b, 0, position_b] (kernels/slot_write.py: padding rows
 write nothing); the query is absorbed per head (q_latent = W_UKᵀ q_nope) and scored against every
 position of the row's slot at once — [B, NH, CAP] scores, those at or past the row's length masked —
-and the weighted latents go through W_UV. So each layer reads the whole slot: CAP positions of r + d_rope
-numbers per row (4.7 MB at DeepSeek-V3's 576 and 4,096 positions in bf16): plain torch, no flash kernel
-yet. The math is LatentAttention._absorbed's, with the scores taken in one product over [c ; k_pe]
-instead of two summed.
+and the weighted latents go through W_UV. On CUDA the attention over the slots is the split kernel of
+kernels/latent_attention.py (each row reads its own positions, blocks of 16 heads sharing each load);
+elsewhere the torch reference reads the whole slot (CAP positions of r + d_rope numbers per row). The
+math is LatentAttention._absorbed's, with the scores taken in one product over [c ; k_pe] instead of
+two summed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+
+from freetoken.runtime.models.kernels.latent_attention import latent_attend_reference
 
 if TYPE_CHECKING:
     from freetoken.runtime.kv.slot_pool import KVSlotPool
@@ -32,8 +35,11 @@ def latent_slot_attention(
     pool: KVSlotPool,
     rows: DecodeRows,
     write: Callable[..., None],
+    attend: Callable[..., torch.Tensor] = latent_attend_reference,
 ) -> torch.Tensor:
-    """h [B, H] normed -> the attention block's output [B, H] (o_proj applied), the rows' latents written."""
+    """h [B, H] normed -> the attention block's output [B, H] (o_proj applied), the rows' latents written.
+    `attend`: the absorbed attention over the slots (kernels/latent_attention.py: the split kernels on
+    CUDA, the torch reference elsewhere)."""
     cache = pool.k[pool.index[attn.layer]]  # [S, 1, CAP, r + dr]
     q_nope, q_pe, latent, _ = attn._project(h, cos, sin)  # [NH, B, dn], [NH, B, dr], [1, B, r + dr]
     write(latent[0].contiguous(), cache, rows.slots, rows.positions)
@@ -41,12 +47,6 @@ def latent_slot_attention(
     w = attn.kv_b_proj.weight.view(nh, attn.d_nope + attn.d_v, r)
     w_uk, w_uv = w[:, : attn.d_nope], w[:, attn.d_nope :]  # [NH, dn, r], [NH, dv, r]
     q = torch.cat((torch.bmm(q_nope, w_uk), q_pe), dim=-1).transpose(0, 1)  # [B, NH, r + dr]
-    kv = cache[rows.slots.clamp(min=0).long(), 0]  # [B, CAP, r + dr]: a padding row reads slot 0
-    scores = torch.bmm(q, kv.transpose(1, 2)) * attn.scale  # [B, NH, CAP]
-    positions = torch.arange(kv.shape[1], device=h.device)
-    seen = positions[None, :] < rows.lengths.clamp(min=1)[:, None]  # [B, CAP]
-    scores = scores.masked_fill(~seen[:, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(kv.dtype)
-    mixed = torch.bmm(probs, kv[..., :r])  # [B, NH, r]
+    mixed = attend(q, cache, rows.slots, rows.lengths, attn.scale, r)  # [B, NH, r]
     out = torch.bmm(mixed.transpose(0, 1), w_uv.transpose(1, 2))  # [NH, B, dv]
     return attn.o_proj(out.transpose(0, 1).reshape(b, nh * attn.d_v))

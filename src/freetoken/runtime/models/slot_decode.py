@@ -24,6 +24,7 @@ from freetoken.runtime.models.kernels.decode_attention import (
     slot_decode_attention,
     slot_decode_attention_reference,
 )
+from freetoken.runtime.models.kernels.latent_attention import latent_attend_reference, latent_decode_attention
 from freetoken.runtime.models.kernels.norm_rope import (
     add_rms_norm,
     qk_norm_rope_kv_write,
@@ -57,12 +58,18 @@ class DecodeOps:
     # the whole attention block at once (norms, rotary, K/V write, attention), or None where it declines
     attention_block: Callable[..., torch.Tensor | None] | None = None
     slot_write: Callable[..., None] = slot_write_reference  # a latent row into its slot (latent attention)
+    latent_attention: Callable[..., torch.Tensor] = latent_attend_reference  # absorbed MLA over the slots
 
     @staticmethod
     def for_device(device: torch.device) -> DecodeOps:
         if device.type == "cuda":
             return DecodeOps(
-                add_rms_norm, qk_norm_rope_kv_write, slot_decode_attention, F.linear, slot_write=slot_write
+                add_rms_norm,
+                qk_norm_rope_kv_write,
+                slot_decode_attention,
+                F.linear,
+                slot_write=slot_write,
+                latent_attention=latent_decode_attention,
             )
         return DecodeOps(
             cpu_add_rms_norm,  # one native call where it takes the inputs, else the reference
@@ -105,7 +112,7 @@ def decode_step(model: nn.Module, rows: DecodeRows, pool: KVSlotPool, ops: Decod
         h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
         attn = layer.self_attn
         if isinstance(attn, LatentAttention):
-            x = latent_slot_attention(attn, h, cos, sin, pool, rows, ops.slot_write)
+            x = latent_slot_attention(attn, h, cos, sin, pool, rows, ops.slot_write, ops.latent_attention)
         else:
             x = _attention(attn, h, cos, sin, pool, rows, ops)
         norm = layer.post_attention_layernorm

@@ -25,6 +25,15 @@ import triton.language as tl
 
 
 @triton.jit
+def split_range(first, length, split, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Split `split`'s share [start, end) of the keys [first, length): whole blocks, the last split short
+    or empty."""
+    chunk = tl.cdiv(tl.cdiv(length - first, SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split * chunk
+    return start, tl.minimum(start + chunk, length)
+
+
+@triton.jit
 def _attend_block(
     q, m, denom, acc, k_base, v_base, n0, end, qk_scale, stride_cn, offs_d, mask_d,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPILED: tl.constexpr,
@@ -84,9 +93,7 @@ def split_attention_kernel(
     valid = slot >= 0
     length = tl.where(valid, tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), cap), 0)
     first = tl.where(window > 0, tl.maximum(length - window, 0), 0)
-    chunk = tl.cdiv(tl.cdiv(length - first, SPLITS), BLOCK_N) * BLOCK_N  # keys per split, whole blocks
-    start = first + split * chunk
-    end = tl.minimum(start + chunk, length)
+    start, end = split_range(first, length, split, SPLITS, BLOCK_N)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
