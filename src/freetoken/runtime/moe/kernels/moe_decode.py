@@ -102,19 +102,8 @@ def fused_moe_decode(
     [S, 2I, row bytes] / [S, H, row bytes] (QUANT_CODECS)."""
     t, h = x.shape
     k = topk_ids.shape[1]
-    gu_code, dn_code = (0, 0) if codecs is None else (QUANT_CODECS[codecs[0]], QUANT_CODECS[codecs[1]])
-    i = down_bank.shape[2] if codecs is None else gate_up_bank.shape[1] // 2
-    if gate_up_bank.stride(2) != 1 or down_bank.stride(2) != 1:
-        raise ValueError("expert banks need contiguous rows")
-    widths = (
-        (h, i) if codecs is None else (get_codec(codecs[0]).row_bytes(h), get_codec(codecs[1]).row_bytes(i))
-    )
-    if gate_up_bank.shape[1:] != (2 * i, widths[0]) or down_bank.shape[1:] != (h, widths[1]):
-        shapes = f"{tuple(gate_up_bank.shape)} / {tuple(down_bank.shape)}"
-        raise ValueError(f"bank shapes {shapes} do not fit x of width {h}")
     gate_up_act, down, sum_choices, interpreted = _kernels()
-    if x.device.type == "cpu" and not interpreted:
-        raise ValueError("the Triton MoE kernels take CUDA tensors (CPU ones only under TRITON_INTERPRET=1)")
+    i, gu_code, dn_code = check_banks(x, gate_up_bank, down_bank, codecs, interpreted)
     pairs = t * k
     ids = topk_ids.reshape(pairs).contiguous()
     weights = topk_weights.reshape(pairs).contiguous()
@@ -142,6 +131,32 @@ def fused_moe_decode(
     if split:
         sum_choices[(t, -(-h // SUM_BLOCK))](target, out, H=h, K=k, K_POW2=next_pow2(k), BLOCK_N=SUM_BLOCK)
     return out
+
+
+def check_banks(
+    x: torch.Tensor,
+    gate_up_bank: torch.Tensor,
+    down_bank: torch.Tensor,
+    codecs: tuple[str, str] | None,
+    interpreted: bool,
+) -> tuple[int, int, int]:
+    """The Triton expert kernels' inputs checked (banks [S, 2I, H] / [S, H, I] of values or of `codecs`'
+    blocks, rows contiguous; CUDA tensors, or CPU ones under the interpreter) -> (I, the gate_up and down
+    codecs' kernel numbers)."""
+    h = x.shape[1]
+    gu_code, dn_code = (0, 0) if codecs is None else (QUANT_CODECS[codecs[0]], QUANT_CODECS[codecs[1]])
+    i = gate_up_bank.shape[1] // 2
+    if gate_up_bank.stride(2) != 1 or down_bank.stride(2) != 1:
+        raise ValueError("expert banks need contiguous rows")
+    widths = (
+        (h, i) if codecs is None else (get_codec(codecs[0]).row_bytes(h), get_codec(codecs[1]).row_bytes(i))
+    )
+    if gate_up_bank.shape[1:] != (2 * i, widths[0]) or down_bank.shape[1:] != (h, widths[1]):
+        shapes = f"{tuple(gate_up_bank.shape)} / {tuple(down_bank.shape)}"
+        raise ValueError(f"bank shapes {shapes} do not fit x of width {h}")
+    if x.device.type == "cpu" and not interpreted:
+        raise ValueError("the Triton MoE kernels take CUDA tensors (CPU ones only under TRITON_INTERPRET=1)")
+    return i, gu_code, dn_code
 
 
 def _block_k(block_k: int, code: int) -> int:

@@ -15,9 +15,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from freetoken.codecs import get_codec
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
-from freetoken.runtime.moe.kernels.moe_decode import QUANT_CODECS
+from freetoken.runtime.moe.kernels.moe_decode import check_banks
 
 
 @dataclass(frozen=True)
@@ -104,19 +103,8 @@ def grouped_moe(
     blocks with `codecs`) -> [T, H] in x's dtype."""
     t, h = x.shape
     k = topk_ids.shape[1]
-    gu_code, dn_code = (0, 0) if codecs is None else (QUANT_CODECS[codecs[0]], QUANT_CODECS[codecs[1]])
-    i = gate_up_bank.shape[1] // 2
-    widths = (
-        (h, i) if codecs is None else (get_codec(codecs[0]).row_bytes(h), get_codec(codecs[1]).row_bytes(i))
-    )
-    if gate_up_bank.shape[1:] != (2 * i, widths[0]) or down_bank.shape[1:] != (h, widths[1]):
-        shapes = f"{tuple(gate_up_bank.shape)} / {tuple(down_bank.shape)}"
-        raise ValueError(f"bank shapes {shapes} do not fit x of width {h}")
-    if gate_up_bank.stride(2) != 1 or down_bank.stride(2) != 1:
-        raise ValueError("expert banks need contiguous rows")
     gate_up_act, down, interpreted = _kernels()
-    if x.device.type == "cpu" and not interpreted:
-        raise ValueError("the Triton MoE kernels take CUDA tensors (CPU ones only under TRITON_INTERPRET=1)")
+    i, gu_code, dn_code = check_banks(x, gate_up_bank, down_bank, codecs, interpreted)
     b = blocks or (DEFAULT_BLOCKS if codecs is None else CODEC_BLOCKS)
     slots = gate_up_bank.shape[0]
     block_m = b.block_m or block_rows(topk_ids.numel(), slots)
