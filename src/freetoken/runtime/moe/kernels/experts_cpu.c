@@ -192,16 +192,17 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
         for (int j = 0; j < cnt; j++) out[j] = dot_q6_k_q8(row, v->q[j], v->d[j], v->s[j], n);
     else if (codec == FT_CODEC_Q8_0)
         for (int j = 0; j < cnt; j++) out[j] = dot_q8_0_f32(row, v->f[j], n);
-    else if ((codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q5_K) && !HAVE_KQUANT_BF16)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q45_k(row, codec == FT_CODEC_Q5_K, v->f[j], v->fs[j], n);
-#if HAVE_KQUANT_BF16
     else if (codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q5_K)
         for (int j = 0; j < cnt; j++) {
             const int high = codec == FT_CODEC_Q5_K;
-            out[j] = v->kb[j] ? dot_q45_k_bf16(row, high, v->kb[j], v->fs[j], n)
-                              : dot_q45_k(row, high, v->f[j], v->fs[j], n);
-        }
+#if HAVE_KQUANT_BF16
+            if (v->kb[j]) {
+                out[j] = dot_q45_k_bf16(row, high, v->kb[j], v->fs[j], n);
+                continue;
+            }
 #endif
+            out[j] = dot_q45_k(row, high, v->f[j], v->fs[j], n);
+        }
     else if (codec == FT_CODEC_Q6_K)
         for (int j = 0; j < cnt; j++) out[j] = dot_q6_k(row, v->f[j], n);
     else if (codec == FT_CODEC_IQ4_XS)
