@@ -201,6 +201,29 @@ def test_k_quants_against_bf16_activations(codec: str, tokens: int) -> None:
     assert rel_err(ours, stored_reference(x, ids, w, gate_up, down, (codec, codec))) < 1e-5
 
 
+@pytest.mark.parametrize("codec", ["Q4_K", "Q8_0", "MXFP4"])
+def test_a_bf16_prompt_widens_rows_to_bf16(codec: str) -> None:
+    """Many tokens of a bf16 model through one expert: each gate/up row is dequantised once and, where the
+    CPU has bf16 pair-dot instructions, rounded to bf16 first, as torch dequantises into a bf16 model's
+    dtype: tight to experts over bf16-rounded gate/up weights, and within bf16 rounding of the fp32 sum.
+    (Without those instructions the row stays fp32, which meets both bounds too.)"""
+    e, h, i, k, tokens = 3, 256, 512, 2, 12
+    gate_up = random_blocks(codec, e, 2 * i, h, seed=5)
+    down = random_blocks(codec, e, h, i, seed=6)
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(tokens, h, generator=gen).bfloat16().float()
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(tokens)])
+    w = torch.rand(tokens, k, generator=gen)
+    ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=(codec, codec))
+    gu_f, dn_f = (
+        torch.from_numpy(get_codec(codec).dequantize(b.numpy(), n)) for b, n in ((gate_up, h), (down, i))
+    )
+    plain = grouped_experts(x, ids, w, gu_f, dn_f)
+    rounded = grouped_experts(x, ids, w, gu_f.bfloat16().float(), dn_f)
+    assert min(rel_err(ours, rounded), rel_err(ours, plain)) < 1e-5
+    assert rel_err(ours, plain) < 1e-2
+
+
 def test_banks_the_kernel_does_not_take_go_the_plain_way() -> None:
     """A codec the kernel has no dot for (IQ3_S here) is computed by the reference path, not misread."""
     e, h, i = 2, 256, 256

@@ -169,14 +169,32 @@ static inline void dequant_row(int codec, const uint8_t *row, float *out, int n)
     }
 }
 
-// rowbuf: n floats of the calling thread's, for a widened row.
+static inline int widened_codec(int codec) {
+    return codec == FT_CODEC_Q8_0 || codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q6_K || codec == FT_CODEC_Q5_K ||
+           codec == FT_CODEC_IQ4_XS || codec == FT_CODEC_MXFP4 || codec == FT_CODEC_FP8 || codec == FT_CODEC_NVFP4;
+}
+
+// Whether every one of the cnt vectors has its bf16 form (activations that are bf16 values).
+static inline int all_bf16(const vecs_t *v, int cnt) {
+    for (int j = 0; j < cnt; j++)
+        if (!v->kb[j]) return 0;
+    return 1;
+}
+
+// rowbuf: n floats of the calling thread's, for a widened row; rowbuf16: n bf16 of its own.
 static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt, int n, float *out,
-                        float *rowbuf) {
+                        float *rowbuf, uint16_t *rowbuf16) {
     const int widen = cnt >= WIDEN_PAIRS;
-    if (widen && (codec == FT_CODEC_Q8_0 || codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q6_K ||
-                  codec == FT_CODEC_Q5_K || codec == FT_CODEC_IQ4_XS || codec == FT_CODEC_MXFP4 ||
-                  codec == FT_CODEC_FP8 || codec == FT_CODEC_NVFP4)) {
+    if (widen && widened_codec(codec)) {
         dequant_row(codec, row, rowbuf, n);
+#if HAVE_KQUANT_BF16
+        if (all_bf16(v, cnt)) {  // a bf16 model's prompt: the row rounded to bf16, as torch dequantises
+            round_row_bf16(rowbuf, rowbuf16, n);  // into the model's dtype, then pair-dot instructions
+            dots_bf16_bf16(rowbuf16, v->kb, cnt, n, out);
+            return;
+        }
+#endif
+        (void)rowbuf16;
         dots_f32(rowbuf, v->f, cnt, n, out);
     } else if (codec == FT_CODEC_Q5_K_ACT8)
         for (int j = 0; j < cnt; j++) out[j] = dot_q45_k_q8(row, 1, v->q[j], v->d[j], v->s[j], n);
@@ -275,7 +293,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     int16_t *xsum = (int16_t *)(xd + (long)tokens * (hidden / Q8_BLOCK));  // [T, H / 16]
     float *xfs = gfs ? malloc(sizeof(float) * (size_t)tokens * (hidden / 32)) : NULL;  // [T, H / 32]
     // [T, H] bf16 and [T] flags: the rows of x that are bf16 values, for the bf16 pair-dot paths
-    const int gkb = HAVE_KQUANT_BF16 && (gfs || gu_codec == FT_CODEC_IQ4_XS || gu_codec == FT_CODEC_MXFP4);
+    const int gkb = HAVE_KQUANT_BF16 && widened_codec(gu_codec);
     uint16_t *xkb = gkb ? malloc(sizeof(uint16_t) * (size_t)tokens * hidden) : NULL;
     int *xkb_ok = xkb ? malloc(sizeof(int) * (size_t)tokens) : NULL;
     if ((gfs && !xfs) || (gkb && (!xkb || !xkb_ok))) {
@@ -309,7 +327,8 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     const long act_q_bytes = dq8 ? GROUP * (inter + inter / Q8_BLOCK * 4L + inter / SUM_BLOCK * 4L) : 0;
     uint8_t *act_q = dq8 ? malloc((size_t)threads * act_q_bytes) : NULL;
     const long widest = hidden > inter ? hidden : inter;  // per thread: a quantized row widened to fp32
-    float *rowbufs = gq || dq ? malloc(sizeof(float) * threads * widest) : NULL;
+    const long rowbuf_floats = widest + (widest + 1) / 2;  // per thread: a row in fp32, then in bf16
+    float *rowbufs = gq || dq ? malloc(sizeof(float) * threads * rowbuf_floats) : NULL;
     float *act_fs = dfs ? malloc(sizeof(float) * threads * GROUP * (inter / 32)) : NULL;  // per thread
     uint16_t *act_b = db ? malloc(sizeof(uint16_t) * threads * GROUP * (long)inter) : NULL;  // per thread
     if (!done || (dq8 && !act_q) || ((gq || dq) && !rowbufs) || (dfs && !act_fs) || (db && !act_b)) {
@@ -323,7 +342,8 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
         double first = -1.0, waited = 0.0;
         long mine = 0;
         int8_t *aq = dq8 ? (int8_t *)(act_q + omp_get_thread_num() * act_q_bytes) : NULL;  // [GROUP, I]
-        float *rowbuf = rowbufs ? rowbufs + omp_get_thread_num() * widest : NULL;        // [max(H, I)]
+        float *rowbuf = rowbufs ? rowbufs + omp_get_thread_num() * rowbuf_floats : NULL;  // [max(H, I)]
+        uint16_t *rowbuf16 = rowbuf ? (uint16_t *)(rowbuf + widest) : NULL;
         float *ad = dq8 ? (float *)(aq + GROUP * (long)inter) : NULL;                      // [GROUP, I / 32]
         int16_t *as = dq8 ? (int16_t *)(ad + GROUP * (long)(inter / Q8_BLOCK)) : NULL;     // [GROUP, I / 16]
         float *afs = dfs ? act_fs + (long)omp_get_thread_num() * GROUP * (inter / 32) : NULL;  // [GROUP, I / 32]
@@ -354,12 +374,12 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                         v.kb[j] = xkb && xkb_ok[t] ? xkb + t * hidden : NULL;
                     }
                     for (int i = i0; i < i1; i++) {
-                        dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d, rowbuf);
+                        dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d, rowbuf, rowbuf16);
                         const long at = dq ? i : split_at(i, inter);
                         for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + at] = d[j];
                     }
                     for (int i = i0; i < i1; i++) {
-                        dots(gu_codec, gu + (inter + i) * gu_row, &v, cnt, hidden, d, rowbuf);
+                        dots(gu_codec, gu + (inter + i) * gu_row, &v, cnt, hidden, d, rowbuf, rowbuf16);
                         const long at = dq ? i : split_at(i, inter);
                         for (int j = 0; j < cnt; j++) {
                             float *a = act + (n + j) * (long)inter + at;
@@ -398,7 +418,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                         }
                     }
                     for (int h = h0; h < h1; h++) {
-                        dots(dn_codec, dn + h * dn_row, &v, cnt, inter, d, rowbuf);
+                        dots(dn_codec, dn + h * dn_row, &v, cnt, inter, d, rowbuf, rowbuf16);
                         for (int j = 0; j < cnt; j++) y[(long)(n + j) * hidden + h] = d[j];
                     }
                 }
