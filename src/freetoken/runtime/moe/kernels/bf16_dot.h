@@ -175,6 +175,7 @@ static inline float dot_tail_bf16(const uint16_t *w, const uint16_t *v, int k, i
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
+#define HAVE_BF16_PAIR_DOT 1
 
 static inline __m512bh load_bh(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
 
@@ -203,6 +204,7 @@ static inline void dots_bf16_bf16(const uint16_t *restrict w, const uint16_t *co
     }
 }
 #else
+#define HAVE_BF16_PAIR_DOT 0
 static inline void dots_bf16_bf16(const uint16_t *restrict w, const uint16_t *const *v, int count, int n,
                                   float *out) {
     const v8u high = {0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u,
@@ -222,6 +224,19 @@ static inline void dots_bf16_bf16(const uint16_t *restrict w, const uint16_t *co
 // fp32 values rounded to bf16 (to nearest even), natural order.
 static inline void round_row_bf16(const float *restrict x, uint16_t *restrict out, long n) {
     for (long i = 0; i < n; i++) store_elem(out, i, x[i], 2);
+}
+
+// x's row as bf16 into `out` if every value is a bf16 value (the low 16 bits of each fp32 zero: a bf16
+// model's activations): returns 1, else 0 (then `out` is partial and unused).
+static inline int exact_bf16_row(const float *restrict x, uint16_t *restrict out, long n) {
+    uint32_t low = 0;
+    for (long i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, x + i, sizeof bits);
+        low |= bits & 0xffffu;
+        out[i] = (uint16_t)(bits >> 16);
+    }
+    return low == 0;
 }
 
 #endif

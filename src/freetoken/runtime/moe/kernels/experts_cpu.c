@@ -111,19 +111,6 @@ typedef struct {
     const uint16_t *kb[GROUP];  // x as bf16 where every value is one (the bf16 pair-dot paths), or NULL
 } vecs_t;
 
-// x's row as bf16 into `out` if every value is a bf16 value (the low 16 bits of each fp32 zero: a bf16
-// model's activations): returns 1, else 0 (then `out` is partial and unused).
-static inline int exact_bf16_row(const float *restrict x, uint16_t *restrict out, long n) {
-    uint32_t low = 0;
-    for (long i = 0; i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, x + i, sizeof bits);
-        low |= bits & 0xffffu;
-        out[i] = (uint16_t)(bits >> 16);
-    }
-    return low == 0;
-}
-
 // Pairs from which a quantized row is widened to fp32 once for all of them rather than per dot.
 #ifndef WIDEN_PAIRS
 #define WIDEN_PAIRS 3
