@@ -6,9 +6,11 @@
 
 One MoE layer's routed experts for T tokens: bytes = the distinct experts' weights (gate_up + down)
 read once, in the bytes the banks hold (bf16, or a codec's blocks as stored). Times are CUDA-graph
-replays (no launch overhead), median of repeats; `GB/s` = bytes / time,
-`x read` = that over a plain reduction's read bandwidth measured in the same run; `x peak` over the
-card's data-sheet HBM bandwidth.
+replays (no launch overhead), median of repeats, each captured call routing to a different set of
+experts (none left in L2 by the call before); `GB/s` = bytes / time, `x read` = that over a plain
+reduction's read bandwidth measured in the same run; `x peak` over the card's data-sheet HBM bandwidth.
+`int8 us`: Q4_K and Q8_0 banks through the int8-activation sides as well (moe_decode_int8.py; its tiles
+swept with --sweep), `int8_rel_err` in --json its error against fp32.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from freetoken.codecs.torch_dequant import DEVICE_CODECS, dequantize_rows
 from freetoken.runtime.moe.experts import gathered_experts, grouped_experts
 from freetoken.runtime.moe.kernels.moe_decode import (
     DEFAULT_BLOCKS,
+    INT8_BLOCKS,
     DecodeBlocks,
     codec_blocks,
     fused_moe_decode,
 )
+from freetoken.runtime.moe.kernels.moe_decode_int8 import int8_side
 
 SWEEP = [
     DecodeBlocks(gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=4, num_stages=st)
@@ -44,6 +48,12 @@ SWEEP_CODEC = [  # banks of codec blocks: chunks of whole blocks, up to a whole 
     for n1, k1 in ((8, 512), (16, 256), (4, 2048), (32, 256), (16, 512))
     for n2, k2 in ((4, 1024), (8, 512), (16, 256))
     for split in (1,)  # split has been the faster at every codec measured
+]
+SWEEP_INT8 = [  # the int8-activation sides: Q4_K chunks of whole super-blocks (Q8_0 takes them as 256)
+    DecodeBlocks(gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=w)
+    for n1, k1 in ((8, 256), (16, 256), (32, 256), (16, 512), (64, 256))
+    for n2, k2 in ((4, 256), (8, 256), (16, 256))
+    for w in (2, 4, 8)
 ]
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 
@@ -112,6 +122,7 @@ def main() -> None:
         expert_bytes = codec.tensor_bytes(2 * i, h) + codec.tensor_bytes(h, i)
     copy = read_bandwidth()
     blocks, sweep_rows = DEFAULT_BLOCKS if codecs is None else codec_blocks(codecs[0]), []
+    int8, int8_blocks = codecs is not None and int8_side(args.codec, h) > 0, INT8_BLOCKS
     if args.sweep:
         x = torch.randn(1, h, device="cuda").bfloat16()
         ids = torch.randperm(e, device="cuda", generator=g)[:k][None]
@@ -127,23 +138,73 @@ def main() -> None:
             sweep_rows.append({**asdict(candidate), "us": s * 1e6, "x_read": k * expert_bytes / s / copy})
         best = min(sweep_rows, key=lambda r: r["us"])
         blocks = DecodeBlocks(**{f: best[f] for f in asdict(DEFAULT_BLOCKS)})
+        if int8:
+            timed = []
+            for candidate in SWEEP_INT8:
+                try:
+                    timed.append(
+                        (
+                            graph_time(
+                                lambda c=candidate: fused_moe_decode(
+                                    x, ids, w, gate_up, down, c, codecs=codecs, int8_act=True
+                                )
+                            ),
+                            candidate,
+                        )
+                    )
+                except Exception as exc:
+                    print(
+                        f"sweep int8 {asdict(candidate)}: {type(exc).__name__}: {str(exc)[:120]}",
+                        file=sys.stderr,
+                    )
+            int8_s, int8_blocks = min(timed, key=lambda r: r[0])
+            sweep_rows.append(
+                {
+                    **asdict(int8_blocks),
+                    "us": int8_s * 1e6,
+                    "x_read": k * expert_bytes / int8_s / copy,
+                    "int8": 1,
+                }
+            )
     rows = []
     for t in [int(b) for b in args.batches.split(",")]:
         x = torch.randn(t, h, device="cuda").bfloat16()
-        ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
+        id_sets = [  # a different set each captured call: the experts are not in L2 from the call before
+            torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
+            for _ in range(16)
+        ]
+        ids = id_sets[0]
         w = torch.rand(t, k, device="cuda")
         nbytes = int(torch.unique(ids).numel()) * expert_bytes
+
+        def cycling(run: Any, sets: list[torch.Tensor] = id_sets) -> Any:
+            calls = iter(range(1 << 30))
+            return lambda: run(sets[next(calls) % len(sets)])
+
         fused = graph_time(
-            lambda x=x, ids=ids, w=w: fused_moe_decode(x, ids, w, gate_up, down, blocks, codecs=codecs)
+            cycling(lambda ids, x=x, w=w: fused_moe_decode(x, ids, w, gate_up, down, blocks, codecs=codecs))
         )
         gathered = (  # the torch path a stored bank takes dequantises what it uses: not graph-capturable
-            graph_time(lambda x=x, ids=ids, w=w: gathered_experts(x, ids, w, gate_up, down), reps=5)
+            graph_time(cycling(lambda ids, x=x, w=w: gathered_experts(x, ids, w, gate_up, down)), reps=5)
             if codecs is None
             else float("nan")
         )
         ref = grouped_experts(x.float(), ids, w, plain_gate_up, plain_down)
         got = fused_moe_decode(x, ids, w, gate_up, down, blocks, codecs=codecs).float()
         err = float((got - ref).norm() / ref.norm())
+        int8_s, int8_err = float("nan"), float("nan")
+        if int8:
+            int8_s = graph_time(
+                cycling(
+                    lambda ids, x=x, w=w: fused_moe_decode(
+                        x, ids, w, gate_up, down, int8_blocks, codecs=codecs, int8_act=True
+                    )
+                )
+            )
+            got8 = fused_moe_decode(
+                x, ids, w, gate_up, down, int8_blocks, codecs=codecs, int8_act=True
+            ).float()
+            int8_err = float((got8 - ref).norm() / ref.norm())
         rows.append(
             {
                 "tokens": t,
@@ -155,6 +216,9 @@ def main() -> None:
                 "speedup_vs_gathered": gathered / fused,
                 "fused_x_hbm_peak": nbytes / fused / HBM_PEAK.get(torch.cuda.get_device_name(), float("nan")),
                 "rel_err": err,
+                "int8_us": int8_s * 1e6,
+                "int8_x_read": nbytes / int8_s / copy,
+                "int8_rel_err": int8_err,
             }
         )
     doc = {
@@ -181,13 +245,24 @@ def main() -> None:
         print(f"best: {variable}={','.join(str(v) for v in best)}")
     shape = f"H {h} I {i} E {e} K {k} {args.codec}"
     print(f"{doc['device']} · read {copy / 1e9:.0f} GB/s · {shape} · blocks {asdict(blocks)}")
-    head = ("T", "experts", "fused us", "GB/s", "x read", "x peak", "gathered us", "speedup")
-    print(" ".join(f"{c:>{w}}" for c, w in zip(head, (3, 7, 9, 7, 7, 7, 12, 8), strict=True)))
+    head = (
+        "T",
+        "experts",
+        "fused us",
+        "GB/s",
+        "x read",
+        "x peak",
+        "gathered us",
+        "speedup",
+        "int8 us",
+        "x read",
+    )
+    print(" ".join(f"{c:>{w}}" for c, w in zip(head, (3, 7, 9, 7, 7, 7, 12, 8, 8, 7), strict=True)))
     for r in rows:
         print(
             f"{r['tokens']:>3} {r['experts_read']:>7} {r['fused_us']:>9.1f} {r['fused_gbps']:>7.0f} "
             f"{r['fused_x_read']:>7.2f} {r['fused_x_hbm_peak']:>7.2f} {r['gathered_us']:>12.1f} "
-            f"{r['speedup_vs_gathered']:>8.1f}"
+            f"{r['speedup_vs_gathered']:>8.1f} {r['int8_us']:>8.1f} {r['int8_x_read']:>7.2f}"
         )
 
 

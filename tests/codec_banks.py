@@ -13,6 +13,7 @@ from freetoken.codecs import get_codec
 from freetoken.runtime.moe.expert_fn import ExpertFn, PairBias
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels.moe_decode import DecodeBlocks, fused_moe_decode
+from freetoken.runtime.moe.kernels.moe_decode_int8 import int8_decode_reference, int8_side
 
 CODEC_CASES = [  # (gate_up codec, down codec), H, I, tiles, the experts' function
     (("Q8_0", "Q8_0"), 96, 64, DecodeBlocks(16, 64, 16, 64), "clamped"),
@@ -48,3 +49,38 @@ def check_codec_banks(
     blocks = torch.from_numpy(gu_blocks).to(device), torch.from_numpy(dn_blocks).to(device)
     got = fused_moe_decode(x, ids, w, *blocks, tiles, fn=fn, bias=bias, codecs=codecs)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
+INT8_CASES = [  # (gate_up codec, down codec), H, I, tiles: both sides int8, one side, chunks past the row
+    (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(16, 256, 16, 256)),
+    (("Q8_0", "Q8_0"), 192, 128, DecodeBlocks(8, 128, 16, 64)),  # 1.5 chunks of 128
+    (("Q8_0", "Q4_K"), 96, 256, DecodeBlocks(16, 64, 8, 256)),  # x's 3 blocks: gate_up stays float
+    (("Q4_K", "Q6_K"), 256, 512, DecodeBlocks(16, 512, 16, 256)),  # Q6_K down stays float; 0.5 chunk
+    (("Q4_K", "Q8_0"), 768, 96, DecodeBlocks(8, 512, 8, 64)),  # down of 3 blocks stays float
+]
+
+
+def check_int8_banks(codecs: tuple[str, str], h: int, i: int, tiles: DecodeBlocks, device: str) -> None:
+    """The int8-activation sides against int8_decode_reference (x and each activation quantize-dequantized
+    per block of 32, then fp32 sums over gguf's dequantisation of the same blocks), with biases, a skipped
+    pair, a block of x all zeros and a row whose scales are zero; and within 3e-2 of the float path."""
+    rng = np.random.default_rng(2)
+    gu, dn = (get_codec(name) for name in codecs)
+    gu_blocks = gu.random_blocks(np.empty((5, 2 * i, gu.row_bytes(h)), np.uint8), rng, SCALES[gu.name])
+    dn_blocks = dn.random_blocks(np.empty((5, h, dn.row_bytes(i)), np.uint8), rng, SCALES[dn.name])
+    gu_blocks[1, 3, :] = 0  # every scale and quant of a row zero
+    gate_up = torch.from_numpy(gu.dequantize(gu_blocks, h)).to(device)
+    down = torch.from_numpy(dn.dequantize(dn_blocks, i)).to(device)
+    x, w = torch.randn(3, h).to(device), torch.rand(3, 2).to(device)
+    x[1, 32:64] = 0.0
+    ids = torch.tensor([[0, 4], [2, -1], [3, 1]], device=device)
+    fn, bias = ExpertFn("silu"), PairBias((torch.randn(5, 2 * i) * 0.1).to(device), ids)
+    sides = (int8_side(codecs[0], h) > 0, int8_side(codecs[1], i) > 0)
+    assert any(sides)
+    want = int8_decode_reference(x, ids, w, gate_up, down, sides, fn, bias)
+    blocks = torch.from_numpy(gu_blocks).to(device), torch.from_numpy(dn_blocks).to(device)
+    got = fused_moe_decode(x, ids, w, *blocks, tiles, fn=fn, bias=bias, codecs=codecs, int8_act=True)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+    exact = grouped_experts(x, ids, w, gate_up, down, fn, bias)
+    err = float((got - exact).norm() / exact.norm())
+    assert 0 < err < 3e-2, err

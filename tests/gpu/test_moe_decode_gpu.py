@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from codec_banks import CODEC_CASES, check_codec_banks
+from codec_banks import CODEC_CASES, INT8_CASES, check_codec_banks, check_int8_banks
+from freetoken.codecs import get_codec
 from freetoken.runtime.moe.expert_fn import ExpertFn
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels.moe_decode import DecodeBlocks, fused_moe_decode
@@ -70,3 +72,34 @@ def test_banks_of_codec_blocks_compiled(
     codecs: tuple[str, str], h: int, i: int, tiles: DecodeBlocks, kind: str
 ) -> None:
     check_codec_banks(codecs, h, i, tiles, kind, "cuda")
+
+
+@pytest.mark.parametrize(("codecs", "h", "i", "tiles"), INT8_CASES)
+def test_int8_activation_sides_compiled(codecs: tuple[str, str], h: int, i: int, tiles: DecodeBlocks) -> None:
+    check_int8_banks(codecs, h, i, tiles, "cuda")
+
+
+def test_int8_sides_replay_in_a_cuda_graph() -> None:
+    """The quantize launches and the dp4a kernels capture: a replay over new inputs gives the eager call."""
+    rng = np.random.default_rng(3)
+    q4k = get_codec("Q4_K")
+    gate_up = torch.from_numpy(q4k.random_blocks(np.empty((6, 512, q4k.row_bytes(512)), np.uint8), rng, 1e-3))
+    down = torch.from_numpy(q4k.random_blocks(np.empty((6, 512, q4k.row_bytes(256)), np.uint8), rng, 1e-3))
+    gate_up, down = gate_up.cuda(), down.cuda()
+    x, ids, w = (
+        torch.randn(2, 512, device="cuda"),
+        torch.tensor([[0, 5], [3, 1]], device="cuda"),
+        torch.rand(2, 2, device="cuda"),
+    )
+
+    def step() -> torch.Tensor:
+        return fused_moe_decode(x, ids, w, gate_up, down, codecs=("Q4_K", "Q4_K"), int8_act=True)
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    x.copy_(torch.randn(2, 512, device="cuda"))
+    ids.copy_(torch.tensor([[2, 4], [5, 0]], device="cuda"))
+    graph.replay()
+    torch.testing.assert_close(out, step())

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from codec_banks import CODEC_CASES, check_codec_banks
+from codec_banks import CODEC_CASES, INT8_CASES, check_codec_banks, check_int8_banks
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels.moe_decode import DecodeBlocks, fused_moe_decode, triton_available
@@ -126,3 +126,10 @@ def test_the_device_codecs_agree() -> None:
 
     assert set(QUANT_CODECS) == set(DEVICE_CODECS)
     assert all(CODEC_IDS[name] == code and code in CODEC_GRANULE for name, code in QUANT_CODECS.items())
+
+
+@pytest.mark.parametrize(("codecs", "h", "i", "tiles"), INT8_CASES)
+def test_int8_activation_sides_match_their_reference(
+    codecs: tuple[str, str], h: int, i: int, tiles: DecodeBlocks
+) -> None:
+    check_int8_banks(codecs, h, i, tiles, "cpu")

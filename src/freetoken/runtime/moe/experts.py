@@ -159,8 +159,9 @@ def routed_experts(
     on_device = x.device.type != "cpu" and topk_ids.device == x.device
     if on_device and x.device.type == "cuda" and x.shape[0] <= MAX_DECODE_TOKENS and decode_kernel_on():
         return fused_moe_decode(
-            x, topk_ids, topk_weights, gate_up_bank, down_bank, fn=fn, bias=bias, codecs=codecs
-        )
+            x, topk_ids, topk_weights, gate_up_bank, down_bank, fn=fn, bias=bias, codecs=codecs,
+            int8_act=int8_decode_on(),
+        )  # fmt: skip
     if x.device.type == "cuda" and x.shape[0] > MAX_DECODE_TOKENS and prefill_kernel_on():
         on_x = None if bias is None else bias._replace(ids=bias.ids.to(x.device))
         return grouped_moe(x, topk_ids.to(x.device), topk_weights, gate_up_bank, down_bank, fn, on_x, codecs)
@@ -174,6 +175,11 @@ def routed_experts(
 @functools.cache
 def decode_kernel_on() -> bool:
     return moe_decode_kernel_choice() != "torch" and triton_available()
+
+
+@functools.cache
+def int8_decode_on() -> bool:
+    return moe_decode_kernel_choice() == "int8"
 
 
 @functools.cache

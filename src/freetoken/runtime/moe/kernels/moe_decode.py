@@ -17,6 +17,7 @@ import torch
 from freetoken.codecs import get_codec
 from freetoken.env import moe_decode_blocks
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
+from freetoken.runtime.moe.kernels.moe_decode_int8 import down_int8, gate_up_int8, int8_side
 from freetoken.runtime.triton_support import next_pow2
 
 # codecs the kernels read as stored, by the numbers quant_dot_triton.py (and the CPU kernel) use
@@ -59,6 +60,10 @@ DEFAULT_CODEC_BLOCKS = _default_blocks(
 )
 
 
+# the int8-activation sides (moe_decode_int8.py): not yet swept on a GPU
+INT8_BLOCKS = DecodeBlocks(gate_up_n=16, gate_up_k=256, down_n=8, down_k=256, split_choices=1)
+
+
 def codec_blocks(gate_up_codec: str) -> DecodeBlocks:
     """The tiles for banks whose gate_up rows are in `gate_up_codec` (the environment's, when set)."""
     if moe_decode_blocks(True) is not None:
@@ -95,11 +100,13 @@ def fused_moe_decode(
     fn: ExpertFn = SILU,
     bias: PairBias | None = None,
     codecs: tuple[str, str] | None = None,
+    int8_act: bool = False,
 ) -> torch.Tensor:
     """x [T, H], topk_ids [T, K] (-1: skip) and topk_weights [T, K] on x's device, gate_up_bank [S, 2I, H]
     and down_bank [S, H, I] (rows contiguous) -> [T, H] in x's dtype. `fn`: the experts' function; `bias`:
     each pair's gate/up bias (its tensors on x's device); `codecs`: banks of codec blocks as stored, uint8
-    [S, 2I, row bytes] / [S, H, row bytes] (QUANT_CODECS)."""
+    [S, 2I, row bytes] / [S, H, row bytes] (QUANT_CODECS); `int8_act`: banks of a codec the int8 kernels
+    read (moe_decode_int8.py) meet the quantized vector."""
     t, h = x.shape
     k = topk_ids.shape[1]
     gate_up_act, down, sum_choices, interpreted = _kernels()
@@ -110,24 +117,37 @@ def fused_moe_decode(
     x = x.contiguous()
     act = torch.empty(pairs, i, dtype=torch.float32, device=x.device)
     out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-    b = blocks or (DEFAULT_BLOCKS if codecs is None else codec_blocks(codecs[0]))
+    b = blocks or (DEFAULT_BLOCKS if codecs is None else INT8_BLOCKS if int8_act else codec_blocks(codecs[0]))
     if bias is None:
         bias_bank, bias_ids = act, ids  # never read
     else:
         bias_bank = bias.gate_up.float().contiguous()
         bias_ids = bias.ids.reshape(pairs).contiguous()
-    gate_up_act[(pairs, -(-i // b.gate_up_n))](
-        x, ids, gate_up_bank, act, bias_bank, bias_ids, gate_up_bank.stride(0), gate_up_bank.stride(1),
-        fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=b.gate_up_n, BLOCK_K=_block_k(b.gate_up_k, gu_code),
-        ACT=fn.code, HAS_BIAS=bias is not None, CODEC=gu_code, num_warps=b.num_warps, num_stages=b.num_stages,
-    )  # fmt: skip
-    split = bool(b.split_choices) and k > 1
+    gu_int8, dn_int8 = (int8_side(codecs[0], h), int8_side(codecs[1], i)) if int8_act and codecs else (0, 0)
+    if gu_int8:
+        gate_up_int8(
+            x, ids, gate_up_bank, act, bias_bank, bias_ids, bias is not None, fn, gu_int8, k, b.gate_up_n,
+            b.gate_up_k, b.num_warps, interpreted,
+        )  # fmt: skip
+    else:
+        gate_up_act[(pairs, -(-i // b.gate_up_n))](
+            x, ids, gate_up_bank, act, bias_bank, bias_ids, gate_up_bank.stride(0), gate_up_bank.stride(1),
+            fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=b.gate_up_n,
+            BLOCK_K=_block_k(b.gate_up_k, gu_code), ACT=fn.code, HAS_BIAS=bias is not None, CODEC=gu_code,
+            num_warps=b.num_warps, num_stages=b.num_stages,
+        )  # fmt: skip
+    split = (bool(b.split_choices) and k > 1) or bool(dn_int8)
     target = torch.empty(pairs, h, dtype=torch.float32, device=x.device) if split else out
-    down[(t, -(-h // b.down_n), k if split else 1)](
-        act, ids, weights, down_bank, target, down_bank.stride(0), down_bank.stride(1),
-        H=h, INTER=i, K=k, BLOCK_N=b.down_n, BLOCK_K=_block_k(b.down_k, dn_code), CODEC=dn_code, SPLIT=split,
-        num_warps=b.num_warps, num_stages=b.num_stages,
-    )  # fmt: skip
+    if dn_int8:
+        down_int8(
+            act, ids, weights, down_bank, target, dn_int8, k, b.down_n, b.down_k, b.num_warps, interpreted
+        )
+    else:
+        down[(t, -(-h // b.down_n), k if split else 1)](
+            act, ids, weights, down_bank, target, down_bank.stride(0), down_bank.stride(1),
+            H=h, INTER=i, K=k, BLOCK_N=b.down_n, BLOCK_K=_block_k(b.down_k, dn_code), CODEC=dn_code,
+            SPLIT=split, num_warps=b.num_warps, num_stages=b.num_stages,
+        )  # fmt: skip
     if split:
         sum_choices[(t, -(-h // SUM_BLOCK))](target, out, H=h, K=k, K_POW2=next_pow2(k), BLOCK_N=SUM_BLOCK)
     return out

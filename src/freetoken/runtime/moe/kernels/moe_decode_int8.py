@@ -1,0 +1,119 @@
+"""The fused MoE decode step's int8-activation sides (kernels: moe_decode_int8_triton.py): Q4_K and Q8_0
+banks met by dp4a against the vector quantized per block of 32 (x before gate_up, the activation before
+down), as llama.cpp's GPU decode does; about 1 % from the float path on random weights (the int8
+activations' error), so it is chosen (FREETOKEN_MOE_DECODE_KERNEL=int8), not the default.
+
+`int8_decode_reference` is the plain torch statement of the same arithmetic (x and the activation
+replaced by their quantize-dequantize), which the kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from freetoken.runtime.moe.expert_fn import ExpertFn, PairBias
+
+# codecs whose rows the int8 kernels read, by the kernels' numbers, and the reduction chunk's granule
+INT8_CODECS = {"Q4_K": 3, "Q8_0": 1}
+INT8_GRANULE = {3: 256, 1: 64}  # Q8_0 is read in block pairs (68 bytes, 4-byte aligned)
+QUANTIZE_BLOCKS = 16  # blocks of 32 per program of the quantize kernel
+
+
+def int8_side(codec: str | None, width: int) -> int:
+    """The int8 kernels' codec number for a bank of `codec` rows of `width` weights, or 0 where they do
+    not read it (other codecs; Q8_0 rows of an odd number of blocks, whose pairs would be misaligned)."""
+    code = INT8_CODECS.get(codec or "", 0)
+    return code if code and width % INT8_GRANULE[code] == 0 else 0
+
+
+@functools.cache
+def _kernels() -> Any:
+    from freetoken.runtime.moe.kernels import moe_decode_int8_triton, quant_dot_int8_triton
+
+    return moe_decode_int8_triton, quant_dot_int8_triton.quantize_blocks_kernel
+
+
+def quantize_blocks(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """v [R, W] (W a multiple of 32) -> (quants as int32 words [R, W / 4], scales [R, W / 32], sums
+    [R, W / 32]): quantize_blocks_kernel."""
+    r, w = v.shape
+    q = torch.empty(r, w // 4, dtype=torch.int32, device=v.device)
+    d = torch.empty(r, w // 32, dtype=torch.float32, device=v.device)
+    s = torch.empty_like(d)
+    _kernels()[1][(r, -(-(w // 32) // QUANTIZE_BLOCKS))](v, q, d, s, W=w, NB=QUANTIZE_BLOCKS)
+    return q, d, s
+
+
+def gate_up_int8(
+    x: torch.Tensor, ids: torch.Tensor, bank: torch.Tensor, act: torch.Tensor, bias_bank: torch.Tensor,
+    bias_ids: torch.Tensor, has_bias: bool, fn: ExpertFn, code: int, k: int, rows: int, block_k: int,
+    num_warps: int, interpreted: bool,
+) -> None:  # fmt: skip
+    """act [T·K, I] fp32 <- glu(W_gu · x̃ + b) for every pair (x quantized here), `rows` rows a program."""
+    h, i = x.shape[1], act.shape[1]
+    xq, xd, xs = quantize_blocks(x)
+    _kernels()[0].gate_up_int8_kernel[(ids.numel(), -(-i // rows))](
+        xq, xd, xs, ids, bank, act, bias_bank, bias_ids, bank.stride(0), bank.stride(1), fn.alpha, fn.limit,
+        H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=chunk(block_k, code), ACT=fn.code, HAS_BIAS=has_bias,
+        CODEC=code, EMULATE=interpreted, num_warps=num_warps,
+    )  # fmt: skip
+
+
+def down_int8(
+    act: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, bank: torch.Tensor, partials: torch.Tensor,
+    code: int, k: int, rows: int, block_k: int, num_warps: int, interpreted: bool,
+) -> None:  # fmt: skip
+    """partials [T·K, H] fp32 <- w[p] · W_d · ã[p] for every pair (the activations quantized here)."""
+    pairs, i = act.shape
+    h = partials.shape[1]
+    aq, ad, as_ = quantize_blocks(act)
+    _kernels()[0].down_int8_kernel[(pairs // k, -(-h // rows), k)](
+        aq, ad, as_, ids, weights, bank, partials, bank.stride(0), bank.stride(1),
+        H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=chunk(block_k, code), CODEC=code, EMULATE=interpreted,
+        num_warps=num_warps,
+    )  # fmt: skip
+
+
+def chunk(block_k: int, code: int) -> int:
+    """The int8 kernels' reduction chunk: whole granules of the codec (a power of two either way)."""
+    return max(block_k, INT8_GRANULE[code])
+
+
+def quantize_dequantize_blocks(v: torch.Tensor) -> torch.Tensor:
+    """[R, W] -> fp32 [R, W]: each block of 32 as d · rint(v / d), d = max|v| / 127 (ties to even), the
+    values the int8 kernels multiply."""
+    blocks = v.float().reshape(v.shape[0], -1, 32)
+    amax = blocks.abs().amax(dim=2, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * inv) * (amax / 127.0)).reshape(v.shape)
+
+
+def int8_decode_reference(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    sides: tuple[bool, bool],
+    fn: ExpertFn,
+    bias: PairBias | None = None,
+) -> torch.Tensor:
+    """The int8 decode step in fp32 torch: gate_up [E, 2I, H] and down [E, H, I] the banks' dequantised
+    values; x quantized before gate_up where sides[0], each pair's activation before down where sides[1]
+    -> [T, H] fp32."""
+    t, k = topk_ids.shape
+    xq = quantize_dequantize_blocks(x.float()) if sides[0] else x.float()
+    out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
+    for p, e in enumerate(topk_ids.flatten().tolist()):
+        if e < 0:
+            continue
+        h = gate_up[e].float() @ xq[p // k]
+        if bias is not None:
+            h = h + bias.rows(torch.tensor([p], device=x.device))[0].float()
+        act = fn.glu(*h.chunk(2))[None]
+        act = quantize_dequantize_blocks(act)[0] if sides[1] else act[0]
+        out[p // k] += topk_weights.flatten()[p].float() * (down[e].float() @ act)
+    return out

@@ -1,0 +1,98 @@
+"""Triton kernel bodies of the fused MoE decode step with int8 activations (launcher: moe_decode_int8.py):
+the same two GEMVs as moe_decode_triton.py, each pair's expert read in place by id, but the vector each
+program multiplies is the quantized one (quant_dot_int8_triton.quantize_blocks_kernel: x before gate_up,
+the activation before down), met by dp4a. The down kernel always runs a program per (token, rows,
+choice) and writes weighted fp32 partials that sum_choices_kernel adds in one fixed order.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from freetoken.runtime.moe.kernels.glu_triton import glu
+from freetoken.runtime.moe.kernels.quant_dot_int8_triton import int8_row_part, int8_row_sums
+
+
+@triton.jit
+def _row_dot(rows, live, q_ptr, d_ptr, s_ptr, LENGTH: tl.constexpr, CODEC: tl.constexpr,
+             BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):  # fmt: skip
+    """[N] fp32: rows · ṽ over the whole row (LENGTH weights)."""
+    part, mins = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, 0, LENGTH, CODEC, BLOCK_K, EMULATE)
+    for k0 in range(BLOCK_K, LENGTH, BLOCK_K):
+        p, m = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, k0, LENGTH, CODEC, BLOCK_K, EMULATE)
+        part += p
+        mins += m
+    return int8_row_sums(part, mins)
+
+
+@triton.jit
+def gate_up_int8_kernel(
+    xq_ptr,  # [T, H / 4] int32: x's quants
+    xd_ptr,  # [T, H / 32] fp32: their scales
+    xs_ptr,  # [T, H / 32] fp32: the blocks' sums
+    ids_ptr,  # [T * K] int
+    w_ptr,  # [S, 2I, row bytes] uint8
+    act_ptr,  # [T * K, I] fp32 out
+    bias_ptr,  # [E, 2I] fp32 (HAS_BIAS)
+    bias_ids_ptr,  # [T * K] int (HAS_BIAS)
+    stride_we,
+    stride_wn,
+    alpha,
+    limit,
+    H: tl.constexpr,
+    INTER: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    CODEC: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < INTER
+    expert = tl.load(ids_ptr + pair)
+    live = offs_n < tl.where(expert >= 0, INTER, 0)  # a skipped pair reads nothing
+    gate_rows = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we + offs_n * stride_wn
+    up_rows = gate_rows + INTER * stride_wn
+    token = pair // K
+    q, d, s = xq_ptr + token * (H // 4), xd_ptr + token * (H // 32), xs_ptr + token * (H // 32)
+    gate = _row_dot(gate_rows, live, q, d, s, H, CODEC, BLOCK_K, EMULATE)
+    up = _row_dot(up_rows, live, q, d, s, H, CODEC, BLOCK_K, EMULATE)
+    if HAS_BIAS:
+        row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
+        gate += tl.load(row + offs_n, mask=mask_n, other=0.0)
+        up += tl.load(row + INTER + offs_n, mask=mask_n, other=0.0)
+    tl.store(act_ptr + pair * INTER + offs_n, glu(gate, up, alpha, limit, ACT), mask=mask_n)
+
+
+@triton.jit
+def down_int8_kernel(
+    aq_ptr,  # [T * K, I / 4] int32: the activations' quants
+    ad_ptr,  # [T * K, I / 32] fp32
+    as_ptr,  # [T * K, I / 32] fp32
+    ids_ptr,  # [T * K] int
+    weights_ptr,  # [T * K] routing weights
+    w_ptr,  # [S, H, row bytes] uint8
+    out_ptr,  # [T * K, H] fp32 weighted partials
+    stride_we,
+    stride_wn,
+    H: tl.constexpr,
+    INTER: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    CODEC: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    pair = tl.program_id(0) * K + tl.program_id(2)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    expert = tl.load(ids_ptr + pair)
+    live = offs_n < tl.where(expert >= 0, H, 0)
+    rows = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we + offs_n * stride_wn
+    q, d, s = aq_ptr + pair * (INTER // 4), ad_ptr + pair * (INTER // 32), as_ptr + pair * (INTER // 32)
+    acc = _row_dot(rows, live, q, d, s, INTER, CODEC, BLOCK_K, EMULATE)
+    weight = tl.where(expert >= 0, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
+    tl.store(out_ptr + pair * H + offs_n, acc * weight, mask=offs_n < H)

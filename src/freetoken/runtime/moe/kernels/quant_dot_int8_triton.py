@@ -1,0 +1,187 @@
+"""Dots of codec rows with int8 activations, for the int8 decode kernels (moe_decode_int8_triton.py): the
+vector is quantized per block of 32 (quantize_blocks_kernel: q = rint(v / d), d = max|v| / 127, as the
+CPU kernel's quantize_q8) and packed four to an int32 word, and the quants meet it four at a time in one
+dp4a instruction, where the float path widens, scales and multiplies every weight (quant_dot_triton.py).
+The sum is W · ṽ over the dequantised vector ṽ = d · q exactly, up to fp32 rounding of the partial sums.
+
+  Q4_K (CODEC 3): a super-block's 128 nibble bytes as 32 int32 words [N, 4, 8] (chunk c, word w: bytes
+    4w.. of the chunk's 32); word & 0x0F0F0F0F holds weights 64c + 4w + 0..3 (sub-block 2c), (word >> 4) &
+    0x0F0F0F0F the same of 64c + 32 + 4w (sub-block 2c + 1); its header as four words (d | dmin << 16 and
+    the 12 bytes of 6-bit scales and mins). Σ_j (d·sc·q_j − dmin·m)·ṽ_j = d·sc·d_v·dp4a(q, q_v) − dmin·m·s_v
+    with s_v = d_v · Σ q_v, the block's sum.
+  Q8_0 (CODEC 1): blocks are 34 bytes (2-byte aligned), so two blocks (68 bytes, 17 words) are read as
+    words from a 4-byte aligned pair start: the even block's quants straddle words (a funnel of halves), the
+    odd block's are words 9..16. Needs rows of an even number of blocks (a multiple of 4 bytes).
+
+Interpreted (TRITON_INTERPRET=1, CI) the dp4a is the same sum in plain integer operations (EMULATE), so
+the interpreter checks the layout and the scales; the instruction itself is checked by the GPU tests.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+MAGIC_RINT = 12582912.0  # 1.5 · 2^23: (t + M) − M rounds |t| < 2^22 to nearest, ties to even, in fp32
+
+
+@triton.jit
+def dp4a(a, b, SIGNED_A: tl.constexpr, EMULATE: tl.constexpr):
+    """Σ_i byte i of a × byte i of b (int32 tensors of one shape; b's bytes signed, a's signed when
+    SIGNED_A, else unsigned)."""
+    if EMULATE:
+        total = tl.zeros(a.shape, tl.int32)
+        for i in tl.static_range(4):
+            byte_a = (a >> (8 * i)) & 255
+            if SIGNED_A:
+                byte_a = (byte_a ^ 128) - 128
+            total += byte_a * ((((b >> (8 * i)) & 255) ^ 128) - 128)
+        return total
+    else:
+        asm = "dp4a.s32.s32 $0, $1, $2, $3;" if SIGNED_A else "dp4a.u32.s32 $0, $1, $2, $3;"
+        return tl.inline_asm_elementwise(
+            asm, "=r,r,r,r", [a, b, tl.zeros(a.shape, tl.int32)], dtype=tl.int32, is_pure=True, pack=1
+        )
+
+
+@triton.jit
+def quantize_blocks_kernel(
+    v_ptr,  # [R, W] float
+    q_ptr,  # [R, W / 4] int32 out: four int8 quants a word, little-endian
+    d_ptr,  # [R, W / 32] fp32 out: scales
+    s_ptr,  # [R, W / 32] fp32 out: d · Σ q, the dequantised block's sum
+    W: tl.constexpr,  # a multiple of 32
+    NB: tl.constexpr,  # blocks per program
+):
+    row = tl.program_id(0)
+    block = tl.program_id(1) * NB + tl.arange(0, NB)
+    live = block * 32 < W
+    j = tl.arange(0, 32)
+    v = tl.load(v_ptr + row * W + block[:, None] * 32 + j[None, :], mask=live[:, None], other=0.0)
+    v = v.to(tl.float32)
+    amax = tl.max(tl.abs(v), axis=1)
+    inv = tl.where(amax > 0.0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
+    q = ((v * inv[:, None] + MAGIC_RINT) - MAGIC_RINT).to(tl.int32)  # [NB, 32] in -127..127
+    d = amax / 127.0
+    quads = tl.reshape(q & 255, [NB, 8, 4])
+    words = tl.sum(quads << (8 * tl.arange(0, 4))[None, None, :], axis=2)  # disjoint bytes: the sum is an or
+    tl.store(
+        q_ptr + row * (W // 4) + block[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=live[:, None]
+    )
+    tl.store(d_ptr + row * (W // 32) + block, d, mask=live)
+    tl.store(s_ptr + row * (W // 32) + block, d * tl.sum(q, axis=1).to(tl.float32), mask=live)
+
+
+@triton.jit
+def _fp16_low(word):
+    """The fp16 in the low half of int32 words, as fp32."""
+    return (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _k4_scale_min_words(s0, s1, s2, sub):
+    """Q4_K's 6-bit scales and mins of sub-blocks `sub` ([S] in 0..7) from the scale bytes as three words
+    [N] (bytes 0-3, 4-7, 8-11) -> two [N, S] fp32 (gguf's get_scale_min_k4)."""
+    shift = (8 * (sub & 3))[None, :]
+    low = (sub < 4)[None, :]
+    b0 = (s0[:, None] >> shift) & 255  # byte sub (sub < 4) or sub − 4
+    b1 = (s1[:, None] >> shift) & 255  # byte sub + 4 or sub
+    b2 = (s2[:, None] >> shift) & 255  # byte sub + 4 (sub >= 4)
+    scale = tl.where(low, b0 & 63, (b2 & 15) | ((b0 >> 6) << 4))
+    minimum = tl.where(low, b1 & 63, (b2 >> 4) | ((b1 >> 6) << 4))
+    return scale.to(tl.float32), minimum.to(tl.float32)
+
+
+@triton.jit
+def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, EMULATE: tl.constexpr):
+    """Super-block sb (at byte pointers `base` [N], rows `live`) against the quantized vector -> [N, 4, 8]
+    fp32 partial products and [N] fp32 min terms to subtract."""
+    c = tl.arange(0, 4)
+    w = tl.arange(0, 8)
+    words_at = base.to(tl.pointer_type(tl.int32))
+    words = tl.load(
+        words_at[:, None, None] + (4 + 8 * c[:, None] + w[None, :])[None], mask=live[:, None, None], other=0
+    )
+    head = tl.load(words_at, mask=live, other=0)
+    s0 = tl.load(words_at + 1, mask=live, other=0)
+    s1 = tl.load(words_at + 2, mask=live, other=0)
+    s2 = tl.load(words_at + 3, mask=live, other=0)
+    d = _fp16_low(head)[:, None]
+    dmin = _fp16_low(head >> 16)
+    sc_lo, mn_lo = _k4_scale_min_words(s0, s1, s2, 2 * c)  # [N, 4]
+    sc_hi, mn_hi = _k4_scale_min_words(s0, s1, s2, 2 * c + 1)
+    at = sb * 64 + 16 * c[:, None] + w[None, :]  # [4, 8]: the vector's words of the low nibbles
+    v_lo = tl.broadcast_to(tl.load(q_ptr + at)[None], words.shape)
+    v_hi = tl.broadcast_to(tl.load(q_ptr + at + 8)[None], words.shape)
+    block = sb * 8 + 2 * c  # [4]: the vector's blocks of sub-blocks 2c
+    f_lo = d * sc_lo * tl.load(d_ptr + block)[None, :]
+    f_hi = d * sc_hi * tl.load(d_ptr + block + 1)[None, :]
+    lo = dp4a(words & 0x0F0F0F0F, v_lo, False, EMULATE).to(tl.float32)
+    hi = dp4a((words >> 4) & 0x0F0F0F0F, v_hi, False, EMULATE).to(tl.float32)
+    part = lo * f_lo[:, :, None] + hi * f_hi[:, :, None]
+    mins = mn_lo * tl.load(s_ptr + block)[None, :] + mn_hi * tl.load(s_ptr + block + 1)[None, :]
+    return part, dmin * tl.sum(mins, axis=1)
+
+
+@triton.jit
+def _q8_int8(rows, pair, live, q_ptr, d_ptr, EMULATE: tl.constexpr):
+    """Block pairs `pair` ([P]: blocks 2p, 2p + 1, 68 bytes from byte 68p) of rows `rows` ([N]; live
+    [N, P]) against the quantized vector -> [N, P, 8] fp32 partial products."""
+    j = tl.arange(0, 8)
+    words_at = (rows[:, None] + 68 * pair[None, :]).to(tl.pointer_type(tl.int32))  # [N, P]
+    at = words_at[:, :, None] + j[None, None, :]
+    mask = live[:, :, None]
+    first = tl.load(at, mask=mask, other=0)  # words 0..7: even d | quants 0-1, quants 2-29
+    second = tl.load(at + 1, mask=mask, other=0)  # words 1..8: ..., quants 30-31 | odd d
+    odd = tl.load(at + 9, mask=mask, other=0)  # words 9..16: the odd block's quants
+    even = ((first >> 16) & 0xFFFF) | (second << 16)
+    d_even = _fp16_low(tl.load(words_at, mask=live, other=0))
+    d_odd = _fp16_low(tl.load(words_at + 8, mask=live, other=0) >> 16)
+    v_at = 16 * pair[:, None] + j[None, :]  # [P, 8]: the even block's words of the vector
+    v_even = tl.broadcast_to(tl.load(q_ptr + v_at)[None], even.shape)
+    v_odd = tl.broadcast_to(tl.load(q_ptr + v_at + 8)[None], odd.shape)
+    f_even = d_even * tl.load(d_ptr + 2 * pair)[None, :]
+    f_odd = d_odd * tl.load(d_ptr + 2 * pair + 1)[None, :]
+    return (
+        dp4a(even, v_even, True, EMULATE).to(tl.float32) * f_even[:, :, None]
+        + dp4a(odd, v_odd, True, EMULATE).to(tl.float32) * f_odd[:, :, None]
+    )
+
+
+@triton.jit
+def int8_row_part(
+    rows,
+    live,
+    q_ptr,
+    d_ptr,
+    s_ptr,
+    k0,
+    limit,
+    CODEC: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    """rows: [N] byte pointers to row starts; live: [N]; q/d/s: the quantized vector's words, scales and
+    sums (its first element's) -> (an fp32 tile [N, A, 8] and [N] fp32) whose row sums, the second
+    subtracted, are Σ over k in [k0, k0 + BLOCK_K) ∩ [0, limit) of W[row, k] · ṽ[k]. Callers add the tiles
+    of successive chunks elementwise and sum rows once (int8_row_sums)."""
+    if CODEC == 3:  # BLOCK_K // 256 super-blocks -> [N, 4, 8]
+        part = tl.zeros([live.shape[0], 4, 8], dtype=tl.float32)
+        mins = tl.zeros([live.shape[0]], dtype=tl.float32)
+        for s in tl.static_range(BLOCK_K // 256):
+            sb = k0 // 256 + s
+            here = live & (sb * 256 + tl.zeros(live.shape, tl.int32) < limit)
+            p, m = _q4k_int8(rows + sb * 144, here, q_ptr, d_ptr, s_ptr, sb, EMULATE)
+            part += p
+            mins += m
+        return part, mins
+    else:  # Q8_0: BLOCK_K // 64 block pairs -> [N, BLOCK_K // 64, 8]
+        pair = k0 // 64 + tl.arange(0, BLOCK_K // 64)
+        here = live[:, None] & (pair * 64 < limit)[None, :]
+        return _q8_int8(rows, pair, here, q_ptr, d_ptr, EMULATE), tl.zeros([live.shape[0]], dtype=tl.float32)
+
+
+@triton.jit
+def int8_row_sums(part, mins):
+    """[N] fp32: the row sums of an int8_row_part accumulation."""
+    return tl.sum(tl.sum(part, axis=2), axis=1) - mins
