@@ -51,9 +51,9 @@ SWEEP_CODEC = [  # banks of codec blocks: chunks of whole blocks, up to a whole 
 ]
 SWEEP_INT8 = [  # the int8-activation sides: Q4_K chunks of whole super-blocks (Q8_0 takes them as 256)
     DecodeBlocks(gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=w)
-    for n1, k1 in ((8, 256), (16, 256), (32, 256), (16, 512), (64, 256))
+    for n1, k1 in ((8, 256), (16, 256), (32, 256), (64, 256))
     for n2, k2 in ((4, 256), (8, 256), (16, 256))
-    for w in (2, 4, 8)
+    for w in (2, 4)
 ]
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 
