@@ -22,6 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from freetoken.runtime.moe.kernels.quant_dot_triton import fp16_low, k4_header, k4_scale_min_words
+
 MAGIC_RINT = 12582912.0  # 1.5 · 2^23: (t + M) − M rounds |t| < 2^22 to nearest, ties to even, in fp32
 
 
@@ -73,26 +75,6 @@ def quantize_blocks_kernel(
 
 
 @triton.jit
-def _fp16_low(word):
-    """The fp16 in the low half of int32 words, as fp32."""
-    return (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _k4_scale_min_words(s0, s1, s2, sub):
-    """Q4_K's 6-bit scales and mins of sub-blocks `sub` ([S] in 0..7) from the scale bytes as three words
-    [N] (bytes 0-3, 4-7, 8-11) -> two [N, S] fp32 (gguf's get_scale_min_k4)."""
-    shift = (8 * (sub & 3))[None, :]
-    low = (sub < 4)[None, :]
-    b0 = (s0[:, None] >> shift) & 255  # byte sub (sub < 4) or sub − 4
-    b1 = (s1[:, None] >> shift) & 255  # byte sub + 4 or sub
-    b2 = (s2[:, None] >> shift) & 255  # byte sub + 4 (sub >= 4)
-    scale = tl.where(low, b0 & 63, (b2 & 15) | ((b0 >> 6) << 4))
-    minimum = tl.where(low, b1 & 63, (b2 >> 4) | ((b1 >> 6) << 4))
-    return scale.to(tl.float32), minimum.to(tl.float32)
-
-
-@triton.jit
 def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, EMULATE: tl.constexpr):
     """Super-block sb (at byte pointers `base` [N], rows `live`) against the quantized vector -> [N, 4, 8]
     fp32 partial products and [N] fp32 min terms to subtract."""
@@ -102,14 +84,11 @@ def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, EMULATE: tl.constexpr):
     words = tl.load(
         words_at[:, None, None] + (4 + 8 * c[:, None] + w[None, :])[None], mask=live[:, None, None], other=0
     )
-    head = tl.load(words_at, mask=live, other=0)
-    s0 = tl.load(words_at + 1, mask=live, other=0)
-    s1 = tl.load(words_at + 2, mask=live, other=0)
-    s2 = tl.load(words_at + 3, mask=live, other=0)
-    d = _fp16_low(head)[:, None]
-    dmin = _fp16_low(head >> 16)
-    sc_lo, mn_lo = _k4_scale_min_words(s0, s1, s2, 2 * c)  # [N, 4]
-    sc_hi, mn_hi = _k4_scale_min_words(s0, s1, s2, 2 * c + 1)
+    head, s0, s1, s2 = k4_header(base, live)
+    d = fp16_low(head)[:, None]
+    dmin = fp16_low(head >> 16)
+    sc_lo, mn_lo = k4_scale_min_words(s0, s1, s2, 2 * c)  # [N, 4]
+    sc_hi, mn_hi = k4_scale_min_words(s0, s1, s2, 2 * c + 1)
     at = sb * 64 + 16 * c[:, None] + w[None, :]  # [4, 8]: the vector's words of the low nibbles
     v_lo = tl.broadcast_to(tl.load(q_ptr + at)[None], words.shape)
     v_hi = tl.broadcast_to(tl.load(q_ptr + at + 8)[None], words.shape)
@@ -135,8 +114,8 @@ def _q8_int8(rows, pair, live, q_ptr, d_ptr, EMULATE: tl.constexpr):
     second = tl.load(at + 1, mask=mask, other=0)  # words 1..8: ..., quants 30-31 | odd d
     odd = tl.load(at + 9, mask=mask, other=0)  # words 9..16: the odd block's quants
     even = ((first >> 16) & 0xFFFF) | (second << 16)
-    d_even = _fp16_low(tl.load(words_at, mask=live, other=0))
-    d_odd = _fp16_low(tl.load(words_at + 8, mask=live, other=0) >> 16)
+    d_even = fp16_low(tl.load(words_at, mask=live, other=0))
+    d_odd = fp16_low(tl.load(words_at + 8, mask=live, other=0) >> 16)
     v_at = 16 * pair[:, None] + j[None, :]  # [P, 8]: the even block's words of the vector
     v_even = tl.broadcast_to(tl.load(q_ptr + v_at)[None], even.shape)
     v_odd = tl.broadcast_to(tl.load(q_ptr + v_at + 8)[None], odd.shape)

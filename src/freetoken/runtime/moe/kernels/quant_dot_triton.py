@@ -29,10 +29,14 @@ import triton.language as tl
 
 @triton.jit
 def _fp16_at(ptr, mask):
-    """The little-endian fp16 at byte pointers `ptr` (any alignment), as fp32."""
-    lo = tl.load(ptr, mask=mask, other=0).to(tl.uint16)
-    hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.uint16)
-    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+    """The little-endian fp16 at byte pointers `ptr` (2-byte aligned: every codec's scales are), as fp32."""
+    return tl.load(ptr.to(tl.pointer_type(tl.float16)), mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def fp16_low(word):
+    """The fp16 in the low half of int32 words, as fp32."""
+    return (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -52,18 +56,31 @@ def _e2m1_doubled(code):
 
 
 @triton.jit
-def _k4_scale_min(base, sub, live):
-    """Q4_K's 6-bit scale and min of sub-blocks `sub` ([S] in 0..7) of the super-blocks at `base`
-    ([BLOCK_N] byte pointers) -> two [BLOCK_N, S] fp32 (gguf's get_scale_min_k4)."""
-    ptr = base[:, None] + 4
-    mask = live[:, None]
-    here = tl.load(ptr + sub[None, :], mask=mask, other=0).to(tl.int32)  # byte sub
-    after = tl.load(ptr + sub[None, :] + 4, mask=mask, other=0).to(tl.int32)  # byte sub + 4
-    before = tl.load(ptr + tl.maximum(sub - 4, 0)[None, :], mask=mask, other=0).to(tl.int32)  # sub - 4
-    low = sub[None, :] < 4
-    scale = tl.where(low, here & 63, (after & 15) | ((before >> 6) << 4)).to(tl.float32)
-    minimum = tl.where(low, after & 63, (after >> 4) | ((here >> 6) << 4)).to(tl.float32)
-    return scale, minimum
+def k4_scale_min_words(s0, s1, s2, sub):
+    """Q4_K's 6-bit scales and mins of sub-blocks `sub` ([S] in 0..7) from a super-block's 12 scale bytes
+    as three int32 words [N] (bytes 0-3, 4-7, 8-11) -> two [N, S] fp32 (gguf's get_scale_min_k4)."""
+    shift = (8 * (sub & 3))[None, :]
+    low = (sub < 4)[None, :]
+    b0 = (s0[:, None] >> shift) & 255  # byte sub (sub < 4) or sub − 4
+    b1 = (s1[:, None] >> shift) & 255  # byte sub + 4 or sub
+    b2 = (s2[:, None] >> shift) & 255  # byte sub + 4 (sub >= 4)
+    scale = tl.where(low, b0 & 63, (b2 & 15) | ((b0 >> 6) << 4))
+    minimum = tl.where(low, b1 & 63, (b2 >> 4) | ((b1 >> 6) << 4))
+    return scale.to(tl.float32), minimum.to(tl.float32)
+
+
+@triton.jit
+def k4_header(base, live):
+    """A Q4_K super-block's header (16 bytes at 4-byte aligned byte pointers `base` [N]) as four int32
+    words: d | dmin << 16, then the scale bytes 0-3, 4-7, 8-11."""
+    words = base.to(tl.pointer_type(tl.int32))
+    head = tl.load(words, mask=live, other=0)
+    return (
+        head,
+        tl.load(words + 1, mask=live, other=0),
+        tl.load(words + 2, mask=live, other=0),
+        tl.load(words + 3, mask=live, other=0),
+    )
 
 
 @triton.jit
@@ -77,10 +94,11 @@ def _q4k_halves(base, live):
         mask=live[:, None, None],
         other=0,
     ).to(tl.int32)  # [BLOCK_N, 4, 32]
-    d = _fp16_at(base, live)[:, None]
-    dmin = _fp16_at(base + 2, live)[:, None]
-    sc_lo, min_lo = _k4_scale_min(base, 2 * c, live)  # [BLOCK_N, 4]
-    sc_hi, min_hi = _k4_scale_min(base, 2 * c + 1, live)
+    head, s0, s1, s2 = k4_header(base, live)
+    d = fp16_low(head)[:, None]
+    dmin = fp16_low(head >> 16)[:, None]
+    sc_lo, min_lo = k4_scale_min_words(s0, s1, s2, 2 * c)  # [BLOCK_N, 4]
+    sc_hi, min_hi = k4_scale_min_words(s0, s1, s2, 2 * c + 1)
     w_lo = _as_float(quants & 15, 0.0) * (d * sc_lo)[:, :, None] - (dmin * min_lo)[:, :, None]
     w_hi = _as_float(quants >> 4, 0.0) * (d * sc_hi)[:, :, None] - (dmin * min_hi)[:, :, None]
     return w_lo, w_hi
