@@ -223,11 +223,49 @@ static inline float hsum128(__m128 v) {
 }
 #endif
 
-// Q4_K (`high` 0) and Q5_K (`high` 1) against int8 activations.
+// Q4_K (`high` 0) and Q5_K (`high` 1) against int8 activations. With AVX-512BW a chunk's 64 weights are
+// one register (its 32 bytes in both halves, the upper half shifted right by four: low nibbles below, high
+// above, in the order of the chunk's 64 activations), so one maddubs and one madd take what AVX2 takes in
+// two of each; the integer sums are the same.
 static inline float dot_q45_k_q8(const uint8_t *restrict w, int high, const int8_t *restrict xq,
                                  const float *restrict xd, const int16_t *restrict xs, int n) {
     const long bytes = high ? Q5_K_BYTES : Q4_K_BYTES;
-#if defined(__AVX2__)
+#if defined(__AVX512BW__)
+    __m512 acc = _mm512_setzero_ps();
+    __m128 acc_m = _mm_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    const __m512i nibble_shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    __m512i spread[4], bit_shift[4];  // chunk j: scales 2j below, 2j + 1 above; the fifth bits' shifts
+    for (int j = 0; j < 4; j++) {
+        spread[j] = _mm512_inserti64x4(_mm512_castsi256_si512(spread16(2 * j, 2 * j)), spread16(2 * j + 1, 2 * j + 1), 1);
+        bit_shift[j] = _mm512_set_epi64(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j);
+    }
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * bytes, *qh = blk + 16, *qs = blk + (high ? 48 : 16);
+        const int8_t *a = xq + (long)b * QK_K;
+        const float d = fp16_at(blk), dmin = fp16_at(blk + 2), dx = xd[b];
+        uint8_t scm[16];  // the eight scales, then the eight mins
+        q4_k_scales(blk + 4, scm, scm + 8);
+        const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scm));
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)(xs + (long)b * (QK_K / SUM_BLOCK)));
+        const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs32);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin * dx), _mm_cvtepi32_ps(mins), acc_m);
+        const __m512i scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sm));
+        const __m512i hbits = high ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)) : _mm512_setzero_si512();
+        __m512i sumi = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
+            __m512i q = _mm512_and_si512(_mm512_srlv_epi64(raw, nibble_shift), low4);
+            if (high) q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(hbits, bit_shift[j]), one), 4));
+            const __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(q, _mm512_loadu_si512((const void *)(a + 64 * j))),
+                                                _mm512_shuffle_epi8(scales, spread[j]));
+            sumi = _mm512_add_epi32(sumi, p);
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    return _mm512_reduce_add_ps(acc) - hsum128(acc_m);
+#elif defined(__AVX2__)
     __m256 acc = _mm256_setzero_ps();
     __m128 acc_m = _mm_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
