@@ -221,6 +221,19 @@ static inline float hsum128(__m128 v) {
     v = _mm_add_ps(v, _mm_movehl_ps(v, v));
     return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
 }
+
+// A Q4_K / Q5_K super-block's eight scales and eight mins as 16-bit lanes (returned); adds dmin·dx times
+// its mins' products with the activation sums (bs16: the super-block's sixteen sums of 16) to `acc_m`.
+static inline __m256i q45_k_q8_scales(const uint8_t *blk, const int16_t *bs16, float dx, __m128 *acc_m) {
+    uint8_t scm[16];  // the eight scales, then the eight mins
+    q4_k_scales(blk + 4, scm, scm + 8);
+    const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scm));
+    const __m256i bs = _mm256_loadu_si256((const __m256i *)bs16);
+    const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs32);
+    *acc_m = _mm_fmadd_ps(_mm_set1_ps(fp16_at(blk + 2) * dx), _mm_cvtepi32_ps(mins), *acc_m);
+    return sm;
+}
 #endif
 
 // Q4_K (`high` 0) and Q5_K (`high` 1) against int8 activations. With AVX-512BW a chunk's 64 weights are
@@ -243,14 +256,8 @@ static inline float dot_q45_k_q8(const uint8_t *restrict w, int high, const int8
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * bytes, *qh = blk + 16, *qs = blk + (high ? 48 : 16);
         const int8_t *a = xq + (long)b * QK_K;
-        const float d = fp16_at(blk), dmin = fp16_at(blk + 2), dx = xd[b];
-        uint8_t scm[16];  // the eight scales, then the eight mins
-        q4_k_scales(blk + 4, scm, scm + 8);
-        const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scm));
-        const __m256i bs = _mm256_loadu_si256((const __m256i *)(xs + (long)b * (QK_K / SUM_BLOCK)));
-        const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs32);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin * dx), _mm_cvtepi32_ps(mins), acc_m);
+        const float d = fp16_at(blk), dx = xd[b];
+        const __m256i sm = q45_k_q8_scales(blk, xs + (long)b * (QK_K / SUM_BLOCK), dx, &acc_m);
         const __m512i scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sm));
         const __m512i hbits = high ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)) : _mm512_setzero_si512();
         __m512i sumi = _mm512_setzero_si512();
@@ -272,14 +279,8 @@ static inline float dot_q45_k_q8(const uint8_t *restrict w, int high, const int8
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * bytes, *qh = blk + 16, *qs = blk + (high ? 48 : 16);
         const int8_t *a = xq + (long)b * QK_K;
-        const float d = fp16_at(blk), dmin = fp16_at(blk + 2), dx = xd[b];
-        uint8_t scm[16];  // the eight scales, then the eight mins
-        q4_k_scales(blk + 4, scm, scm + 8);
-        const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scm));
-        const __m256i bs = _mm256_loadu_si256((const __m256i *)(xs + (long)b * (QK_K / SUM_BLOCK)));
-        const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs32);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin * dx), _mm_cvtepi32_ps(mins), acc_m);
+        const float d = fp16_at(blk), dx = xd[b];
+        const __m256i sm = q45_k_q8_scales(blk, xs + (long)b * (QK_K / SUM_BLOCK), dx, &acc_m);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
         const __m256i hbits = high ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
         __m256i sumi = _mm256_setzero_si256();
