@@ -97,6 +97,13 @@ def profile_batch(engine: Engine, batch: int, args: argparse.Namespace, name: st
         "kernels_idle_share": max(0.0, 1 - gpu / wall), "tok_s": batch / wall, "replay_ms": replay,
         "host_share": max(0.0, 1 - (replay if replay else gpu * 1e3) / (wall * 1e3)),
         "graph_replays": engine.decoder.replays if engine.decoder else 0,
+        "kernels": [  # the busiest, per step: device (or CPU) microseconds and launches
+            {"name": e.key[:80], "us_per_step": (e.self_device_time_total if cuda else e.self_cpu_time_total)
+             / args.steps, "calls_per_step": e.count / args.steps}
+            for e in sorted(
+                table, key=lambda e: -(e.self_device_time_total if cuda else e.self_cpu_time_total)
+            )[: args.rows]
+        ],
     }  # fmt: skip
     if not args.json:
         sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
