@@ -183,6 +183,16 @@ static inline void dots_bf16_bf16(const uint16_t *restrict w, const uint16_t *co
                                   float *out) {
     const int whole = n & ~31, pairs = n & ~63;
     int j = 0;
+    for (; j + 8 <= count; j += 8) {  // a row load serves eight vectors (loads, not the dots, bound this)
+        __m512 a[8];
+        for (int q = 0; q < 8; q++) a[q] = _mm512_setzero_ps();
+        for (int k = 0; k < whole; k += 32) {
+            const __m512bh r = load_bh(w + k);
+            for (int q = 0; q < 8; q++) a[q] = _mm512_dpbf16_ps(a[q], r, load_bh(v[j + q] + k));
+        }
+        for (int q = 0; q < 8; q++)
+            out[j + q] = _mm512_reduce_add_ps(a[q]) + dot_tail_bf16(w, v[j + q], whole, n);
+    }
     for (; j + 4 <= count; j += 4) {
         __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int k = 0; k < whole; k += 32) {

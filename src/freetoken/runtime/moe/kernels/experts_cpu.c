@@ -173,14 +173,17 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
                         float *rowbuf, uint16_t *rowbuf16) {
     const int widen = cnt >= WIDEN_PAIRS;
     if (widen && widened_codec(codec)) {
-        dequant_row(codec, row, rowbuf, n);
 #if HAVE_KQUANT_BF16
         if (all_bf16(v, cnt)) {  // a bf16 model's prompt: the row rounded to bf16, as torch dequantises
-            round_row_bf16(rowbuf, rowbuf16, n);  // into the model's dtype, then pair-dot instructions
+            if (codec == FT_CODEC_Q4_K)  // into the model's dtype, then pair-dot instructions
+                dequant_q4_k_bf16(row, rowbuf16, n);
+            else
+                dequant_row(codec, row, rowbuf, n), round_row_bf16(rowbuf, rowbuf16, n);
             dots_bf16_bf16(rowbuf16, v->kb, cnt, n, out);
             return;
         }
 #endif
+        dequant_row(codec, row, rowbuf, n);
         (void)rowbuf16;
         dots_f32(rowbuf, v->f, cnt, n, out);
     } else if (codec == FT_CODEC_Q5_K_ACT8)

@@ -143,6 +143,31 @@ static inline float dot_q45_k(const uint8_t *restrict w, int high, const float *
 // bf16 pair-dot instruction: a sub-block's 32 quants become bf16 by a table (0..31 are exact in bf16)
 // and meet 32 activations in one instruction, where the fp32 path widens and converts 16 at a time. The
 // products are exact either way; only the order of the fp32 sums differs.
+// A Q4_K row rounded to bf16 (what dequant_q4_k then round_row_bf16 give, bit for bit), for a row dotted
+// with several bf16 vectors: a sub-block's sixteen possible values computed once as a table, its quants'
+// values gathered from it 32 at a time (one permute).
+static inline void dequant_q4_k_bf16(const uint8_t *restrict w, uint16_t *restrict out, int n) {
+    const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i low4 = _mm512_set1_epi16(15), upper = _mm512_set1_epi16(16);
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
+        uint16_t *y = out + (long)b * QK_K;
+        const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
+        uint8_t sc[8], mn[8];
+        q4_k_scales(blk + 4, sc, mn);
+        for (int j = 0; j < 4; j++) {  // table words 0-15: sub-block 2j's values, 16-31: 2j + 1's
+            const __m512 lo = _mm512_fmsub_ps(_mm512_set1_ps(d * sc[2 * j]), values, _mm512_set1_ps(dmin * mn[2 * j]));
+            const __m512 hi = _mm512_fmsub_ps(_mm512_set1_ps(d * sc[2 * j + 1]), values, _mm512_set1_ps(dmin * mn[2 * j + 1]));
+            const __m512i table = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(lo)),
+                                                     (__m256i)_mm512_cvtneps_pbh(hi), 1);
+            const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
+            _mm512_storeu_si512(y + 64 * j, _mm512_permutexvar_epi16(_mm512_and_si512(q, low4), table));
+            _mm512_storeu_si512(y + 64 * j + 32,
+                                _mm512_permutexvar_epi16(_mm512_or_si512(_mm512_srli_epi16(q, 4), upper), table));
+        }
+    }
+}
+
 static inline float dot_q45_k_bf16(const uint8_t *restrict w, int high, const uint16_t *restrict xb,
                                    const float *restrict xs, int n) {
     // the bf16 bits of 0..31: word i of the table is bf16(i)
