@@ -89,6 +89,14 @@ static inline void q4_k_scales(const uint8_t *packed, uint8_t sc[8], uint8_t m[8
     memcpy(m, mins, sizeof mins);
 }
 
+// A Q4_K super-block's weights as a[k]·q − m[k] for sub-block k: a = d·scale, m = dmin·min.
+static inline void q4_k_affine(const uint8_t *blk, float a[8], float m[8]) {
+    const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
+    uint8_t sc[8], mn[8];
+    q4_k_scales(blk + 4, sc, mn);
+    for (int k = 0; k < 8; k++) a[k] = d * sc[k], m[k] = dmin * mn[k];
+}
+
 // The sum of every 32 consecutive x (what the mins of Q4_K and Q5_K multiply), n / 32 of them.
 static inline void sums32(const float *restrict x, float *restrict out, int n) {
     for (int b = 0; b < n / 32; b++) {
@@ -150,14 +158,13 @@ static inline void dequant_q4_k_bf16(const uint8_t *restrict w, uint16_t *restri
     const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i low4 = _mm512_set1_epi16(15), upper = _mm512_set1_epi16(16);
     for (int b = 0; b < n / QK_K; b++) {
-        const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
+        const uint8_t *qs = w + (long)b * Q4_K_BYTES + 16;
         uint16_t *y = out + (long)b * QK_K;
-        const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
-        uint8_t sc[8], mn[8];
-        q4_k_scales(blk + 4, sc, mn);
+        float a[8], m[8];
+        q4_k_affine(w + (long)b * Q4_K_BYTES, a, m);
         for (int j = 0; j < 4; j++) {  // table words 0-15: sub-block 2j's values, 16-31: 2j + 1's
-            const __m512 lo = _mm512_fmsub_ps(_mm512_set1_ps(d * sc[2 * j]), values, _mm512_set1_ps(dmin * mn[2 * j]));
-            const __m512 hi = _mm512_fmsub_ps(_mm512_set1_ps(d * sc[2 * j + 1]), values, _mm512_set1_ps(dmin * mn[2 * j + 1]));
+            const __m512 lo = _mm512_fmsub_ps(_mm512_set1_ps(a[2 * j]), values, _mm512_set1_ps(m[2 * j]));
+            const __m512 hi = _mm512_fmsub_ps(_mm512_set1_ps(a[2 * j + 1]), values, _mm512_set1_ps(m[2 * j + 1]));
             const __m512i table = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(lo)),
                                                      (__m256i)_mm512_cvtneps_pbh(hi), 1);
             const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
@@ -417,14 +424,12 @@ static inline float dot_q6_k_q8(const uint8_t *restrict w, const int8_t *restric
 // Rows widened to fp32 (for several dots with the same row): the values gguf.quants.dequantize gives.
 static inline void dequant_q4_k(const uint8_t *restrict w, float *restrict out, int n) {
     for (int b = 0; b < n / QK_K; b++) {
-        const uint8_t *blk = w + (long)b * Q4_K_BYTES, *qs = blk + 16;
+        const uint8_t *qs = w + (long)b * Q4_K_BYTES + 16;
         float *y = out + (long)b * QK_K;
-        const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
-        uint8_t sc[8], mn[8];
-        q4_k_scales(blk + 4, sc, mn);
+        float a[8], m[8];
+        q4_k_affine(w + (long)b * Q4_K_BYTES, a, m);
         for (int j = 0; j < 4; j++) {
-            const int s0 = sc[2 * j], m0 = mn[2 * j], s1 = sc[2 * j + 1], m1 = mn[2 * j + 1];
-            const float a0 = d * s0, b0 = dmin * m0, a1 = d * s1, b1 = dmin * m1;
+            const float a0 = a[2 * j], b0 = m[2 * j], a1 = a[2 * j + 1], b1 = m[2 * j + 1];
             for (int l = 0; l < 32; l++) {
                 y[64 * j + l] = a0 * (float)(qs[32 * j + l] & 15) - b0;
                 y[64 * j + 32 + l] = a1 * (float)(qs[32 * j + l] >> 4) - b1;
