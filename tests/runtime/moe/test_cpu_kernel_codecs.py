@@ -18,6 +18,7 @@ from freetoken.runtime.moe.kernels.cpu_experts import (
     cpu_experts,
     kernel_available,
     kernel_takes,
+    bf16_act_reference,
     stored_reference,
 )
 from oracle import rel_err
@@ -186,9 +187,10 @@ def test_k_quants_match_the_dequantised_reference(codecs: tuple[str, str], token
 @pytest.mark.parametrize("codec", ["Q4_K", "Q5_K", "IQ4_XS", "MXFP4"])
 @pytest.mark.parametrize("tokens", [1, 2])
 def test_k_quants_against_bf16_activations(codec: str, tokens: int) -> None:
-    """Activations that are bf16 values (a bf16 model's) take the bf16 pair-dot path where the CPU has it:
-    the same products, so the same result to fp32 summation order; a row with one value off the bf16 grid
-    goes the fp32 way (a token each)."""
+    """Activations that are bf16 values (a bf16 model's) take the bf16 pair-dot path where the CPU has it,
+    the activation between the projections rounded to bf16 as the model's experts round it
+    (bf16_act_reference): the same products, so the same result to fp32 summation order; a row with one
+    value off the bf16 grid goes the fp32 way (a token each)."""
     e, h, i, k = 5, 768, 512, 2
     gate_up = random_blocks(codec, e, 2 * i, h, seed=3)
     down = random_blocks(codec, e, h, i, seed=4)
@@ -198,15 +200,16 @@ def test_k_quants_against_bf16_activations(codec: str, tokens: int) -> None:
     ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(tokens)])
     w = torch.rand(tokens, k, generator=gen)
     ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=(codec, codec))
-    assert rel_err(ours, stored_reference(x, ids, w, gate_up, down, (codec, codec))) < 1e-5
+    assert rel_err(ours, bf16_act_reference(x, ids, w, gate_up, down, codecs=(codec, codec))) < 1e-5
 
 
 @pytest.mark.parametrize("codec", ["Q4_K", "Q8_0", "MXFP4"])
 def test_a_bf16_prompt_widens_rows_to_bf16(codec: str) -> None:
-    """Many tokens of a bf16 model through one expert: each gate/up row is dequantised once and, where the
-    CPU has bf16 pair-dot instructions, rounded to bf16 first, as torch dequantises into a bf16 model's
-    dtype: tight to experts over bf16-rounded gate/up weights, and within bf16 rounding of the fp32 sum.
-    (Without those instructions the row stays fp32, which meets both bounds too.)"""
+    """Many tokens of a bf16 model through one expert: each row is dequantised once and, where the CPU has
+    bf16 pair-dot instructions, rounded to bf16 first, as torch dequantises into a bf16 model's dtype, and
+    the activation between the projections is rounded too: tight to bf16_act_reference over bf16-rounded
+    weights, and within bf16 rounding of the fp32 sum. (Without those instructions rows and activations
+    stay fp32, which meets both bounds too.)"""
     e, h, i, k, tokens = 3, 256, 512, 2, 12
     gate_up = random_blocks(codec, e, 2 * i, h, seed=5)
     down = random_blocks(codec, e, h, i, seed=6)
@@ -219,7 +222,7 @@ def test_a_bf16_prompt_widens_rows_to_bf16(codec: str) -> None:
         torch.from_numpy(get_codec(codec).dequantize(b.numpy(), n)) for b, n in ((gate_up, h), (down, i))
     )
     plain = grouped_experts(x, ids, w, gu_f, dn_f)
-    rounded = grouped_experts(x, ids, w, gu_f.bfloat16().float(), dn_f)
+    rounded = bf16_act_reference(x, ids, w, gu_f.bfloat16(), dn_f.bfloat16())
     assert min(rel_err(ours, rounded), rel_err(ours, plain)) < 1e-5
     assert rel_err(ours, plain) < 1e-2
 

@@ -25,6 +25,9 @@ CODEC_IDS = {
     "NVFP4": 15,
 }  # fmt: skip
 INT8_ACT_IDS = {"Q8_0": 2, "Q4_K": 5, "Q6_K": 6, "Q5_K": 9, "IQ4_XS": 11, "MXFP4": 13}
+# weight-only codecs whose rows the kernel widens for several pairs (experts_cpu.c widened_codec): a bf16
+# model's activations between the projections are rounded to bf16 where both of a layer's codecs are these
+WIDENED_CODECS = frozenset({"Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_XS", "MXFP4", "FP8", "NVFP4"})
 BF16_ACT16_ID = 16  # bf16 rows against bf16 activations, by the CPU's bf16 dot instructions
 BF16 = ("bf16", "bf16")
 BANK_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}  # codecs held as plain tensors; others as bytes
@@ -134,17 +137,30 @@ def bf16_act_reference(
     gate_up_bank: torch.Tensor,
     down_bank: torch.Tensor,
     fn: ExpertFn = SILU,
+    codecs: tuple[str, str] | None = None,
 ) -> torch.Tensor:
-    """What the kernel computes with bf16 activations (`bf16_act`), in plain torch: x rounded to bf16, the
-    gate/up dots in fp32, the weighted activation rounded to bf16, the down dots in fp32. -> [T, H]
-    float32 (the kernel's bf16 dot instructions differ from it by fp32 rounding only)."""
-    xb = x.bfloat16().float()
-    out = torch.zeros(x.shape[0], down_bank.shape[1])
+    """What the kernel computes with bf16 activations, in plain torch: the gate/up dots in fp32, the
+    weighted activation rounded to bf16, the down dots in fp32. bf16 banks (`bf16_act`; codecs None): x
+    rounded to bf16 first. Banks of `codecs` blocks (dequantised by each codec's reference): a bf16
+    model's pairs (x a bf16 row) round the activation where the CPU has bf16 dot units and both codecs
+    are WIDENED_CODECS, other pairs keep it fp32 (stored_reference). -> [T, H] float32 (the kernel
+    differs from it by fp32 rounding only)."""
+    if codecs is None:
+        xb, gate_up, down = x.bfloat16().float(), gate_up_bank.float(), down_bank.float()
+        rounded = torch.ones(x.shape[0], dtype=torch.bool)
+    else:
+        h, i = bank_sizes(gate_up_bank, down_bank)
+        xb = x.float()
+        gate_up, down = _reference_rows(gate_up_bank, codecs[0], h), _reference_rows(down_bank, codecs[1], i)
+        widened = bf16_dot_units() and set(codecs) <= WIDENED_CODECS
+        rounded = (xb == xb.bfloat16().float()).all(dim=1) & widened
+    out = torch.zeros(x.shape[0], down.shape[1])
     for expert in ids[ids >= 0].unique().tolist():
         rows, cols = (ids == expert).nonzero(as_tuple=True)
-        gate, up = (xb[rows] @ gate_up_bank[expert].float().T).chunk(2, dim=-1)  # [t, I] each
-        act = (fn.glu(gate, up) * weights[rows, cols, None].float()).bfloat16().float()
-        out.index_add_(0, rows, act @ down_bank[expert].float().T)
+        gate, up = (xb[rows] @ gate_up[expert].T).chunk(2, dim=-1)  # [t, I] each
+        act = fn.glu(gate, up) * weights[rows, cols, None].float()
+        act = torch.where(rounded[rows, None], act.bfloat16().float(), act)
+        out.index_add_(0, rows, act @ down[expert].T)
     return out
 
 

@@ -320,8 +320,12 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     const long rowbuf_floats = widest + (widest + 1) / 2;  // per thread: a row in fp32, then in bf16
     float *rowbufs = gq || dq ? malloc(sizeof(float) * threads * rowbuf_floats) : NULL;
     float *act_fs = dfs ? malloc(sizeof(float) * threads * GROUP * (inter / 32)) : NULL;  // per thread
-    uint16_t *act_b = db ? malloc(sizeof(uint16_t) * threads * GROUP * (long)inter) : NULL;  // per thread
-    if (!done || (dq8 && !act_q) || ((gq || dq) && !rowbufs) || (dfs && !act_fs) || (db && !act_b)) {
+    // a bf16 model's weighted activations (a pair whose x is a bf16 row) rounded to bf16 where both codecs
+    // widen, as its own experts and bf16 banks (db) round them: its down rows then take the bf16 pair-dot
+    // paths (cpu_experts.bf16_act_reference states it)
+    const int dkb = gkb && widened_codec(dn_codec);
+    uint16_t *act_b = db || dkb ? malloc(sizeof(uint16_t) * threads * GROUP * (long)inter) : NULL;  // per thread
+    if (!done || (dq8 && !act_q) || ((gq || dq) && !rowbufs) || (dfs && !act_fs) || ((db || dkb) && !act_b)) {
         free(done), free(act_q), free(rowbufs), free(act_fs), free(act_b), free(xfs), free(xkb), free(xkb_ok);
         free(buf);
         return -1;
@@ -337,7 +341,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
         float *ad = dq8 ? (float *)(aq + GROUP * (long)inter) : NULL;                      // [GROUP, I / 32]
         int16_t *as = dq8 ? (int16_t *)(ad + GROUP * (long)(inter / Q8_BLOCK)) : NULL;     // [GROUP, I / 16]
         float *afs = dfs ? act_fs + (long)omp_get_thread_num() * GROUP * (inter / 32) : NULL;  // [GROUP, I / 32]
-        uint16_t *ab = db ? act_b + (long)omp_get_thread_num() * GROUP * inter : NULL;       // [GROUP, I]
+        uint16_t *ab = act_b ? act_b + (long)omp_get_thread_num() * GROUP * inter : NULL;   // [GROUP, I]
         vecs_t v;
         for (;;) {
             const long u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
@@ -374,6 +378,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                         for (int j = 0; j < cnt; j++) {
                             float *a = act + (n + j) * (long)inter + at;
                             *a = p.weight[n + j] * expert_glu(fn, p.expert[k], inter, i, *a, d[j]);
+                            if (dkb && v.kb[j]) *a = round_elem(*a, 2);  // a bf16 model's: see act_b
                         }
                     }
                 }
@@ -391,10 +396,11 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                     float d[GROUP];
                     for (int j = 0; j < cnt; j++) {
                         v.f[j] = act + (long)(n + j) * inter;
-                        v.kb[j] = NULL;  // the activations between the projections stay fp32
-                        if (db) {
-                            v.b[j] = ab + (long)j * inter;
-                            round_row_bf16(v.f[j], (uint16_t *)v.b[j], inter);
+                        v.kb[j] = NULL;  // the activations between the projections stay fp32, unless rounded
+                        if (db || (dkb && xkb_ok[p.tok[n + j]])) {
+                            uint16_t *b16 = ab + (long)j * inter;
+                            round_row_bf16(v.f[j], b16, inter);  // exact where G rounded them (dkb)
+                            v.b[j] = b16, v.kb[j] = db ? NULL : b16;
                         }
                         if (dfs) {
                             v.fs[j] = afs + (long)j * (inter / 32);
