@@ -15,10 +15,10 @@ import gguf_fixture
 from freetoken.codecs import get_codec
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels.cpu_experts import (
+    bf16_act_reference,
     cpu_experts,
     kernel_available,
     kernel_takes,
-    bf16_act_reference,
     stored_reference,
 )
 from oracle import rel_err
