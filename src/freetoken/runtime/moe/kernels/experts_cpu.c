@@ -177,6 +177,10 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
         if (all_bf16(v, cnt)) {  // a bf16 model's prompt: the row rounded to bf16, as torch dequantises
             if (codec == FT_CODEC_Q4_K)  // into the model's dtype, then pair-dot instructions
                 dequant_q4_k_bf16(row, rowbuf16, n);
+            else if (codec == FT_CODEC_MXFP4)
+                dequant_mxfp4_bf16(row, rowbuf16, n);
+            else if (codec == FT_CODEC_Q8_0)
+                dequant_q8_0_bf16(row, rowbuf16, n);
             else
                 dequant_row(codec, row, rowbuf, n), round_row_bf16(rowbuf, rowbuf16, n);
             dots_bf16_bf16(rowbuf16, v->kb, cnt, n, out);
