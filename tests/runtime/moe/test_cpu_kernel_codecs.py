@@ -203,7 +203,7 @@ def test_k_quants_against_bf16_activations(codec: str, tokens: int) -> None:
     assert rel_err(ours, bf16_act_reference(x, ids, w, gate_up, down, codecs=(codec, codec))) < 1e-5
 
 
-@pytest.mark.parametrize("codec", ["Q4_K", "Q8_0", "MXFP4"])
+@pytest.mark.parametrize("codec", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "MXFP4"])
 def test_a_bf16_prompt_widens_rows_to_bf16(codec: str) -> None:
     """Many tokens of a bf16 model through one expert: each row is dequantised once and, where the CPU has
     bf16 pair-dot instructions, rounded to bf16 first, as torch dequantises into a bf16 model's dtype, and

@@ -181,6 +181,10 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
                 dequant_mxfp4_bf16(row, rowbuf16, n);
             else if (codec == FT_CODEC_Q8_0)
                 dequant_q8_0_bf16(row, rowbuf16, n);
+            else if (codec == FT_CODEC_Q6_K)
+                dequant_q6_k_bf16(row, rowbuf16, n);
+            else if (codec == FT_CODEC_Q5_K)
+                dequant_q5_k_bf16(row, rowbuf16, n);
             else
                 dequant_row(codec, row, rowbuf, n), round_row_bf16(rowbuf, rowbuf16, n);
             dots_bf16_bf16(rowbuf16, v->kb, cnt, n, out);

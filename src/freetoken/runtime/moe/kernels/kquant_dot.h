@@ -188,6 +188,69 @@ static inline void dequant_q8_0_bf16(const uint8_t *restrict w, uint16_t *restri
     }
 }
 
+// A Q5_K row rounded to bf16 (as dequant_q5_k then round_row_bf16, bit for bit): a sub-block's 32
+// possible values as a table, its quants (four bits and the fifth from qh) gathered by one permute.
+static inline __m512i q5_k_table(float a, float m) {
+    const __m512 k0 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 k1 = _mm512_add_ps(k0, _mm512_set1_ps(16.0f));
+    const __m512 va = _mm512_set1_ps(a), vm = _mm512_set1_ps(m);
+    return _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(_mm512_fmsub_ps(va, k0, vm))),
+                              (__m256i)_mm512_cvtneps_pbh(_mm512_fmsub_ps(va, k1, vm)), 1);
+}
+
+static inline void dequant_q5_k_bf16(const uint8_t *restrict w, uint16_t *restrict out, int n) {
+    const __m512i low4 = _mm512_set1_epi16(15), one = _mm512_set1_epi16(1);
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * Q5_K_BYTES, *qs = blk + 48;
+        uint16_t *y = out + (long)b * QK_K;
+        float a[8], m[8];
+        q4_k_affine(blk, a, m);
+        const __m512i h = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 16)));
+        for (int j = 0; j < 4; j++) {
+            const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
+            const __m512i lo = _mm512_or_si512(_mm512_and_si512(q, low4),
+                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * j), one), 4));
+            const __m512i hi = _mm512_or_si512(_mm512_srli_epi16(q, 4),
+                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * j + 1), one), 4));
+            _mm512_storeu_si512(y + 64 * j, _mm512_permutexvar_epi16(lo, q5_k_table(a[2 * j], m[2 * j])));
+            _mm512_storeu_si512(y + 64 * j + 32, _mm512_permutexvar_epi16(hi, q5_k_table(a[2 * j + 1], m[2 * j + 1])));
+        }
+    }
+}
+
+// A Q6_K row rounded to bf16 (what dequant_q6_k then round_row_bf16 give, bit for bit): sixteen weights of
+// one scale at a time, their six bits assembled in 32-bit lanes.
+static inline void dequant_q6_k_bf16(const uint8_t *restrict w, uint16_t *restrict out, int n) {
+    const __m512i low4 = _mm512_set1_epi32(15), two = _mm512_set1_epi32(3), offset = _mm512_set1_epi32(32);
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * Q6_K_BYTES;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        const float d = fp16_at(blk + 208);
+        for (int half = 0; half < 2; half++)
+            for (int l0 = 0; l0 < 32; l0 += 16) {
+                const uint8_t *ql = blk + 64 * half + l0, *qh = blk + 128 + 32 * half + l0;
+                const int8_t *s = sc + 8 * half + l0 / 16;
+                uint16_t *y = out + (long)b * QK_K + 128 * half + l0;
+                const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)ql));
+                const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + 32)));
+                const __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qh));
+                const __m512i q[4] = {
+                    _mm512_or_si512(_mm512_and_si512(a, low4), _mm512_slli_epi32(_mm512_and_si512(h, two), 4)),
+                    _mm512_or_si512(_mm512_and_si512(c, low4),
+                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), two), 4)),
+                    _mm512_or_si512(_mm512_srli_epi32(a, 4),
+                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), two), 4)),
+                    _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4)),
+                };
+                for (int g = 0; g < 4; g++) {
+                    const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(q[g], offset));
+                    _mm256_storeu_si256((__m256i *)(y + 32 * g),
+                                        (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_set1_ps(d * s[2 * g]), v)));
+                }
+            }
+    }
+}
+
 static inline float dot_q45_k_bf16(const uint8_t *restrict w, int high, const uint16_t *restrict xb,
                                    const float *restrict xs, int n) {
     // the bf16 bits of 0..31: word i of the table is bf16(i)
