@@ -168,6 +168,43 @@ static inline int all_bf16(const vecs_t *v, int cnt) {
     return 1;
 }
 
+#if HAVE_KQUANT_BF16
+// A widened codec's row rounded to bf16 into rowbuf16: straight where the codec has its own widening (bit
+// for bit the plain way), else dequantised into rowbuf and rounded. Returns 1 for the straight way.
+static inline int widen_bf16(int codec, const uint8_t *row, float *rowbuf, uint16_t *rowbuf16, int n, int plain) {
+    if (!plain && codec == FT_CODEC_Q4_K) dequant_q4_k_bf16(row, rowbuf16, n);
+    else if (!plain && codec == FT_CODEC_Q5_K) dequant_q5_k_bf16(row, rowbuf16, n);
+    else if (!plain && codec == FT_CODEC_Q6_K) dequant_q6_k_bf16(row, rowbuf16, n);
+    else if (!plain && codec == FT_CODEC_Q8_0) dequant_q8_0_bf16(row, rowbuf16, n);
+    else if (!plain && codec == FT_CODEC_MXFP4) dequant_mxfp4_bf16(row, rowbuf16, n);
+    else {
+        dequant_row(codec, row, rowbuf, n);
+        round_row_bf16(rowbuf, rowbuf16, n);
+        return 0;
+    }
+    return 1;
+}
+#endif
+
+// The row widening of the prompt path, for tests: `rows` rows of `codec` (n weights each) as bf16 into out,
+// straight (plain 0) or dequantised then rounded (plain 1). Returns 1 if the straight way ran, 0 if the
+// plain one did, -1 where this build has no bf16 widening (no AVX512-BF16) or the codec is not widened.
+int ft_widen_rows_bf16(int codec, const uint8_t *rows, uint16_t *out, int n_rows, int n, int plain) {
+#if HAVE_KQUANT_BF16
+    if (!widened_codec(codec)) return -1;
+    float *buf = malloc(sizeof(float) * (size_t)n);
+    if (!buf) return -1;
+    const long bytes = codec_row_bytes(codec, n);
+    int straight = 0;
+    for (int r = 0; r < n_rows; r++) straight = widen_bf16(codec, rows + r * bytes, buf, out + (long)r * n, n, plain);
+    free(buf);
+    return straight;
+#else
+    (void)codec, (void)rows, (void)out, (void)n_rows, (void)n, (void)plain;
+    return -1;
+#endif
+}
+
 // rowbuf: n floats of the calling thread's, for a widened row; rowbuf16: n bf16 of its own.
 static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt, int n, float *out,
                         float *rowbuf, uint16_t *rowbuf16) {
@@ -175,18 +212,7 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
     if (widen && widened_codec(codec)) {
 #if HAVE_KQUANT_BF16
         if (all_bf16(v, cnt)) {  // a bf16 model's prompt: the row rounded to bf16, as torch dequantises
-            if (codec == FT_CODEC_Q4_K)  // into the model's dtype, then pair-dot instructions
-                dequant_q4_k_bf16(row, rowbuf16, n);
-            else if (codec == FT_CODEC_MXFP4)
-                dequant_mxfp4_bf16(row, rowbuf16, n);
-            else if (codec == FT_CODEC_Q8_0)
-                dequant_q8_0_bf16(row, rowbuf16, n);
-            else if (codec == FT_CODEC_Q6_K)
-                dequant_q6_k_bf16(row, rowbuf16, n);
-            else if (codec == FT_CODEC_Q5_K)
-                dequant_q5_k_bf16(row, rowbuf16, n);
-            else
-                dequant_row(codec, row, rowbuf, n), round_row_bf16(rowbuf, rowbuf16, n);
+            widen_bf16(codec, row, rowbuf, rowbuf16, n, 0);  // into the model's dtype, then pair-dots
             dots_bf16_bf16(rowbuf16, v->kb, cnt, n, out);
             return;
         }

@@ -157,6 +157,8 @@ def declare(lib: ctypes.CDLL) -> None:
     # weight, x, out, rows, hidden, tokens, x scratch, threads
     lib.ft_linear_bf16.argtypes = [vp, vp, vp, i32, i32, i32, vp, i32]
     lib.ft_linear_bf16.restype = i32
+    lib.ft_widen_rows_bf16.argtypes = [i32, vp, vp, i32, i32, i32]  # codec, rows, out, rows, n, plain
+    lib.ft_widen_rows_bf16.restype = i32
     # qkv, rows, heads, kv heads, head dim, q/k norm weights, eps, cos, sin, k/v caches, element size,
     # capacity, slots, positions, scale, scores scratch, q scratch, out, threads
     f32 = ctypes.c_float
