@@ -117,13 +117,16 @@ def fused_moe_decode(
     x = x.contiguous()
     act = torch.empty(pairs, i, dtype=torch.float32, device=x.device)
     out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-    b = blocks or (DEFAULT_BLOCKS if codecs is None else INT8_BLOCKS if int8_act else codec_blocks(codecs[0]))
+
     if bias is None:
         bias_bank, bias_ids = act, ids  # never read
     else:
         bias_bank = bias.gate_up.float().contiguous()
         bias_ids = bias.ids.reshape(pairs).contiguous()
     gu_int8, dn_int8 = (int8_side(codecs[0], h), int8_side(codecs[1], i)) if int8_act and codecs else (0, 0)
+    b = blocks or (
+        DEFAULT_BLOCKS if codecs is None else INT8_BLOCKS if gu_int8 or dn_int8 else codec_blocks(codecs[0])
+    )
     if gu_int8:
         gate_up_int8(
             x, ids, gate_up_bank, act, bias_bank, bias_ids, bias is not None, fn, gu_int8, k, b.gate_up_n,
