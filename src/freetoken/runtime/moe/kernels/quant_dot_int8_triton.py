@@ -24,7 +24,8 @@ import triton.language as tl
 
 from freetoken.runtime.moe.kernels.quant_dot_triton import fp16_low, k4_header, k4_scale_min_words
 
-MAGIC_RINT = tl.constexpr(12582912.0)  # 1.5 · 2^23: (t + M) − M rounds |t| < 2^22 to nearest, ties even (fp32)
+# 1.5 · 2^23: (t + M) − M rounds |t| < 2^22 to the nearest integer, ties to even, in fp32
+MAGIC_RINT = tl.constexpr(12582912.0)
 
 
 @triton.jit
