@@ -25,6 +25,7 @@
 #include "kquant_dot.h"
 #include "quant_dot.h"
 #include "table_dot.h"
+#include "widen_row.h"
 
 // Bytes of weights per unit of work: small enough that the threads finish within a unit of each other,
 // large enough that the counter is touched rarely and the hardware prefetcher stays on its stream.
@@ -142,49 +143,12 @@ static inline void dots_f32(const float *restrict w, const float *const *v, int 
     }
 }
 
-// A weight-only row widened to fp32 (for several dots with the same row).
-static inline void dequant_row(int codec, const uint8_t *row, float *out, int n) {
-    switch (codec) {
-        case FT_CODEC_Q8_0: dequant_q8_0(row, out, n); return;
-        case FT_CODEC_Q4_K: dequant_q4_k(row, out, n); return;
-        case FT_CODEC_Q5_K: dequant_q5_k(row, out, n); return;
-        case FT_CODEC_Q6_K: dequant_q6_k(row, out, n); return;
-        case FT_CODEC_IQ4_XS: dequant_iq4_xs(row, out, n); return;
-        case FT_CODEC_FP8: dequant_fp8(row, out, n); return;
-        case FT_CODEC_NVFP4: dequant_nvfp4(row, out, n); return;
-        default: dequant_mxfp4(row, out, n); return;
-    }
-}
-
-static inline int widened_codec(int codec) {
-    return codec == FT_CODEC_Q8_0 || codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q6_K || codec == FT_CODEC_Q5_K ||
-           codec == FT_CODEC_IQ4_XS || codec == FT_CODEC_MXFP4 || codec == FT_CODEC_FP8 || codec == FT_CODEC_NVFP4;
-}
-
 // Whether every one of the cnt vectors has its bf16 form (activations that are bf16 values).
 static inline int all_bf16(const vecs_t *v, int cnt) {
     for (int j = 0; j < cnt; j++)
         if (!v->kb[j]) return 0;
     return 1;
 }
-
-#if HAVE_KQUANT_BF16
-// A widened codec's row rounded to bf16 into rowbuf16: straight where the codec has its own widening (bit
-// for bit the plain way), else dequantised into rowbuf and rounded. Returns 1 for the straight way.
-static inline int widen_bf16(int codec, const uint8_t *row, float *rowbuf, uint16_t *rowbuf16, int n, int plain) {
-    if (!plain && codec == FT_CODEC_Q4_K) dequant_q4_k_bf16(row, rowbuf16, n);
-    else if (!plain && codec == FT_CODEC_Q5_K) dequant_q5_k_bf16(row, rowbuf16, n);
-    else if (!plain && codec == FT_CODEC_Q6_K) dequant_q6_k_bf16(row, rowbuf16, n);
-    else if (!plain && codec == FT_CODEC_Q8_0) dequant_q8_0_bf16(row, rowbuf16, n);
-    else if (!plain && codec == FT_CODEC_MXFP4) dequant_mxfp4_bf16(row, rowbuf16, n);
-    else {
-        dequant_row(codec, row, rowbuf, n);
-        round_row_bf16(rowbuf, rowbuf16, n);
-        return 0;
-    }
-    return 1;
-}
-#endif
 
 // The row widening of the prompt path, for tests: `rows` rows of `codec` (n weights each) as bf16 into out,
 // straight (plain 0) or dequantised then rounded (plain 1). Returns 1 if the straight way ran, 0 if the

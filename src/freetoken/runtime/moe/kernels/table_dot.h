@@ -252,28 +252,6 @@ static inline float dot_mxfp4(const uint8_t *restrict w, const float *restrict x
     0x42e2, 0x42b2, 0x428a, 0x4254, 0x4218, 0x41c8, 0x4150, 0x3f80, (short)0xc120, (short)0xc1b0, \
     (short)0xc20c, (short)0xc244, (short)0xc282, (short)0xc2a6, (short)0xc2d0, (short)0xc2fe)
 
-// An MXFP4 row rounded to bf16 (what dequant_mxfp4 then round_row_bf16 give, bit for bit): a block's
-// sixteen values (its scale times the codebook) computed once, its 32 quants gathered by two permutes. A
-// block whose scale is below 2^-126 (e8m0 0 or 1) has subnormal values, which the conversion instruction
-// flushes to zero: those go one at a time.
-static inline void dequant_mxfp4_bf16(const uint8_t *restrict w, uint16_t *restrict out, int n) {
-    const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m256i low4 = _mm256_set1_epi16(15);
-    for (int b = 0; b < n / 32; b++) {
-        const uint8_t *blk = w + (long)b * MXFP4_BYTES;
-        if (blk[0] < 2) {
-            float block[32];
-            dequant_mxfp4(blk, block, 32);
-            round_row_bf16(block, out + 32L * b, 32);
-            continue;
-        }
-        const __m256i table = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_set1_ps(e8m0_half(blk[0])), values));
-        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 1)));
-        _mm256_storeu_si256((__m256i *)(out + 32L * b), _mm256_permutexvar_epi16(_mm256_and_si256(q, low4), table));
-        _mm256_storeu_si256((__m256i *)(out + 32L * b + 16), _mm256_permutexvar_epi16(_mm256_srli_epi16(q, 4), table));
-    }
-}
-
 // A block of 32 (16 bytes: weights j and j + 16 in byte j's low and high nibble) through a bf16 codebook
 // against 32 bf16 activations: the 32 entries in natural order meet x in one pair-dot instruction.
 static inline __m512 table_block_bf16(const uint8_t *restrict qs, __m512i table, const uint16_t *restrict xk) {
