@@ -16,6 +16,11 @@ and `--moe-backend BACKEND --moe-cache-ratio (M - N) / M` below it, the same byt
 device both run everything on the host (`-ngl 0`; FreeToken's `cpu` backend). Prefill: one prompt of
 `--prompt` tokens (llama-bench pp); decode: `--gen` tokens after it (tg). Random weights route unevenly,
 so a cache hits more than on a real model: say so beside any figure.
+
+`--split tensors` places a budget by expert tensor instead (gate, up and down of each MoE layer, from the
+first layer on, kept in host memory by llama.cpp's `-ot NAME=CPU`): on a file of few MoE layers this comes
+closer to a small budget (DeepSeek-V3 cut to 8 layers: 11 % is 2 of 15 tensors, 13.3 %, where layers
+give 0 or 20 %). FreeToken's cache ratio is the GPU's share of the expert bytes either way.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -40,11 +46,21 @@ from freetoken.runtime.sequence import GenerationStats, TokenEvent
 
 
 def llama_bench(
-    binary: Path, gguf: Path, device: str, offloaded: int, threads: int, prompt: int, gen: int
+    binary: Path,
+    gguf: Path,
+    device: str,
+    offloaded: int,
+    threads: int,
+    prompt: int,
+    gen: int,
+    host_tensors: tuple[str, ...] = (),
 ) -> dict[str, float]:
-    """llama-bench's pp and tg tokens per second (its own mean over repetitions)."""
+    """llama-bench's pp and tg tokens per second (its own mean over repetitions); `host_tensors`: expert
+    tensors kept in host memory by name (with `offloaded` 0)."""
     args = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", str(prompt), "-n", str(gen), "-o", "json"]
     args += ["-ngl", "99", "-ncmoe", str(offloaded), "-fa", "1"] if device != "cpu" else ["-ngl", "0"]
+    if host_tensors and device != "cpu":
+        args += ["-ot", ";".join(f"^{re.escape(name)}$=CPU" for name in host_tensors)]
     env = {**os.environ, "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
     done = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
@@ -94,18 +110,16 @@ def batch_decode_tok_s(engine: Engine, batch: int, gen: int) -> float:
     return tokens / seconds
 
 
-def freetoken_options(args: argparse.Namespace, offloaded: int, layers: int) -> list[dict[str, Any]]:
-    """The engine options matching `offloaded` of `layers` MoE layers' experts in host memory: fused with
-    every expert on the GPU; each of --backends at the same share of expert bytes; cpu with no slot when
-    no expert is on the GPU."""
+def freetoken_options(args: argparse.Namespace, ratio: float) -> list[dict[str, Any]]:
+    """The engine options with `ratio` of the expert bytes on the GPU: fused with every expert there; each
+    of --backends at that share; cpu with no slot when no expert is on the GPU."""
     if args.device == "cpu":
         modes = {"off": [False], "on": [True], "both": [False, True]}[args.int8_act]
         return [{"moe_backend": "cpu", "cpu_threads": args.threads, "cpu_int8_act": mode} for mode in modes]
-    if offloaded == 0:
+    if ratio == 1.0:
         return [{"moe_backend": "fused"}]
-    if offloaded == layers:
+    if ratio == 0.0:
         return [{"moe_backend": "cpu", "cache_size": 0, "cpu_threads": args.threads}]
-    ratio = (layers - offloaded) / layers
     out = []
     for backend in args.backends.split(","):
         options: dict[str, Any] = {"moe_backend": backend, "cache_ratio": ratio, "cpu_threads": args.threads}
@@ -134,15 +148,15 @@ def measure(args: argparse.Namespace, options: dict[str, Any], batch: int) -> di
     return ours
 
 
-def earlier_peer(path: Path, offloaded: int) -> dict[str, float]:
-    """llama.cpp's prefill and decode at `-ncmoe offloaded` from an earlier --json report."""
+def earlier_peer(path: Path, placement: dict[str, int]) -> dict[str, float]:
+    """llama.cpp's prefill and decode at the same placement (`ncmoe`, `host_tensors`) from an earlier
+    --json report."""
     rows = [row["llama_cpp"] for row in json.loads(path.read_text())["rows"]]
     for row in rows:
-        if row["ncmoe"] == offloaded:
-            return {k: v for k, v in row.items() if k != "ncmoe"}
-    raise SystemExit(
-        f"{path}: no llama.cpp row at -ncmoe {offloaded} (has {sorted({r['ncmoe'] for r in rows})})"
-    )
+        if all(row.get(k, 0) == v for k, v in placement.items()):
+            return {k: v for k, v in row.items() if k not in placement}
+    have = sorted({(r["ncmoe"], r.get("host_tensors", 0)) for r in rows})
+    raise SystemExit(f"{path}: no llama.cpp row at {placement} (has (ncmoe, host_tensors) {have})")
 
 
 def _last(events: Iterator[TokenEvent]) -> GenerationStats:
@@ -157,6 +171,34 @@ def budget_split(budget: float, layers: int, dense: int) -> tuple[int, int, floa
     moe = layers - dense
     on_host = round((1 - budget) * moe)
     return (dense + on_host if on_host else 0), on_host, (moe - on_host) / moe
+
+
+def tensor_split(budget: float, tensors: list[tuple[str, int]]) -> tuple[tuple[str, ...], float]:
+    """A budget -> (the first expert tensors, in file order, kept in host memory so that the GPU holds the
+    nearest share of the expert bytes to `budget`; that share). `tensors`: (name, bytes) of every expert
+    tensor."""
+    total = sum(size for _, size in tensors)
+    best, host = (abs(1.0 - budget), 0), 0
+    for k, (_, size) in enumerate(tensors, 1):
+        host += size
+        best = min(best, (abs((total - host) / total - budget), k))
+    kept = tensors[: best[1]]
+    return tuple(name for name, _ in kept), (total - sum(size for _, size in kept)) / total
+
+
+def expert_tensors(gguf: Path) -> list[tuple[str, int]]:
+    """(name, bytes) of a GGUF's routed-expert tensors in file order of their layers (gate, up, down)."""
+    from gguf import GGUFReader
+
+    found = {t.name: int(t.n_bytes) for t in GGUFReader(gguf).tensors if re.search(r"_exps\.weight$", t.name)}
+    order = {"gate": 0, "up": 1, "down": 2}
+    key = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps")
+
+    def rank(name: str) -> tuple[int, int]:
+        m = key.match(name)
+        return (int(m.group(1)), order[m.group(2)]) if m else (1 << 30, 0)
+
+    return [(name, found[name]) for name in sorted(found, key=rank)]
 
 
 def layer_counts(gguf: Path) -> tuple[int, int]:
@@ -183,6 +225,12 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budgets", default="1,0.375", help="fractions of the expert bytes on the GPU")
     ap.add_argument(
+        "--split",
+        choices=("layers", "tensors"),
+        default="layers",
+        help="place a budget by MoE layer (llama.cpp's -ncmoe) or by expert tensor (-ot NAME=CPU)",
+    )
+    ap.add_argument(
         "--backends", default="offload,hybrid", help="FreeToken's backends for a budget in (0, 1), each a row"
     )
     ap.add_argument(
@@ -202,24 +250,36 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     layers, dense = layer_counts(args.gguf)
-    moe = layers - dense
+    by_tensor = expert_tensors(args.gguf) if args.split == "tensors" else []
     rows: list[dict[str, Any]] = []
     budgets = [1.0] if args.device == "cpu" else [float(b) for b in args.budgets.split(",")]
     for budget in budgets:
-        ncmoe, on_host, ratio = budget_split(1.0 if args.device == "cpu" else budget, layers, dense)
+        host_tensors: tuple[str, ...] = ()
+        if by_tensor and 0.0 < budget < 1.0:
+            ncmoe, (host_tensors, ratio) = 0, tensor_split(budget, by_tensor)
+        else:
+            ncmoe, _, ratio = budget_split(1.0 if args.device == "cpu" else budget, layers, dense)
+        placement = {"ncmoe": ncmoe, "host_tensors": len(host_tensors)}
         peer = (
-            earlier_peer(args.peer_from, ncmoe)
+            earlier_peer(args.peer_from, placement)
             if args.peer_from
             else llama_bench(
-                args.llama_bench, args.gguf, args.device, ncmoe, args.threads, args.prompt, args.gen
+                args.llama_bench,
+                args.gguf,
+                args.device,
+                ncmoe,
+                args.threads,
+                args.prompt,
+                args.gen,
+                host_tensors,
             )
         )
-        for options in freetoken_options(args, on_host, moe):
-            ours = measure(args, options, batch=args.batch if on_host == 0 else 1)
+        for options in freetoken_options(args, ratio):
+            ours = measure(args, options, batch=args.batch if ratio == 1.0 else 1)
             rows.append(
                 {
                     "budget": ratio,
-                    "llama_cpp": {"ncmoe": ncmoe, **peer},
+                    "llama_cpp": {**placement, **peer},
                     "freetoken": {**options, **ours},
                     "ratio": {k: ours[k] / peer[k] for k in ("prefill_tok_s", "decode_tok_s") if peer.get(k)},
                 }
@@ -239,6 +299,8 @@ def main() -> None:
         for name in ("llama_cpp", "freetoken"):
             r = row[name]
             label = r["moe_backend"] if name == "freetoken" else f"ncmoe {r['ncmoe']}"
+            if name == "llama_cpp" and r.get("host_tensors"):
+                label = f"ot {r['host_tensors']}"
             label += "+i8" if r.get("cpu_int8_act") else ""
             print(f"{row['budget']:>7.3f} {label:>10} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.1f}")
         ratio = row["ratio"]

@@ -73,3 +73,15 @@ def test_deepseek_generator_writes_latent_attention_and_grouped_routing(tmp_path
     finally:
         engine.close()
     assert len(decode(path)) == 4
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from peer_llamacpp import expert_tensors, tensor_split
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    tensors = expert_tensors(path)  # the dense layer 0 has none; gate, up, down of layers 1 and 2
+    assert [name for name, _ in tensors] == [
+        f"blk.{layer}.ffn_{kind}_exps.weight" for layer in (1, 2) for kind in ("gate", "up", "down")
+    ]
+    assert len({size for _, size in tensors}) == 1
+    assert tensor_split(0.11, tensors) == (tuple(name for name, _ in tensors[:5]), 1 / 6)
+    assert tensor_split(0.5, tensors)[1] == 0.5 and tensor_split(0.0, tensors)[1] == 0.0

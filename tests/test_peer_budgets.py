@@ -20,3 +20,17 @@ def test_budgets_split_the_moe_layers_alike() -> None:
     assert budget_split(0.0, 24, 0) == (24, 24, 0.0)
     assert budget_split(0.2, 8, 3) == (7, 4, 0.2)  # DeepSeek-V3 cut to 8: one of five MoE layers on the GPU
     assert budget_split(1.0, 8, 3) == (0, 0, 1.0)
+
+
+def test_tensor_split_takes_the_nearest_share_from_the_first_tensors() -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from peer_llamacpp import tensor_split
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    five_layers = [(f"blk.{i // 3 + 3}.{k}", 100) for i, k in enumerate(["gate", "up", "down"] * 5)]
+    names, ratio = tensor_split(0.11, five_layers)  # DeepSeek-V3 cut to 8: 2 of 15 tensors on the GPU
+    assert names == tuple(n for n, _ in five_layers[:13]) and abs(ratio - 2 / 15) < 1e-12
+    mixed = [("gate", 100), ("up", 100), ("down", 150)]  # Q4_K_M-like: a larger down tensor
+    assert tensor_split(0.4, mixed) == (("gate", "up"), 150 / 350)
+    assert tensor_split(1.0, mixed) == ((), 1.0) and tensor_split(0.0, mixed)[1] == 0.0
