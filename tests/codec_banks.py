@@ -13,7 +13,11 @@ from freetoken.codecs import get_codec
 from freetoken.runtime.moe.expert_fn import ExpertFn, PairBias
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels.moe_decode import DecodeBlocks, fused_moe_decode
-from freetoken.runtime.moe.kernels.moe_decode_int8 import int8_decode_reference, int8_side
+from freetoken.runtime.moe.kernels.moe_decode_int8 import (
+    int8_decode_reference,
+    int8_side,
+    quantize_dequantize_blocks,
+)
 
 CODEC_CASES = [  # (gate_up codec, down codec), H, I, tiles, the experts' function
     (("Q8_0", "Q8_0"), 96, 64, DecodeBlocks(16, 64, 16, 64), "clamped"),
@@ -60,6 +64,30 @@ INT8_CASES = [  # (gate_up codec, down codec), H, I, tiles: both sides int8, one
 ]
 
 
+def one_quant_step(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    w: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    sides: tuple[bool, bool],
+    fn: ExpertFn,
+    bias: PairBias,
+) -> torch.Tensor:
+    """[T, 1]: how far one activation quant per pair, one step off, moves a token's output: the kernel's
+    gate_up sums run in another order than the reference's, so a value on a rounding boundary of
+    act / d may land on either side (w · d_max · max |down|, summed over the token's pairs)."""
+    k = ids.shape[1]
+    xq = quantize_dequantize_blocks(x.float()) if sides[0] else x.float()
+    out = torch.zeros(x.shape[0], 1, device=x.device)
+    for p, e in enumerate(ids.flatten().tolist()):
+        if e >= 0:
+            h = gate_up[e].float() @ xq[p // k] + bias.rows(torch.tensor([p], device=x.device))[0].float()
+            step = float(fn.glu(*h.chunk(2)).abs().max()) / 127
+            out[p // k] += float(w.flatten()[p]) * step * float(down[e].abs().max())
+    return out
+
+
 def check_int8_banks(codecs: tuple[str, str], h: int, i: int, tiles: DecodeBlocks, device: str) -> None:
     """The int8-activation sides against int8_decode_reference (x and each activation quantize-dequantized
     per block of 32, then fp32 sums over gguf's dequantisation of the same blocks), with biases, a skipped
@@ -80,7 +108,9 @@ def check_int8_banks(codecs: tuple[str, str], h: int, i: int, tiles: DecodeBlock
     want = int8_decode_reference(x, ids, w, gate_up, down, sides, fn, bias)
     blocks = torch.from_numpy(gu_blocks).to(device), torch.from_numpy(dn_blocks).to(device)
     got = fused_moe_decode(x, ids, w, *blocks, tiles, fn=fn, bias=bias, codecs=codecs, int8_act=True)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+    flips = one_quant_step(x, ids, w, gate_up, down, sides, fn, bias) if sides[1] else 0.0
+    bound = 1e-4 * want.abs() + 1e-4 * float(want.abs().max()) + flips
+    assert bool(((got - want).abs() <= bound).all()), float(((got - want).abs() - bound).max())
     exact = grouped_experts(x, ids, w, gate_up, down, fn, bias)
     err = float((got - exact).norm() / exact.norm())
     assert 0 < err < 3e-2, err

@@ -24,9 +24,6 @@ import triton.language as tl
 
 from freetoken.runtime.moe.kernels.quant_dot_triton import fp16_low, k4_header, k4_scale_min_words
 
-# 1.5 · 2^23: (t + M) − M rounds |t| < 2^22 to the nearest integer, ties to even, in fp32
-MAGIC_RINT = tl.constexpr(12582912.0)
-
 
 @triton.jit
 def dp4a(a, b, SIGNED_A: tl.constexpr, EMULATE: tl.constexpr):
@@ -41,10 +38,16 @@ def dp4a(a, b, SIGNED_A: tl.constexpr, EMULATE: tl.constexpr):
             total += byte_a * ((((b >> (8 * i)) & 255) ^ 128) - 128)
         return total
     else:
-        asm = "dp4a.s32.s32 $0, $1, $2, $3;" if SIGNED_A else "dp4a.u32.s32 $0, $1, $2, $3;"
-        return tl.inline_asm_elementwise(
-            asm, "=r,r,r,r", [a, b, tl.zeros(a.shape, tl.int32)], dtype=tl.int32, is_pure=True, pack=1
-        )
+        if SIGNED_A:
+            return tl.inline_asm_elementwise(
+                "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros(a.shape, tl.int32)],
+                dtype=tl.int32, is_pure=True, pack=1,
+            )  # fmt: skip
+        else:
+            return tl.inline_asm_elementwise(
+                "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros(a.shape, tl.int32)],
+                dtype=tl.int32, is_pure=True, pack=1,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -64,7 +67,8 @@ def quantize_blocks_kernel(
     v = v.to(tl.float32)
     amax = tl.max(tl.abs(v), axis=1)
     inv = tl.where(amax > 0.0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
-    q = ((v * inv[:, None] + MAGIC_RINT) - MAGIC_RINT).to(tl.int32)  # [NB, 32] in -127..127
+    # 12582912 = 1.5 · 2^23: (t + M) − M rounds |t| < 2^22 to the nearest integer, ties to even, in fp32
+    q = ((v * inv[:, None] + 12582912.0) - 12582912.0).to(tl.int32)  # [NB, 32] in -127..127
     d = amax / 127.0
     quads = tl.reshape(q & 255, [NB, 8, 4])
     words = tl.sum(quads << (8 * tl.arange(0, 4))[None, None, :], axis=2)  # disjoint bytes: the sum is an or
