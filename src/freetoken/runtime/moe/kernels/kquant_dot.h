@@ -225,21 +225,16 @@ static inline __m256i spread16(int lo, int hi) {
                             _mm_set1_epi16((short)(((2 * lo + 1) << 8) | (2 * lo))));
 }
 
-static inline float hsum128(__m128 v) {
-    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
-}
-
 // A Q4_K / Q5_K super-block's eight scales and eight mins as 16-bit lanes (returned); adds dmin·dx times
 // its mins' products with the activation sums (bs16: the super-block's sixteen sums of 16) to `acc_m`.
-static inline __m256i q45_k_q8_scales(const uint8_t *blk, const int16_t *bs16, float dx, __m128 *acc_m) {
+static inline __m256i q45_k_q8_scales(const uint8_t *blk, const int16_t *bs16, float dx, __m256 *acc_m) {
     uint8_t scm[16];  // the eight scales, then the eight mins
     q4_k_scales(blk + 4, scm, scm + 8);
     const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scm));
     const __m256i bs = _mm256_loadu_si256((const __m256i *)bs16);
-    const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-    const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs32);
-    *acc_m = _mm_fmadd_ps(_mm_set1_ps(fp16_at(blk + 2) * dx), _mm_cvtepi32_ps(mins), *acc_m);
+    const __m256i mins2 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(  // each min twice: m0 m0 m1 m1 ... m7 m7
+        _mm_loadu_si128((const __m128i *)scm), _mm_set_epi8(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8)));
+    *acc_m = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(blk + 2) * dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins2, bs)), *acc_m);
     return sm;
 }
 #endif
@@ -253,7 +248,7 @@ static inline float dot_q45_k_q8(const uint8_t *restrict w, int high, const int8
     const long bytes = high ? Q5_K_BYTES : Q4_K_BYTES;
 #if defined(__AVX512BW__)
     __m512 acc = _mm512_setzero_ps();
-    __m128 acc_m = _mm_setzero_ps();
+    __m256 acc_m = _mm256_setzero_ps();
     const __m512i low4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
     const __m512i nibble_shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
     __m512i spread[4], bit_shift[4];  // chunk j: scales 2j below, 2j + 1 above; the fifth bits' shifts
@@ -273,16 +268,19 @@ static inline float dot_q45_k_q8(const uint8_t *restrict w, int high, const int8
             const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
             __m512i q = _mm512_and_si512(_mm512_srlv_epi64(raw, nibble_shift), low4);
             if (high) q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(hbits, bit_shift[j]), one), 4));
-            const __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(q, _mm512_loadu_si512((const void *)(a + 64 * j))),
-                                                _mm512_shuffle_epi8(scales, spread[j]));
-            sumi = _mm512_add_epi32(sumi, p);
+            const __m512i pairs = _mm512_maddubs_epi16(q, _mm512_loadu_si512((const void *)(a + 64 * j)));
+#if defined(__AVX512VNNI__)
+            sumi = _mm512_dpwssd_epi32(sumi, pairs, _mm512_shuffle_epi8(scales, spread[j]));
+#else
+            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(pairs, _mm512_shuffle_epi8(scales, spread[j])));
+#endif
         }
         acc = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sumi), acc);
     }
-    return _mm512_reduce_add_ps(acc) - hsum128(acc_m);
+    return _mm512_reduce_add_ps(acc) - hsum256(acc_m);
 #elif defined(__AVX2__)
     __m256 acc = _mm256_setzero_ps();
-    __m128 acc_m = _mm_setzero_ps();
+    __m256 acc_m = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * bytes, *qh = blk + 16, *qs = blk + (high ? 48 : 16);
@@ -309,7 +307,7 @@ static inline float dot_q45_k_q8(const uint8_t *restrict w, int high, const int8
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum256(acc) - hsum128(acc_m);
+    return hsum256(acc) - hsum256(acc_m);
 #else
     float s = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
