@@ -43,17 +43,21 @@ SWEEP = [
     for n2, k2 in ((4, 256), (8, 128), (8, 256), (16, 128), (32, 64))
     for st in (1, 2, 3)
 ]
-SWEEP_CODEC = [  # banks of codec blocks: chunks of whole blocks, up to a whole row per step
-    DecodeBlocks(gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=4, split_choices=split)
+SWEEP_CODEC = [  # banks of codec blocks: chunks of whole blocks, up to a whole row per step; stages > 1
+    # pipeline a row's chunks (more loads in flight: at batch 1 the kernel waits on memory, not arithmetic)
+    DecodeBlocks(
+        gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=4, num_stages=st, split_choices=1
+    )
     for n1, k1 in ((8, 512), (16, 256), (4, 2048), (32, 256), (16, 512))
     for n2, k2 in ((4, 1024), (8, 512), (16, 256))
-    for split in (1,)  # split has been the faster at every codec measured
+    for st in (1, 3)  # split_choices 1: the faster at every codec measured
 ]
 SWEEP_INT8 = [  # the int8-activation sides: Q4_K chunks of whole super-blocks (Q8_0 takes them as 256)
-    DecodeBlocks(gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=w)
-    for n1, k1 in ((8, 256), (16, 256), (32, 256), (64, 256))
+    DecodeBlocks(gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=w, num_stages=st)
+    for n1, k1 in ((8, 256), (16, 256), (32, 256))
     for n2, k2 in ((4, 256), (8, 256), (16, 256))
     for w in (2, 4)
+    for st in (1, 3)
 ]
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 
@@ -93,6 +97,12 @@ def graph_time(fn: Any, reps: int = 50, rounds: int = 7) -> float:
     return statistics.median(times)
 
 
+def cycling(run: Any, sets: list[torch.Tensor]) -> Any:
+    """A call of `run` on the next id set each time (captured calls route to other experts in turn)."""
+    calls = iter(range(1 << 30))
+    return lambda: run(sets[next(calls) % len(sets)])
+
+
 def read_bandwidth(nbytes: int = 4 << 30) -> float:
     """Bytes per second a plain reduction reads (what a streaming read reaches on this card)."""
     src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda")
@@ -123,14 +133,17 @@ def main() -> None:
     copy = read_bandwidth()
     blocks, sweep_rows = DEFAULT_BLOCKS if codecs is None else codec_blocks(codecs[0]), []
     int8, int8_blocks = codecs is not None and int8_side(args.codec, h) > 0, INT8_BLOCKS
-    if args.sweep:
+    if args.sweep:  # batch 1, each captured call routed to other experts, as the rows below
         x = torch.randn(1, h, device="cuda").bfloat16()
-        ids = torch.randperm(e, device="cuda", generator=g)[:k][None]
+        sets = [torch.randperm(e, device="cuda", generator=g)[:k][None] for _ in range(16)]
         w = torch.rand(1, k, device="cuda")
         for candidate in SWEEP if codecs is None else SWEEP_CODEC:
             try:
                 s = graph_time(
-                    lambda c=candidate: fused_moe_decode(x, ids, w, gate_up, down, c, codecs=codecs)
+                    cycling(
+                        lambda ids, c=candidate: fused_moe_decode(x, ids, w, gate_up, down, c, codecs=codecs),
+                        sets,
+                    )
                 )
             except Exception as exc:  # a tile the compiler cannot fit (registers, shared memory): skipped
                 print(f"sweep {asdict(candidate)}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
@@ -145,8 +158,11 @@ def main() -> None:
                     timed.append(
                         (
                             graph_time(
-                                lambda c=candidate: fused_moe_decode(
-                                    x, ids, w, gate_up, down, c, codecs=codecs, int8_act=True
+                                cycling(
+                                    lambda ids, c=candidate: fused_moe_decode(
+                                        x, ids, w, gate_up, down, c, codecs=codecs, int8_act=True
+                                    ),
+                                    sets,
                                 )
                             ),
                             candidate,
@@ -177,15 +193,16 @@ def main() -> None:
         w = torch.rand(t, k, device="cuda")
         nbytes = int(torch.unique(ids).numel()) * expert_bytes
 
-        def cycling(run: Any, sets: list[torch.Tensor] = id_sets) -> Any:
-            calls = iter(range(1 << 30))
-            return lambda: run(sets[next(calls) % len(sets)])
-
         fused = graph_time(
-            cycling(lambda ids, x=x, w=w: fused_moe_decode(x, ids, w, gate_up, down, blocks, codecs=codecs))
+            cycling(
+                lambda ids, x=x, w=w: fused_moe_decode(x, ids, w, gate_up, down, blocks, codecs=codecs),
+                id_sets,
+            )
         )
         gathered = (  # the torch path a stored bank takes dequantises what it uses: not graph-capturable
-            graph_time(cycling(lambda ids, x=x, w=w: gathered_experts(x, ids, w, gate_up, down)), reps=5)
+            graph_time(
+                cycling(lambda ids, x=x, w=w: gathered_experts(x, ids, w, gate_up, down), id_sets), reps=5
+            )
             if codecs is None
             else float("nan")
         )
@@ -237,6 +254,7 @@ def main() -> None:
         for r in sorted(sweep_rows, key=lambda r: r["us"])[:5]:
             print(
                 f"sweep {r['gate_up_n']}x{r['gate_up_k']} / {r['down_n']}x{r['down_k']} w{r['num_warps']}"
+                f" s{r['num_stages']}{' int8' if r.get('int8') else ''}"
                 f"{' split' if r['split_choices'] else ''}: "
                 f"{r['us']:.1f} us ({r['x_read']:.2f} x read)"
             )
