@@ -230,10 +230,11 @@ static inline __m256i spread16(int lo, int hi) {
 static inline __m256i q45_k_q8_scales(const uint8_t *blk, const int16_t *bs16, float dx, __m256 *acc_m) {
     uint8_t scm[16];  // the eight scales, then the eight mins
     q4_k_scales(blk + 4, scm, scm + 8);
-    const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scm));
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)scm);
+    const __m256i sm = _mm256_cvtepu8_epi16(bytes);
     const __m256i bs = _mm256_loadu_si256((const __m256i *)bs16);
-    const __m256i mins2 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(  // each min twice: m0 m0 m1 m1 ... m7 m7
-        _mm_loadu_si128((const __m128i *)scm), _mm_set_epi8(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8)));
+    const __m256i mins2 = _mm256_cvtepu8_epi16(  // each min twice: m0 m0 m1 m1 ... m7 m7
+        _mm_shuffle_epi8(bytes, _mm_set_epi8(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8)));
     *acc_m = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(blk + 2) * dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins2, bs)), *acc_m);
     return sm;
 }
