@@ -184,7 +184,7 @@ def test_k_quants_match_the_dequantised_reference(codecs: tuple[str, str], token
     assert rel_err(act8, plain) < 0.2
 
 
-@pytest.mark.parametrize("codec", ["Q4_K", "Q5_K", "IQ4_XS", "MXFP4"])
+@pytest.mark.parametrize("codec", ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "MXFP4"])
 @pytest.mark.parametrize("tokens", [1, 2])
 def test_k_quants_against_bf16_activations(codec: str, tokens: int) -> None:
     """Activations that are bf16 values (a bf16 model's) take the bf16 pair-dot path where the CPU has it,

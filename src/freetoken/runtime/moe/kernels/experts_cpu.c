@@ -22,6 +22,7 @@
 
 #include "bf16_dot.h"
 #include "expert_fn.h"
+#include "kquant_bf16_dot.h"
 #include "kquant_dot.h"
 #include "quant_dot.h"
 #include "table_dot.h"
@@ -210,7 +211,15 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
             out[j] = dot_q45_k(row, high, v->f[j], v->fs[j], n);
         }
     else if (codec == FT_CODEC_Q6_K)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q6_k(row, v->f[j], n);
+        for (int j = 0; j < cnt; j++) {
+#if HAVE_KQUANT_BF16
+            if (v->kb[j]) {
+                out[j] = dot_q6_k_bf16(row, v->kb[j], n);
+                continue;
+            }
+#endif
+            out[j] = dot_q6_k(row, v->f[j], n);
+        }
     else if (codec == FT_CODEC_IQ4_XS)
         for (int j = 0; j < cnt; j++) {
 #if HAVE_KQUANT_BF16

@@ -35,7 +35,15 @@ SOURCES = tuple(
 )
 HEADERS = tuple(
     HERE / name
-    for name in ("bf16_dot.h", "quant_dot.h", "kquant_dot.h", "table_dot.h", "widen_row.h", "expert_fn.h")
+    for name in (
+        "bf16_dot.h",
+        "quant_dot.h",
+        "kquant_dot.h",
+        "kquant_bf16_dot.h",
+        "table_dot.h",
+        "widen_row.h",
+        "expert_fn.h",
+    )
 )
 # FMAs contracted from the kernel's multiply-adds; on x86, full-width vectors where the CPU has them
 # (compilers otherwise stop at 256 bits on AVX-512 machines).
