@@ -184,6 +184,21 @@ def test_k_quants_match_the_dequantised_reference(codecs: tuple[str, str], token
     assert rel_err(act8, plain) < 0.2
 
 
+def test_mxfp4_rows_of_odd_block_counts() -> None:
+    """MXFP4 rows of 5 and 7 blocks: the int8 dot's four-block step leaves a tail of one and three."""
+    e, h, i, k, tokens = 4, 160, 224, 2, 3
+    gate_up, down = random_blocks("MXFP4", e, 2 * i, h, seed=5), random_blocks("MXFP4", e, h, i, seed=6)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(tokens, h, generator=gen)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(tokens)])
+    w = torch.rand(tokens, k, generator=gen)
+    gu_f, dn_f = (
+        torch.from_numpy(get_codec("MXFP4").dequantize(b.numpy(), n)) for b, n in ((gate_up, h), (down, i))
+    )
+    act8 = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=("MXFP4", "MXFP4"), int8_act=True)
+    assert rel_err(act8, quantized_activation_reference(x, ids, w, gu_f, dn_f, blocks=(32, 32))) < 1e-3
+
+
 @pytest.mark.parametrize("codec", ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "MXFP4"])
 @pytest.mark.parametrize("tokens", [1, 2])
 def test_k_quants_against_bf16_activations(codec: str, tokens: int) -> None:
