@@ -165,7 +165,10 @@ static inline float dot_q45_k_bf16(const uint8_t *restrict w, int high, const ui
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * bytes, *qh = blk + 16, *qs = blk + (high ? 48 : 16);
         const uint16_t *xk = xb + (long)b * QK_K;
-        const v8f dsc = q45_k_scales(blk, xs + 8L * b, &mins);
+        float dsc[8];  // through memory: a broadcast from memory is a load, not a shuffle
+        const v8f scales = q45_k_scales(blk, xs + 8L * b, &mins);
+        memcpy(dsc, &scales, sizeof dsc);
+        __asm__("" : "+m"(dsc));  // read back from memory below (the compiler would shuffle registers)
         const __m512i h = high ? _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)qh)) : _mm512_setzero_si512();
         for (int j = 0; j < 4; j++) {  // 64 weights: sub-blocks 2j (low nibbles, bit 2j) and 2j + 1
             const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
