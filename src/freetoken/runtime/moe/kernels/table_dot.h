@@ -294,18 +294,36 @@ static inline float dot_mxfp4_bf16(const uint8_t *restrict w, const uint16_t *re
 }
 #endif
 
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// The int8 dot of four groups of 32 codebook weights against their activations: group k's 16 index bytes
+// in 128-bit lane k of v (low nibbles its first 16 weights, high nibbles its last 16), its 32 activations
+// at 32k of x01 (groups 0, 1) and x23 (2, 3). The codebook's magnitudes (mags, broadcast to every lane) by
+// one byte shuffle per nibble half; the sign moved onto the activations (negative where the index's bit
+// 3 is set, or clear with `negative_below_8`); one dpbusd per half -> int32 sums, four lanes a group.
+static inline __m512i codebook_group_sums(__m512i v, __m512i x01, __m512i x23, __m512i mags, int negative_below_8) {
+    const __m512i low4 = _mm512_set1_epi8(15), eight = _mm512_set1_epi8(8), zero = _mm512_setzero_si512();
+    const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    __m512i xlo = _mm512_shuffle_i64x2(x01, x23, _MM_SHUFFLE(2, 0, 2, 0));  // each group's first 16
+    __m512i xhi = _mm512_shuffle_i64x2(x01, x23, _MM_SHUFFLE(3, 1, 3, 1));  // and last 16
+    const __mmask64 neg_lo = negative_below_8 ? _mm512_testn_epi8_mask(lo, eight) : _mm512_test_epi8_mask(lo, eight);
+    const __mmask64 neg_hi = negative_below_8 ? _mm512_testn_epi8_mask(hi, eight) : _mm512_test_epi8_mask(hi, eight);
+    xlo = _mm512_mask_sub_epi8(xlo, neg_lo, zero, xlo);
+    xhi = _mm512_mask_sub_epi8(xhi, neg_hi, zero, xhi);
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, _mm512_shuffle_epi8(mags, lo), xlo),
+                               _mm512_shuffle_epi8(mags, hi), xhi);
+}
+#endif
+
 // Against activations quantized to int8 in blocks of 256 with one scale (IQ4_XS: the sub-block scales
 // applied as 16-bit integers, one fp32 multiply per super-block) or of 32 (MXFP4: its e8m0 scales span
 // too far for integers, so each block is scaled in fp32).
 static inline float dot_iq4_xs_q8(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd,
                                   int n) {
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    // Four sub-blocks a register, sub-block k in 128-bit lane k: |value| of its 32 indices by one byte
-    // shuffle per nibble half, the activations' halves brought to the same lanes and negated where the
-    // value is (indices 0-7), one dpbusd per half; four lanes a sub-block, scaled by d · (ls − 32) · d_x.
+    // Four sub-blocks a register (codebook_group_sums; the values are negative at indices 0-7), four lanes a
+    // sub-block scaled by d · (ls − 32) · d_x.
     static const int8_t magnitudes[16] = {127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113};
     const __m512i mags = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)magnitudes));
-    const __m512i low4 = _mm512_set1_epi8(15), eight = _mm512_set1_epi8(8), zero = _mm512_setzero_si512();
     const __m512i spread[2] = {_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
                                _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4)};
     const __m128i pairs = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1);
@@ -326,16 +344,9 @@ static inline float dot_iq4_xs_q8(const uint8_t *restrict w, const int8_t *restr
         const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(nib, _mm256_slli_epi32(top, 4)), _mm256_set1_epi32(32));
         const __m512 scales = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(fp16_at(blk) * xd[b]), _mm256_cvtepi32_ps(ls)));
         for (int h = 0; h < 2; h++) {  // sub-blocks 4h .. 4h + 3
-            const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * h));
-            const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-            const __m512i a01 = _mm512_loadu_si512((const void *)(a + 128 * h));
-            const __m512i a23 = _mm512_loadu_si512((const void *)(a + 128 * h + 64));
-            __m512i alo = _mm512_shuffle_i64x2(a01, a23, _MM_SHUFFLE(2, 0, 2, 0));  // each sub-block's first 16
-            __m512i ahi = _mm512_shuffle_i64x2(a01, a23, _MM_SHUFFLE(3, 1, 3, 1));  // and last 16
-            alo = _mm512_mask_sub_epi8(alo, _mm512_testn_epi8_mask(lo, eight), zero, alo);
-            ahi = _mm512_mask_sub_epi8(ahi, _mm512_testn_epi8_mask(hi, eight), zero, ahi);
-            const __m512i sums = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, _mm512_shuffle_epi8(mags, lo), alo),
-                                                     _mm512_shuffle_epi8(mags, hi), ahi);
+            const __m512i sums = codebook_group_sums(
+                _mm512_loadu_si512((const void *)(qs + 64 * h)), _mm512_loadu_si512((const void *)(a + 128 * h)),
+                _mm512_loadu_si512((const void *)(a + 128 * h + 64)), mags, 1);
             acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread[h], scales), _mm512_cvtepi32_ps(sums), acc);
         }
     }
@@ -388,13 +399,10 @@ static inline float dot_mxfp4_q8(const uint8_t *restrict w, const int8_t *restri
     int b = 0;
     float s = 0.0f;
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    // Four blocks an iteration, block k in 128-bit lane k: its 16 quant bytes, their low nibbles' |value|
-    // (weights 0-15) and high nibbles' (16-31) by one byte shuffle each, the activations' halves brought
-    // to the same lanes, negated where the nibble's sign bit is set; one dpbusd per half; four lanes a
-    // block, scaled by its 2^(e - 128) · d_x.
+    // Four blocks an iteration (codebook_group_sums; the index's bit 3 is the sign), four lanes a block
+    // scaled by its 2^(e - 128) · d_x.
     static const int8_t magnitudes[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12};
     const __m512i mags = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)magnitudes));
-    const __m512i low4 = _mm512_set1_epi8(15), sign = _mm512_set1_epi8(8), zero = _mm512_setzero_si512();
     const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     __m512 acc = _mm512_setzero_ps();
     for (; b + 4 <= n / 32; b += 4) {
@@ -403,15 +411,8 @@ static inline float dot_mxfp4_q8(const uint8_t *restrict w, const int8_t *restri
         v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(blk + MXFP4_BYTES + 1)), 1);
         v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(blk + 2 * MXFP4_BYTES + 1)), 2);
         v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(blk + 3 * MXFP4_BYTES + 1)), 3);
-        const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        const __m512i x01 = _mm512_loadu_si512((const void *)(xq + 32L * b));  // blocks b, b + 1
-        const __m512i x23 = _mm512_loadu_si512((const void *)(xq + 32L * b + 64));
-        __m512i xlo = _mm512_shuffle_i64x2(x01, x23, _MM_SHUFFLE(2, 0, 2, 0));  // each block's first 16
-        __m512i xhi = _mm512_shuffle_i64x2(x01, x23, _MM_SHUFFLE(3, 1, 3, 1));  // and last 16
-        xlo = _mm512_mask_sub_epi8(xlo, _mm512_test_epi8_mask(lo, sign), zero, xlo);
-        xhi = _mm512_mask_sub_epi8(xhi, _mm512_test_epi8_mask(hi, sign), zero, xhi);
-        const __m512i sums = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, _mm512_shuffle_epi8(mags, lo), xlo),
-                                                 _mm512_shuffle_epi8(mags, hi), xhi);
+        const __m512i sums = codebook_group_sums(v, _mm512_loadu_si512((const void *)(xq + 32L * b)),
+                                                 _mm512_loadu_si512((const void *)(xq + 32L * b + 64)), mags, 0);
         const __m128 scales = _mm_mul_ps(_mm_set_ps(e8m0_half(blk[3 * MXFP4_BYTES]), e8m0_half(blk[2 * MXFP4_BYTES]),
                                                     e8m0_half(blk[MXFP4_BYTES]), e8m0_half(blk[0])),
                                          _mm_loadu_ps(xd + b));
