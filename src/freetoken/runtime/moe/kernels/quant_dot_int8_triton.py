@@ -8,7 +8,10 @@ The sum is W · ṽ over the dequantised vector ṽ = d · q exactly, up to fp32
     4w.. of the chunk's 32); word & 0x0F0F0F0F holds weights 64c + 4w + 0..3 (sub-block 2c), (word >> 4) &
     0x0F0F0F0F the same of 64c + 32 + 4w (sub-block 2c + 1); its header as four words (d | dmin << 16 and
     the 12 bytes of 6-bit scales and mins). Σ_j (d·sc·q_j − dmin·m)·ṽ_j = d·sc·d_v·dp4a(q, q_v) − dmin·m·s_v
-    with s_v = d_v · Σ q_v, the block's sum.
+    with s_v = d_v · Σ q_v, the block's sum. A sub-block's eight dp4a sums add in int32 and are scaled
+    once; a chunk is read as two 16-byte loads of four words, so one thread holds it whole (batch 1 is
+    bound by instructions a byte, not by HBM, when every word is widened and scaled on its own: sm_90
+    SASS of a whole-row program, 32 rows, 690 -> 486 instructions a super-block row).
   Q8_0 (CODEC 1): blocks are 34 bytes (2-byte aligned), so two blocks (68 bytes, 17 words) are read as
     words from a 4-byte aligned pair start: the even block's quants straddle words (a funnel of halves), the
     odd block's are words 9..16. Needs rows of an even number of blocks (a multiple of 4 bytes).
@@ -81,28 +84,39 @@ def quantize_blocks_kernel(
 
 @triton.jit
 def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, EMULATE: tl.constexpr):
-    """Super-block sb (at byte pointers `base` [N], rows `live`) against the quantized vector -> [N, 4, 8]
-    fp32 partial products and [N] fp32 min terms to subtract."""
+    """Super-block sb (at byte pointers `base` [N], rows `live`) against the quantized vector -> [N, 4]
+    fp32 partial products (chunk c: sub-blocks 2c and 2c + 1) and [N] fp32 min terms to subtract. A
+    sub-block's eight words meet the vector in int32 and are scaled once (not once a word)."""
     c = tl.arange(0, 4)
-    w = tl.arange(0, 8)
-    words_at = base.to(tl.pointer_type(tl.int32))
-    words = tl.load(
-        words_at[:, None, None] + (4 + 8 * c[:, None] + w[None, :])[None], mask=live[:, None, None], other=0
+    w = tl.arange(0, 4)
+    at = (4 + 8 * c[:, None] + w[None, :])[None]  # [1, 4, 4]: a chunk's first four words
+    words_at = base.to(tl.pointer_type(tl.int32))[:, None, None] + at
+    mask = live[:, None, None]
+    # a chunk's eight words as two loads of four: each thread holds a whole chunk (16-byte loads), so
+    # the int32 sums stay in registers and a sub-block's scales are worked out once per chunk
+    first = tl.load(words_at, mask=mask, other=0)  # [N, 4, 4]
+    second = tl.load(words_at + 4, mask=mask, other=0)
+    v_at = q_ptr + sb * 64 + 16 * c[:, None] + w[None, :]  # [4, 4]: the vector's words of the low nibbles
+    lo = tl.sum(
+        dp4a(first & 0x0F0F0F0F, tl.load(v_at)[None], False, EMULATE)
+        + dp4a(second & 0x0F0F0F0F, tl.load(v_at + 4)[None], False, EMULATE),
+        axis=2,
+    )  # [N, 4]
+    hi = tl.sum(
+        dp4a((first >> 4) & 0x0F0F0F0F, tl.load(v_at + 8)[None], False, EMULATE)
+        + dp4a((second >> 4) & 0x0F0F0F0F, tl.load(v_at + 12)[None], False, EMULATE),
+        axis=2,
     )
     head, s0, s1, s2 = k4_header(base, live)
     d = fp16_low(head)[:, None]
     dmin = fp16_low(head >> 16)
     sc_lo, mn_lo = k4_scale_min_words(s0, s1, s2, 2 * c)  # [N, 4]
     sc_hi, mn_hi = k4_scale_min_words(s0, s1, s2, 2 * c + 1)
-    at = sb * 64 + 16 * c[:, None] + w[None, :]  # [4, 8]: the vector's words of the low nibbles
-    v_lo = tl.broadcast_to(tl.load(q_ptr + at)[None], words.shape)
-    v_hi = tl.broadcast_to(tl.load(q_ptr + at + 8)[None], words.shape)
     block = sb * 8 + 2 * c  # [4]: the vector's blocks of sub-blocks 2c
-    f_lo = d * sc_lo * tl.load(d_ptr + block)[None, :]
-    f_hi = d * sc_hi * tl.load(d_ptr + block + 1)[None, :]
-    lo = dp4a(words & 0x0F0F0F0F, v_lo, False, EMULATE).to(tl.float32)
-    hi = dp4a((words >> 4) & 0x0F0F0F0F, v_hi, False, EMULATE).to(tl.float32)
-    part = lo * f_lo[:, :, None] + hi * f_hi[:, :, None]
+    part = d * (
+        lo.to(tl.float32) * sc_lo * tl.load(d_ptr + block)[None, :]
+        + hi.to(tl.float32) * sc_hi * tl.load(d_ptr + block + 1)[None, :]
+    )
     mins = mn_lo * tl.load(s_ptr + block)[None, :] + mn_hi * tl.load(s_ptr + block + 1)[None, :]
     return part, dmin * tl.sum(mins, axis=1)
 
@@ -110,7 +124,8 @@ def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, EMULATE: tl.constexpr):
 @triton.jit
 def _q8_int8(rows, pair, live, q_ptr, d_ptr, EMULATE: tl.constexpr):
     """Block pairs `pair` ([P]: blocks 2p, 2p + 1, 68 bytes from byte 68p) of rows `rows` ([N]; live
-    [N, P]) against the quantized vector -> [N, P, 8] fp32 partial products."""
+    [N, P]) against the quantized vector -> [N, P] fp32 partial products (a block's words summed in int32,
+    then scaled once)."""
     j = tl.arange(0, 8)
     words_at = (rows[:, None] + 68 * pair[None, :]).to(tl.pointer_type(tl.int32))  # [N, P]
     at = words_at[:, :, None] + j[None, None, :]
@@ -122,13 +137,11 @@ def _q8_int8(rows, pair, live, q_ptr, d_ptr, EMULATE: tl.constexpr):
     d_even = fp16_low(tl.load(words_at, mask=live, other=0))
     d_odd = fp16_low(tl.load(words_at + 8, mask=live, other=0) >> 16)
     v_at = 16 * pair[:, None] + j[None, :]  # [P, 8]: the even block's words of the vector
-    v_even = tl.broadcast_to(tl.load(q_ptr + v_at)[None], even.shape)
-    v_odd = tl.broadcast_to(tl.load(q_ptr + v_at + 8)[None], odd.shape)
-    f_even = d_even * tl.load(d_ptr + 2 * pair)[None, :]
-    f_odd = d_odd * tl.load(d_ptr + 2 * pair + 1)[None, :]
+    sum_even = tl.sum(dp4a(even, tl.load(q_ptr + v_at)[None], True, EMULATE), axis=2)  # [N, P] int32
+    sum_odd = tl.sum(dp4a(odd, tl.load(q_ptr + v_at + 8)[None], True, EMULATE), axis=2)
     return (
-        dp4a(even, v_even, True, EMULATE).to(tl.float32) * f_even[:, :, None]
-        + dp4a(odd, v_odd, True, EMULATE).to(tl.float32) * f_odd[:, :, None]
+        sum_even.to(tl.float32) * d_even * tl.load(d_ptr + 2 * pair)[None, :]
+        + sum_odd.to(tl.float32) * d_odd * tl.load(d_ptr + 2 * pair + 1)[None, :]
     )
 
 
@@ -146,11 +159,11 @@ def int8_row_part(
     EMULATE: tl.constexpr,
 ):
     """rows: [N] byte pointers to row starts; live: [N]; q/d/s: the quantized vector's words, scales and
-    sums (its first element's) -> (an fp32 tile [N, A, 8] and [N] fp32) whose row sums, the second
+    sums (its first element's) -> (an fp32 tile [N, A] and [N] fp32) whose row sums, the second
     subtracted, are Σ over k in [k0, k0 + BLOCK_K) ∩ [0, limit) of W[row, k] · ṽ[k]. Callers add the tiles
     of successive chunks elementwise and sum rows once (int8_row_sums)."""
-    if CODEC == 3:  # BLOCK_K // 256 super-blocks -> [N, 4, 8]
-        part = tl.zeros([live.shape[0], 4, 8], dtype=tl.float32)
+    if CODEC == 3:  # BLOCK_K // 256 super-blocks -> [N, 4]
+        part = tl.zeros([live.shape[0], 4], dtype=tl.float32)
         mins = tl.zeros([live.shape[0]], dtype=tl.float32)
         for s in tl.static_range(BLOCK_K // 256):
             sb = k0 // 256 + s
@@ -159,7 +172,7 @@ def int8_row_part(
             part += p
             mins += m
         return part, mins
-    else:  # Q8_0: BLOCK_K // 64 block pairs -> [N, BLOCK_K // 64, 8]
+    else:  # Q8_0: BLOCK_K // 64 block pairs -> [N, BLOCK_K // 64]
         pair = k0 // 64 + tl.arange(0, BLOCK_K // 64)
         here = live[:, None] & (pair * 64 < limit)[None, :]
         return _q8_int8(rows, pair, here, q_ptr, d_ptr, EMULATE), tl.zeros([live.shape[0]], dtype=tl.float32)
@@ -168,4 +181,4 @@ def int8_row_part(
 @triton.jit
 def int8_row_sums(part, mins):
     """[N] fp32: the row sums of an int8_row_part accumulation."""
-    return tl.sum(tl.sum(part, axis=2), axis=1) - mins
+    return tl.sum(part, axis=1) - mins
