@@ -48,16 +48,17 @@ SWEEP_CODEC = [  # banks of codec blocks: chunks of whole blocks, up to a whole 
     DecodeBlocks(
         gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=4, num_stages=st, split_choices=1
     )
-    for n1, k1 in ((8, 512), (16, 256), (4, 2048), (32, 256), (16, 512))
-    for n2, k2 in ((4, 1024), (8, 512), (16, 256))
+    for n1, k1 in ((8, 512), (16, 256), (4, 2048))
+    for n2, k2 in ((4, 1024), (8, 512))
     for st in (1, 3)  # split_choices 1: the faster at every codec measured
 ]
-SWEEP_INT8 = [  # the int8-activation sides: Q4_K chunks of whole super-blocks (Q8_0 takes them as 256)
-    DecodeBlocks(gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=k2, num_warps=w, num_stages=st)
-    for n1, k1 in ((8, 256), (16, 256), (32, 256))
-    for n2, k2 in ((4, 256), (8, 256), (16, 256))
-    for w in (2, 4)
-    for st in (1, 3)
+SWEEP_INT8 = [  # the int8-activation sides: rows x warps such that a thread holds whole chunks (8 rows a
+    # warp), whole rows a program; gate_up of 32 rows quantizes the activations; down split or not
+    DecodeBlocks(
+        gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=1024, num_warps=w1, split_choices=sp, down_warps=w2
+    )
+    for n1, k1, w1 in ((8, 2048, 1), (16, 2048, 2), (32, 2048, 4), (16, 256, 4), (8, 512, 1))
+    for n2, w2, sp in ((8, 1, 0), (16, 2, 0), (8, 1, 1), (16, 2, 1), (32, 4, 1))
 ]
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 
@@ -173,15 +174,11 @@ def main() -> None:
                         f"sweep int8 {asdict(candidate)}: {type(exc).__name__}: {str(exc)[:120]}",
                         file=sys.stderr,
                     )
-            int8_s, int8_blocks = min(timed, key=lambda r: r[0])
-            sweep_rows.append(
-                {
-                    **asdict(int8_blocks),
-                    "us": int8_s * 1e6,
-                    "x_read": k * expert_bytes / int8_s / copy,
-                    "int8": 1,
-                }
-            )
+            int8_blocks = min(timed, key=lambda r: r[0])[1]
+            sweep_rows += [
+                {**asdict(c), "us": us * 1e6, "x_read": k * expert_bytes / us / copy, "int8": 1}
+                for us, c in timed
+            ]
     rows = []
     for t in [int(b) for b in args.batches.split(",")]:
         x = torch.randn(t, h, device="cuda").bfloat16()
@@ -215,7 +212,8 @@ def main() -> None:
                 cycling(
                     lambda ids, x=x, w=w: fused_moe_decode(
                         x, ids, w, gate_up, down, int8_blocks, codecs=codecs, int8_act=True
-                    )
+                    ),
+                    id_sets,
                 )
             )
             got8 = fused_moe_decode(
@@ -251,16 +249,19 @@ def main() -> None:
         print(json.dumps(doc, indent=1))
         return
     if sweep_rows:
-        for r in sorted(sweep_rows, key=lambda r: r["us"])[:5]:
+        fastest = sorted(sweep_rows, key=lambda r: r["us"])
+        for r in [r for r in fastest if not r.get("int8")][:5] + [r for r in fastest if r.get("int8")][:5]:
             print(
                 f"sweep {r['gate_up_n']}x{r['gate_up_k']} / {r['down_n']}x{r['down_k']} w{r['num_warps']}"
-                f" s{r['num_stages']}{' int8' if r.get('int8') else ''}"
+                f"/{r['down_warps'] or r['num_warps']} s{r['num_stages']}{' int8' if r.get('int8') else ''}"
                 f"{' split' if r['split_choices'] else ''}: "
                 f"{r['us']:.1f} us ({r['x_read']:.2f} x read)"
             )
         best = asdict(blocks).values()
         variable = "FREETOKEN_MOE_DECODE_BLOCKS" if codecs is None else "FREETOKEN_MOE_DECODE_CODEC_BLOCKS"
         print(f"best: {variable}={','.join(str(v) for v in best)}")
+        if int8:
+            print(f"best int8: {','.join(str(v) for v in asdict(int8_blocks).values())}")
     shape = f"H {h} I {i} E {e} K {k} {args.codec}"
     print(f"{doc['device']} · read {copy / 1e9:.0f} GB/s · {shape} · blocks {asdict(blocks)}")
     head = (

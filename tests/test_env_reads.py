@@ -23,14 +23,20 @@ def test_only_env_py_reads_the_environment() -> None:
 
 
 def test_decode_tiles_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Six tiles, an optional split flag, per kind of bank; anything else is refused, naming the variable."""
+    """Six tiles, an optional split flag and down kernel's warps, per kind of bank; anything else is refused,
+    naming the variable."""
     from freetoken.env import moe_decode_blocks
 
     monkeypatch.setenv("FREETOKEN_MOE_DECODE_CODEC_BLOCKS", "8,512,8,1024,4,1,1")
     monkeypatch.delenv("FREETOKEN_MOE_DECODE_BLOCKS", raising=False)
     assert moe_decode_blocks(codec=True) == (8, 512, 8, 1024, 4, 1, 1)
     assert moe_decode_blocks() is None
-    for bad in ("8,512,8,1024,4", "8,512,8,1024,4,1,2", "0,512,8,1024,4,1"):
+    monkeypatch.setenv("FREETOKEN_MOE_DECODE_INT8_BLOCKS", "8,2048,8,1024,1,1,1,2")
+    assert moe_decode_blocks(codec=True, int8=True) == (8, 2048, 8, 1024, 1, 1, 1, 2)
+    assert moe_decode_blocks(codec=True) == (8, 512, 8, 1024, 4, 1, 1)
+    bad_values = ["8,512,8,1024,4", "8,512,8,1024,4,1,2", "0,512,8,1024,4,1"]
+    bad_values += ["8,512,8,1024,4,1,1,-1", "1,1,1,1,1,1,1,1,1"]  # the down kernel's warps; a ninth value
+    for bad in bad_values:
         monkeypatch.setenv("FREETOKEN_MOE_DECODE_BLOCKS", bad)
         with pytest.raises(ValueError, match="FREETOKEN_MOE_DECODE_BLOCKS"):
             moe_decode_blocks()

@@ -17,7 +17,12 @@ import torch
 from freetoken.codecs import get_codec
 from freetoken.env import moe_decode_blocks
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
-from freetoken.runtime.moe.kernels.moe_decode_int8 import down_int8, gate_up_int8, int8_side
+from freetoken.runtime.moe.kernels.moe_decode_int8 import (
+    down_int8,
+    gate_up_int8,
+    int8_side,
+    quantized_buffers,
+)
 from freetoken.runtime.triton_support import next_pow2
 
 # codecs the kernels read as stored, by the numbers quant_dot_triton.py (and the CPU kernel) use
@@ -38,10 +43,15 @@ class DecodeBlocks:
     num_warps: int = 4
     num_stages: int = 1
     split_choices: int = 0  # 1: the down kernel runs a program per (token, rows, choice), then a sum
+    down_warps: int = 0  # the down kernel's warps (0: num_warps)
+
+    @property
+    def down_num_warps(self) -> int:
+        return self.down_warps or self.num_warps
 
 
-def _default_blocks(codec: bool, built_in: DecodeBlocks) -> DecodeBlocks:
-    tiles = moe_decode_blocks(codec)
+def _default_blocks(codec: bool, built_in: DecodeBlocks, int8: bool = False) -> DecodeBlocks:
+    tiles = moe_decode_blocks(codec, int8)
     return built_in if tiles is None else DecodeBlocks(*tiles)
 
 
@@ -60,8 +70,15 @@ DEFAULT_CODEC_BLOCKS = _default_blocks(
 )
 
 
-# the int8-activation sides (moe_decode_int8.py): not yet swept on a GPU
-INT8_BLOCKS = DecodeBlocks(gate_up_n=16, gate_up_k=256, down_n=8, down_k=256, split_choices=1)
+# the int8-activation sides (moe_decode_int8.py): whole rows a program, eight rows a warp (a thread holds
+# whole chunks); FREETOKEN_MOE_DECODE_INT8_BLOCKS sets them
+INT8_BLOCKS = _default_blocks(
+    True,
+    DecodeBlocks(
+        gate_up_n=16, gate_up_k=2048, down_n=8, down_k=1024, num_warps=2, split_choices=1, down_warps=1
+    ),
+    int8=True,
+)
 
 
 def codec_blocks(gate_up_codec: str) -> DecodeBlocks:
@@ -127,10 +144,14 @@ def fused_moe_decode(
     b = blocks or (
         DEFAULT_BLOCKS if codecs is None else INT8_BLOCKS if gu_int8 or dn_int8 else codec_blocks(codecs[0])
     )
+    # an int8 gate_up whose programs own whole blocks of 32 rows quantizes the activations for int8 down
+    act_quantized = (
+        quantized_buffers(pairs, i, x.device) if gu_int8 and dn_int8 and b.gate_up_n % 32 == 0 else None
+    )
     if gu_int8:
         gate_up_int8(
             x, ids, gate_up_bank, act, bias_bank, bias_ids, bias is not None, fn, gu_int8, k, b.gate_up_n,
-            b.gate_up_k, b.num_warps, interpreted,
+            b.gate_up_k, b.num_warps, interpreted, act_quantized,
         )  # fmt: skip
     else:
         gate_up_act[(pairs, -(-i // b.gate_up_n))](
@@ -139,17 +160,18 @@ def fused_moe_decode(
             BLOCK_K=_block_k(b.gate_up_k, gu_code), ACT=fn.code, HAS_BIAS=bias is not None, CODEC=gu_code,
             num_warps=b.num_warps, num_stages=b.num_stages,
         )  # fmt: skip
-    split = (bool(b.split_choices) and k > 1) or bool(dn_int8)
+    split = bool(b.split_choices) and k > 1
     target = torch.empty(pairs, h, dtype=torch.float32, device=x.device) if split else out
     if dn_int8:
         down_int8(
-            act, ids, weights, down_bank, target, dn_int8, k, b.down_n, b.down_k, b.num_warps, interpreted
-        )
+            act if act_quantized is None else act_quantized, ids, weights, down_bank, target, dn_int8, k,
+            b.down_n, b.down_k, b.down_num_warps, interpreted, split,
+        )  # fmt: skip
     else:
         down[(t, -(-h // b.down_n), k if split else 1)](
             act, ids, weights, down_bank, target, down_bank.stride(0), down_bank.stride(1),
             H=h, INTER=i, K=k, BLOCK_N=b.down_n, BLOCK_K=_block_k(b.down_k, dn_code), CODEC=dn_code,
-            SPLIT=split, num_warps=b.num_warps, num_stages=b.num_stages,
+            SPLIT=split, num_warps=b.down_num_warps, num_stages=b.num_stages,
         )  # fmt: skip
     if split:
         sum_choices[(t, -(-h // SUM_BLOCK))](target, out, H=h, K=k, K_POW2=next_pow2(k), BLOCK_N=SUM_BLOCK)

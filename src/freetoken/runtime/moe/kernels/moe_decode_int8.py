@@ -20,6 +20,7 @@ from freetoken.runtime.moe.expert_fn import ExpertFn, PairBias
 INT8_CODECS = {"Q4_K": 3, "Q8_0": 1}
 INT8_GRANULE = {3: 256, 1: 64}  # Q8_0 is read in block pairs (68 bytes, 4-byte aligned)
 QUANTIZE_BLOCKS = 16  # blocks of 32 per program of the quantize kernel
+Quantized = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # words [R, W / 4], scales, sums [R, W / 32]
 
 
 def int8_side(codec: str | None, width: int) -> int:
@@ -36,13 +37,11 @@ def _kernels() -> Any:
     return moe_decode_int8_triton, quant_dot_int8_triton.quantize_blocks_kernel
 
 
-def quantize_blocks(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_blocks(v: torch.Tensor) -> Quantized:
     """v [R, W] (W a multiple of 32) -> (quants as int32 words [R, W / 4], scales [R, W / 32], sums
     [R, W / 32]): quantize_blocks_kernel."""
     r, w = v.shape
-    q = torch.empty(r, w // 4, dtype=torch.int32, device=v.device)
-    d = torch.empty(r, w // 32, dtype=torch.float32, device=v.device)
-    s = torch.empty_like(d)
+    q, d, s = quantized_buffers(r, w, v.device)
     _kernels()[1][(r, -(-(w // 32) // QUANTIZE_BLOCKS))](v, q, d, s, W=w, NB=QUANTIZE_BLOCKS)
     return q, d, s
 
@@ -50,31 +49,41 @@ def quantize_blocks(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
 def gate_up_int8(
     x: torch.Tensor, ids: torch.Tensor, bank: torch.Tensor, act: torch.Tensor, bias_bank: torch.Tensor,
     bias_ids: torch.Tensor, has_bias: bool, fn: ExpertFn, code: int, k: int, rows: int, block_k: int,
-    num_warps: int, interpreted: bool,
+    num_warps: int, interpreted: bool, act_quantized: Quantized | None = None,
 ) -> None:  # fmt: skip
-    """act [T·K, I] fp32 <- glu(W_gu · x̃ + b) for every pair (x quantized here), `rows` rows a program."""
+    """act [T·K, I] fp32 <- glu(W_gu · x̃ + b) for every pair (x quantized here), `rows` rows a program;
+    with `act_quantized` (`rows` a multiple of 32) the activations go there quantized instead."""
     h, i = x.shape[1], act.shape[1]
     xq, xd, xs = quantize_blocks(x)
+    outs = (act, act, act) if act_quantized is None else act_quantized
     _kernels()[0].gate_up_int8_kernel[(ids.numel(), -(-i // rows))](
-        xq, xd, xs, ids, bank, act, bias_bank, bias_ids, bank.stride(0), bank.stride(1), fn.alpha, fn.limit,
+        xq, xd, xs, ids, bank, *outs, bias_bank, bias_ids, bank.stride(0), bank.stride(1), fn.alpha, fn.limit,
         H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=chunk(block_k, code), ACT=fn.code, HAS_BIAS=has_bias,
-        CODEC=code, EMULATE=interpreted, num_warps=num_warps,
+        CODEC=code, EMULATE=interpreted, QUANT_ACT=act_quantized is not None, num_warps=num_warps,
     )  # fmt: skip
 
 
 def down_int8(
-    act: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, bank: torch.Tensor, partials: torch.Tensor,
-    code: int, k: int, rows: int, block_k: int, num_warps: int, interpreted: bool,
+    act: torch.Tensor | Quantized, ids: torch.Tensor, weights: torch.Tensor, bank: torch.Tensor,
+    out: torch.Tensor, code: int, k: int, rows: int, block_k: int, num_warps: int, interpreted: bool,
+    split: bool,
 ) -> None:  # fmt: skip
-    """partials [T·K, H] fp32 <- w[p] · W_d · ã[p] for every pair (the activations quantized here)."""
-    pairs, i = act.shape
-    h = partials.shape[1]
-    aq, ad, as_ = quantize_blocks(act)
-    _kernels()[0].down_int8_kernel[(pairs // k, -(-h // rows), k)](
-        aq, ad, as_, ids, weights, bank, partials, bank.stride(0), bank.stride(1),
+    """With `split`, out [T·K, H] fp32 <- w[p] · W_d · ã[p] for every pair; else out [T, H] <- the sum over
+    each token's pairs. `act`: fp32 [T·K, I] (quantized here) or already quantized (quantize_blocks')."""
+    aq, ad, as_ = quantize_blocks(act) if isinstance(act, torch.Tensor) else act
+    pairs, i = aq.shape[0], aq.shape[1] * 4
+    h = out.shape[1]
+    _kernels()[0].down_int8_kernel[(pairs // k, -(-h // rows), k if split else 1)](
+        aq, ad, as_, ids, weights, bank, out, bank.stride(0), bank.stride(1),
         H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=chunk(block_k, code), CODEC=code, EMULATE=interpreted,
-        num_warps=num_warps,
+        SPLIT=split, num_warps=num_warps,
     )  # fmt: skip
+
+
+def quantized_buffers(pairs: int, width: int, device: torch.device) -> Quantized:
+    """Empty (words [P, W / 4] int32, scales and sums [P, W / 32] fp32) for quantized activations."""
+    scales = torch.empty(pairs, width // 32, dtype=torch.float32, device=device)
+    return torch.empty(pairs, width // 4, dtype=torch.int32, device=device), scales, torch.empty_like(scales)
 
 
 def chunk(block_k: int, code: int) -> int:

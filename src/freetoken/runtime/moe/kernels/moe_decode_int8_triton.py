@@ -1,8 +1,10 @@
 """Triton kernel bodies of the fused MoE decode step with int8 activations (launcher: moe_decode_int8.py):
 the same two GEMVs as moe_decode_triton.py, each pair's expert read in place by id, but the vector each
 program multiplies is the quantized one (quant_dot_int8_triton.quantize_blocks_kernel: x before gate_up,
-the activation before down), met by dp4a. The down kernel always runs a program per (token, rows,
-choice) and writes weighted fp32 partials that sum_choices_kernel adds in one fixed order.
+the activation before down), met by dp4a. A gate_up program whose rows are whole blocks of 32 quantizes its
+activations itself (no launch between the two kernels). The down kernel runs a program per (token, rows,
+choice) writing weighted fp32 partials that sum_choices_kernel adds in one fixed order (SPLIT), or a
+program per (token, rows) over every choice, unrolled, in the same order.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import triton
 import triton.language as tl
 
 from freetoken.runtime.moe.kernels.glu_triton import glu
-from freetoken.runtime.moe.kernels.quant_dot_int8_triton import int8_row_part, int8_row_sums
+from freetoken.runtime.moe.kernels.quant_dot_int8_triton import int8_row_part, int8_row_sums, store_quantized
 
 
 @triton.jit
@@ -33,7 +35,9 @@ def gate_up_int8_kernel(
     xs_ptr,  # [T, H / 32] fp32: the blocks' sums
     ids_ptr,  # [T * K] int
     w_ptr,  # [S, 2I, row bytes] uint8
-    act_ptr,  # [T * K, I] fp32 out
+    act_ptr,  # [T * K, I] fp32 out; with QUANT_ACT the activations' quants [T * K, I / 4] int32
+    act_d_ptr,  # [T * K, I / 32] fp32 out (QUANT_ACT): their scales
+    act_s_ptr,  # [T * K, I / 32] fp32 out (QUANT_ACT): their blocks' sums
     bias_ptr,  # [E, 2I] fp32 (HAS_BIAS)
     bias_ids_ptr,  # [T * K] int (HAS_BIAS)
     stride_we,
@@ -49,6 +53,7 @@ def gate_up_int8_kernel(
     HAS_BIAS: tl.constexpr,
     CODEC: tl.constexpr,
     EMULATE: tl.constexpr,
+    QUANT_ACT: tl.constexpr,  # the program's rows are whole blocks of 32 (BLOCK_N % 32 == 0): quantized here
 ):
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -65,7 +70,21 @@ def gate_up_int8_kernel(
         row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
         gate += tl.load(row + offs_n, mask=mask_n, other=0.0)
         up += tl.load(row + INTER + offs_n, mask=mask_n, other=0.0)
-    tl.store(act_ptr + pair * INTER + offs_n, glu(gate, up, alpha, limit, ACT), mask=mask_n)
+    act = glu(gate, up, alpha, limit, ACT)
+    if QUANT_ACT:  # no quantize launch between the kernels
+        nb: tl.constexpr = BLOCK_N // 32
+        block = tl.program_id(1) * nb + tl.arange(0, nb)
+        at = pair * (INTER // 32)
+        store_quantized(
+            tl.reshape(act, [nb, 32]),
+            block,
+            block * 32 < INTER,
+            act_ptr + at * 8,
+            act_d_ptr + at,
+            act_s_ptr + at,
+        )
+    else:
+        tl.store(act_ptr + pair * INTER + offs_n, act, mask=mask_n)
 
 
 @triton.jit
@@ -76,7 +95,7 @@ def down_int8_kernel(
     ids_ptr,  # [T * K] int
     weights_ptr,  # [T * K] routing weights
     w_ptr,  # [S, H, row bytes] uint8
-    out_ptr,  # [T * K, H] fp32 weighted partials
+    out_ptr,  # [T * K, H] fp32 weighted partials; unsplit, [T, H] in the activations' dtype
     stride_we,
     stride_wn,
     H: tl.constexpr,
@@ -86,13 +105,31 @@ def down_int8_kernel(
     BLOCK_K: tl.constexpr,
     CODEC: tl.constexpr,
     EMULATE: tl.constexpr,
+    SPLIT: tl.constexpr,  # a program per (token, rows, choice), a sum after; else a program sums its choices
 ):
-    pair = tl.program_id(0) * K + tl.program_id(2)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SPLIT:
+        pair = tl.program_id(0) * K + tl.program_id(2)
+        acc = _down_pair(aq_ptr, ad_ptr, as_ptr, ids_ptr, weights_ptr, w_ptr, pair, offs_n, stride_we,
+                         stride_wn, H, INTER, BLOCK_K, CODEC, EMULATE)  # fmt: skip
+        tl.store(out_ptr + pair * H + offs_n, acc, mask=offs_n < H)
+    else:
+        token = tl.program_id(0)
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for choice in tl.static_range(K):  # unrolled: every choice's loads may be in flight at once
+            total += _down_pair(aq_ptr, ad_ptr, as_ptr, ids_ptr, weights_ptr, w_ptr, token * K + choice,
+                                offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC, EMULATE)  # fmt: skip
+        tl.store(out_ptr + token * H + offs_n, total.to(out_ptr.dtype.element_ty), mask=offs_n < H)
+
+
+@triton.jit
+def _down_pair(aq_ptr, ad_ptr, as_ptr, ids_ptr, weights_ptr, w_ptr, pair, offs_n, stride_we, stride_wn,
+               H, INTER, BLOCK_K, CODEC, EMULATE):  # fmt: skip
+    """[BLOCK_N] fp32: w[pair] · rows offs_n of pair's expert's down projection times its quantized
+    activation (0 for a skipped pair)."""
     expert = tl.load(ids_ptr + pair)
     live = offs_n < tl.where(expert >= 0, H, 0)
     rows = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we + offs_n * stride_wn
     q, d, s = aq_ptr + pair * (INTER // 4), ad_ptr + pair * (INTER // 32), as_ptr + pair * (INTER // 32)
     acc = _row_dot(rows, live, q, d, s, INTER, CODEC, BLOCK_K, EMULATE)
-    weight = tl.where(expert >= 0, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
-    tl.store(out_ptr + pair * H + offs_n, acc * weight, mask=offs_n < H)
+    return acc * tl.where(expert >= 0, tl.load(weights_ptr + pair).to(tl.float32), 0.0)

@@ -54,6 +54,30 @@ def dp4a(a, b, SIGNED_A: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit
+def quantize_tile(v):
+    """v [NB, 32] fp32 -> (quants as int32 words [NB, 8], scales [NB], sums d · Σ q [NB]): q = rint(v / d),
+    d = max|v| / 127, ties to even."""
+    amax = tl.max(tl.abs(v), axis=1)
+    inv = tl.where(amax > 0.0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
+    # 12582912 = 1.5 · 2^23: (t + M) − M rounds |t| < 2^22 to the nearest integer, ties to even, in fp32
+    q = ((v * inv[:, None] + 12582912.0) - 12582912.0).to(tl.int32)  # [NB, 32] in -127..127
+    d = amax / 127.0
+    quads = tl.reshape(q & 255, [v.shape[0], 8, 4])
+    words = tl.sum(quads << (8 * tl.arange(0, 4))[None, None, :], axis=2)  # disjoint bytes: the sum is an or
+    return words, d, d * tl.sum(q, axis=1).to(tl.float32)
+
+
+@triton.jit
+def store_quantized(v, block, live, q_ptr, d_ptr, s_ptr):
+    """Blocks `block` ([NB]; `live` [NB]) of a vector, v [NB, 32] fp32, quantized into its words [W / 4],
+    scales and sums [W / 32] at q_ptr / d_ptr / s_ptr."""
+    words, d, sums = quantize_tile(v)
+    tl.store(q_ptr + block[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=live[:, None])
+    tl.store(d_ptr + block, d, mask=live)
+    tl.store(s_ptr + block, sums, mask=live)
+
+
+@triton.jit
 def quantize_blocks_kernel(
     v_ptr,  # [R, W] float
     q_ptr,  # [R, W / 4] int32 out: four int8 quants a word, little-endian
@@ -67,19 +91,14 @@ def quantize_blocks_kernel(
     live = block * 32 < W
     j = tl.arange(0, 32)
     v = tl.load(v_ptr + row * W + block[:, None] * 32 + j[None, :], mask=live[:, None], other=0.0)
-    v = v.to(tl.float32)
-    amax = tl.max(tl.abs(v), axis=1)
-    inv = tl.where(amax > 0.0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
-    # 12582912 = 1.5 · 2^23: (t + M) − M rounds |t| < 2^22 to the nearest integer, ties to even, in fp32
-    q = ((v * inv[:, None] + 12582912.0) - 12582912.0).to(tl.int32)  # [NB, 32] in -127..127
-    d = amax / 127.0
-    quads = tl.reshape(q & 255, [NB, 8, 4])
-    words = tl.sum(quads << (8 * tl.arange(0, 4))[None, None, :], axis=2)  # disjoint bytes: the sum is an or
-    tl.store(
-        q_ptr + row * (W // 4) + block[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=live[:, None]
+    store_quantized(
+        v.to(tl.float32),
+        block,
+        live,
+        q_ptr + row * (W // 4),
+        d_ptr + row * (W // 32),
+        s_ptr + row * (W // 32),
     )
-    tl.store(d_ptr + row * (W // 32) + block, d, mask=live)
-    tl.store(s_ptr + row * (W // 32) + block, d * tl.sum(q, axis=1).to(tl.float32), mask=live)
 
 
 @triton.jit
