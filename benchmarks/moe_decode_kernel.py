@@ -3,6 +3,7 @@
     python benchmarks/moe_decode_kernel.py                  # Qwen3-30B-A3B experts, batch 1..16
     python benchmarks/moe_decode_kernel.py --sweep --json   # also try tile sizes
     python benchmarks/moe_decode_kernel.py --codec Q4_K     # experts kept as Q4_K blocks (Q8_0, MXFP4 too)
+    python benchmarks/moe_decode_kernel.py --codec Q4_K --kernels   # each kernel's device time at batch 1
 
 One MoE layer's routed experts for T tokens: bytes = the distinct experts' weights (gate_up + down)
 read once, in the bytes the banks hold (bf16, or a codec's blocks as stored). Times are CUDA-graph
@@ -10,7 +11,8 @@ replays (no launch overhead), median of repeats, each captured call routing to a
 experts (none left in L2 by the call before); `GB/s` = bytes / time, `x read` = that over a plain
 reduction's read bandwidth measured in the same run; `x peak` over the card's data-sheet HBM bandwidth.
 `int8 us`: Q4_K and Q8_0 banks through the int8-activation sides as well (moe_decode_int8.py; its tiles
-swept with --sweep), `int8_rel_err` in --json its error against fp32.
+swept with --sweep), `int8_rel_err` in --json its error against fp32. `--kernels`: each kernel of the
+step alone (the profiler's device time, launch gaps excluded), the two GEMVs with the bytes they read.
 """
 
 from __future__ import annotations
@@ -104,6 +106,34 @@ def cycling(run: Any, sets: list[torch.Tensor]) -> Any:
     return lambda: run(sets[next(calls) % len(sets)])
 
 
+def kernel_times(fn: Any, calls: int = 48) -> dict[str, float]:
+    """Device seconds per call of each kernel `fn` launches (the profiler's durations on the GPU: launch
+    gaps excluded), by kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for ev in prof.key_averages():
+        total = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if ev.count >= calls and total > 0:
+            times[ev.key] = total / 1e6 / calls
+    return times
+
+
+def kernel_rows(times: dict[str, float], gate_up_bytes: int, down_bytes: int) -> list[dict[str, Any]]:
+    """Per kernel: its time, and for the two GEMVs the bytes of the experts it reads over that time."""
+    rows = []
+    for name, s in sorted(times.items(), key=lambda kv: -kv[1]):
+        nbytes = gate_up_bytes if "gate_up" in name else down_bytes if "down" in name else 0
+        rows.append({"kernel": name, "us": s * 1e6, "gbps": nbytes / s / 1e9 if nbytes else None})
+    return rows
+
+
 def read_bandwidth(nbytes: int = 4 << 30) -> float:
     """Bytes per second a plain reduction reads (what a streaming read reaches on this card)."""
     src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda")
@@ -120,6 +150,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--sweep", action="store_true", help="time every tile size in SWEEP at batch 1 first")
     ap.add_argument("--codec", choices=("bf16", *DEVICE_CODECS), default="bf16", help="the banks' form")
+    ap.add_argument("--kernels", action="store_true", help="each kernel's device time at batch 1 (profiler)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     h, i, e, k = args.hidden, args.moe_inter, args.experts, args.top_k
@@ -236,6 +267,27 @@ def main() -> None:
                 "int8_rel_err": int8_err,
             }
         )
+    kernels = {}
+    if args.kernels:  # batch 1, each call routed to other experts
+        x = torch.randn(1, h, device="cuda").bfloat16()
+        sets = [torch.randperm(e, device="cuda", generator=g)[:k][None] for _ in range(16)]
+        w = torch.rand(1, k, device="cuda")
+        part_bytes = (
+            (2 * i * h * 2, h * i * 2)
+            if codecs is None
+            else (get_codec(args.codec).tensor_bytes(2 * i, h), get_codec(args.codec).tensor_bytes(h, i))
+        )
+        paths = {"float": (blocks, False)} | ({"int8": (int8_blocks, True)} if int8 else {})
+        for path, (tiles, on) in paths.items():
+            times = kernel_times(
+                cycling(
+                    lambda ids, tiles=tiles, on=on: fused_moe_decode(
+                        x, ids, w, gate_up, down, tiles, codecs=codecs, int8_act=on
+                    ),
+                    sets,
+                )
+            )
+            kernels[path] = kernel_rows(times, k * part_bytes[0], k * part_bytes[1])
     doc = {
         "shape": {"hidden": h, "moe_inter": i, "experts": e, "top_k": k},
         "codec": args.codec,
@@ -244,6 +296,7 @@ def main() -> None:
         "blocks": asdict(blocks),
         "rows": rows,
         "sweep": sweep_rows,
+        "kernels": kernels,
     }
     if args.json:
         print(json.dumps(doc, indent=1))
@@ -283,6 +336,10 @@ def main() -> None:
             f"{r['fused_x_read']:>7.2f} {r['fused_x_hbm_peak']:>7.2f} {r['gathered_us']:>12.1f} "
             f"{r['speedup_vs_gathered']:>8.1f} {r['int8_us']:>8.1f} {r['int8_x_read']:>7.2f}"
         )
+    for path, found in kernels.items():  # the GEMVs alone: device time, no launch gaps
+        for r in found:
+            share = f"{r['gbps']:7.0f} GB/s {r['gbps'] * 1e9 / copy:5.2f} x read" if r["gbps"] else ""
+            print(f"{path:>5} kernel {r['us']:7.2f} us {share}  {r['kernel'][:60]}")
 
 
 if __name__ == "__main__":

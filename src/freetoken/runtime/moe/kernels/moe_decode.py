@@ -71,11 +71,13 @@ DEFAULT_CODEC_BLOCKS = _default_blocks(
 
 
 # the int8-activation sides (moe_decode_int8.py): whole rows a program, eight rows a warp (a thread holds
-# whole chunks); FREETOKEN_MOE_DECODE_INT8_BLOCKS sets them
+# whole chunks). The fastest of moe_decode_kernel.py --sweep on an H200 at batch 1, Q4_K: 8x2048 w1 / 8x1024
+# w1 split 18.7 us (the float path's best 28.0); Q8_0 within 1 % of its best (28.5 us; float 31.9).
+# FREETOKEN_MOE_DECODE_INT8_BLOCKS sets them.
 INT8_BLOCKS = _default_blocks(
     True,
     DecodeBlocks(
-        gate_up_n=16, gate_up_k=2048, down_n=8, down_k=1024, num_warps=2, split_choices=1, down_warps=1
+        gate_up_n=8, gate_up_k=2048, down_n=8, down_k=1024, num_warps=1, split_choices=1, down_warps=1
     ),
     int8=True,
 )

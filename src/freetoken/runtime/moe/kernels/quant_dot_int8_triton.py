@@ -102,8 +102,9 @@ def quantize_blocks_kernel(
 
 
 @triton.jit
-def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, EMULATE: tl.constexpr):
-    """Super-block sb (at byte pointers `base` [N], rows `live`) against the quantized vector -> [N, 4]
+def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE: tl.constexpr):
+    """Super-block sb (at byte pointers `base` [N], rows `live`; the vector read only below `limit`, so a
+    chunk past the row adds zeros, not 0 · whatever lies beyond) against the quantized vector -> [N, 4]
     fp32 partial products (chunk c: sub-blocks 2c and 2c + 1) and [N] fp32 min terms to subtract. A
     sub-block's eight words meet the vector in int32 and are scaled once (not once a word)."""
     c = tl.arange(0, 4)
@@ -116,14 +117,16 @@ def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, EMULATE: tl.constexpr):
     first = tl.load(words_at, mask=mask, other=0)  # [N, 4, 4]
     second = tl.load(words_at + 4, mask=mask, other=0)
     v_at = q_ptr + sb * 64 + 16 * c[:, None] + w[None, :]  # [4, 4]: the vector's words of the low nibbles
+    here = sb * 256 + 64 * c < limit  # [4]
+    v_here = here[:, None]
     lo = tl.sum(
-        dp4a(first & 0x0F0F0F0F, tl.load(v_at)[None], False, EMULATE)
-        + dp4a(second & 0x0F0F0F0F, tl.load(v_at + 4)[None], False, EMULATE),
+        dp4a(first & 0x0F0F0F0F, tl.load(v_at, mask=v_here, other=0)[None], False, EMULATE)
+        + dp4a(second & 0x0F0F0F0F, tl.load(v_at + 4, mask=v_here, other=0)[None], False, EMULATE),
         axis=2,
     )  # [N, 4]
     hi = tl.sum(
-        dp4a((first >> 4) & 0x0F0F0F0F, tl.load(v_at + 8)[None], False, EMULATE)
-        + dp4a((second >> 4) & 0x0F0F0F0F, tl.load(v_at + 12)[None], False, EMULATE),
+        dp4a((first >> 4) & 0x0F0F0F0F, tl.load(v_at + 8, mask=v_here, other=0)[None], False, EMULATE)
+        + dp4a((second >> 4) & 0x0F0F0F0F, tl.load(v_at + 12, mask=v_here, other=0)[None], False, EMULATE),
         axis=2,
     )
     head, s0, s1, s2 = k4_header(base, live)
@@ -133,18 +136,21 @@ def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, EMULATE: tl.constexpr):
     sc_hi, mn_hi = k4_scale_min_words(s0, s1, s2, 2 * c + 1)
     block = sb * 8 + 2 * c  # [4]: the vector's blocks of sub-blocks 2c
     part = d * (
-        lo.to(tl.float32) * sc_lo * tl.load(d_ptr + block)[None, :]
-        + hi.to(tl.float32) * sc_hi * tl.load(d_ptr + block + 1)[None, :]
+        lo.to(tl.float32) * sc_lo * tl.load(d_ptr + block, mask=here, other=0.0)[None, :]
+        + hi.to(tl.float32) * sc_hi * tl.load(d_ptr + block + 1, mask=here, other=0.0)[None, :]
     )
-    mins = mn_lo * tl.load(s_ptr + block)[None, :] + mn_hi * tl.load(s_ptr + block + 1)[None, :]
+    mins = (
+        mn_lo * tl.load(s_ptr + block, mask=here, other=0.0)[None, :]
+        + mn_hi * tl.load(s_ptr + block + 1, mask=here, other=0.0)[None, :]
+    )
     return part, dmin * tl.sum(mins, axis=1)
 
 
 @triton.jit
-def _q8_int8(rows, pair, live, q_ptr, d_ptr, EMULATE: tl.constexpr):
-    """Block pairs `pair` ([P]: blocks 2p, 2p + 1, 68 bytes from byte 68p) of rows `rows` ([N]; live
-    [N, P]) against the quantized vector -> [N, P] fp32 partial products (a block's words summed in int32,
-    then scaled once)."""
+def _q8_int8(rows, pair, live, pair_live, q_ptr, d_ptr, EMULATE: tl.constexpr):
+    """Block pairs `pair` ([P]: blocks 2p, 2p + 1, 68 bytes from byte 68p; the vector's read where
+    `pair_live` [P]) of rows `rows` ([N]; live [N, P]) against the quantized vector -> [N, P] fp32
+    partial products (a block's words summed in int32, then scaled once)."""
     j = tl.arange(0, 8)
     words_at = (rows[:, None] + 68 * pair[None, :]).to(tl.pointer_type(tl.int32))  # [N, P]
     at = words_at[:, :, None] + j[None, None, :]
@@ -156,11 +162,12 @@ def _q8_int8(rows, pair, live, q_ptr, d_ptr, EMULATE: tl.constexpr):
     d_even = fp16_low(tl.load(words_at, mask=live, other=0))
     d_odd = fp16_low(tl.load(words_at + 8, mask=live, other=0) >> 16)
     v_at = 16 * pair[:, None] + j[None, :]  # [P, 8]: the even block's words of the vector
-    sum_even = tl.sum(dp4a(even, tl.load(q_ptr + v_at)[None], True, EMULATE), axis=2)  # [N, P] int32
-    sum_odd = tl.sum(dp4a(odd, tl.load(q_ptr + v_at + 8)[None], True, EMULATE), axis=2)
+    v_live = pair_live[:, None]
+    sum_even = tl.sum(dp4a(even, tl.load(q_ptr + v_at, mask=v_live, other=0)[None], True, EMULATE), axis=2)
+    sum_odd = tl.sum(dp4a(odd, tl.load(q_ptr + v_at + 8, mask=v_live, other=0)[None], True, EMULATE), axis=2)
     return (
-        sum_even.to(tl.float32) * d_even * tl.load(d_ptr + 2 * pair)[None, :]
-        + sum_odd.to(tl.float32) * d_odd * tl.load(d_ptr + 2 * pair + 1)[None, :]
+        sum_even.to(tl.float32) * d_even * tl.load(d_ptr + 2 * pair, mask=pair_live, other=0.0)[None, :]
+        + sum_odd.to(tl.float32) * d_odd * tl.load(d_ptr + 2 * pair + 1, mask=pair_live, other=0.0)[None, :]
     )
 
 
@@ -187,14 +194,16 @@ def int8_row_part(
         for s in tl.static_range(BLOCK_K // 256):
             sb = k0 // 256 + s
             here = live & (sb * 256 + tl.zeros(live.shape, tl.int32) < limit)
-            p, m = _q4k_int8(rows + sb * 144, here, q_ptr, d_ptr, s_ptr, sb, EMULATE)
+            p, m = _q4k_int8(rows + sb * 144, here, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE)
             part += p
             mins += m
         return part, mins
     else:  # Q8_0: BLOCK_K // 64 block pairs -> [N, BLOCK_K // 64]
         pair = k0 // 64 + tl.arange(0, BLOCK_K // 64)
-        here = live[:, None] & (pair * 64 < limit)[None, :]
-        return _q8_int8(rows, pair, here, q_ptr, d_ptr, EMULATE), tl.zeros([live.shape[0]], dtype=tl.float32)
+        pair_live = pair * 64 < limit
+        here = live[:, None] & pair_live[None, :]
+        zeros = tl.zeros([live.shape[0]], dtype=tl.float32)
+        return _q8_int8(rows, pair, here, pair_live, q_ptr, d_ptr, EMULATE), zeros
 
 
 @triton.jit
