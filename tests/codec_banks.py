@@ -59,12 +59,6 @@ INT8_CASES = [  # (gate_up codec, down codec), H, I, tiles: both sides int8, one
     # down split over choices or not; gate_up programs of whole blocks of 32 rows quantize the activations
     (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(16, 256, 16, 256)),
     (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(32, 512, 16, 1024, split_choices=1)),
-    (
-        ("Q4_K", "Q4_K"),
-        768,
-        256,
-        DecodeBlocks(8, 512, 16, 1024, split_choices=1, quantize_x=1),
-    ),  # x in registers
     (("Q8_0", "Q8_0"), 128, 192, DecodeBlocks(128, 64, 8, 256)),  # the second program's rows past I
     (("Q8_0", "Q8_0"), 192, 128, DecodeBlocks(8, 128, 16, 64, split_choices=1)),  # 1.5 chunks of 128
     (("Q8_0", "Q4_K"), 96, 256, DecodeBlocks(16, 64, 8, 256)),  # x's 3 blocks: gate_up stays float

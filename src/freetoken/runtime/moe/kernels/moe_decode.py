@@ -44,7 +44,6 @@ class DecodeBlocks:
     num_stages: int = 1
     split_choices: int = 0  # 1: the down kernel runs a program per (token, rows, choice), then a sum
     down_warps: int = 0  # the down kernel's warps (0: num_warps)
-    quantize_x: int = 0  # 1: an int8 Q4_K gate_up quantizes x in registers (no quantize launch before it)
 
     @property
     def down_num_warps(self) -> int:
@@ -155,7 +154,7 @@ def fused_moe_decode(
     if gu_int8:
         gate_up_int8(
             x, ids, gate_up_bank, act, bias_bank, bias_ids, bias is not None, fn, gu_int8, k, b.gate_up_n,
-            b.gate_up_k, b.num_warps, interpreted, act_quantized, bool(b.quantize_x),
+            b.gate_up_k, b.num_warps, interpreted, act_quantized,
         )  # fmt: skip
     else:
         gate_up_act[(pairs, -(-i // b.gate_up_n))](

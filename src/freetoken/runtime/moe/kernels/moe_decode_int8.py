@@ -49,20 +49,17 @@ def quantize_blocks(v: torch.Tensor) -> Quantized:
 def gate_up_int8(
     x: torch.Tensor, ids: torch.Tensor, bank: torch.Tensor, act: torch.Tensor, bias_bank: torch.Tensor,
     bias_ids: torch.Tensor, has_bias: bool, fn: ExpertFn, code: int, k: int, rows: int, block_k: int,
-    num_warps: int, interpreted: bool, act_quantized: Quantized | None = None, quant_x: bool = False,
+    num_warps: int, interpreted: bool, act_quantized: Quantized | None = None,
 ) -> None:  # fmt: skip
-    """act [T·K, I] fp32 <- glu(W_gu · x̃ + b) for every pair (x quantized here: by a launch before, or
-    with `quant_x` (Q4_K) by each program in registers), `rows` rows a program; with `act_quantized`
-    (`rows` a multiple of 32) the activations go there quantized instead."""
+    """act [T·K, I] fp32 <- glu(W_gu · x̃ + b) for every pair (x quantized here), `rows` rows a program;
+    with `act_quantized` (`rows` a multiple of 32) the activations go there quantized instead."""
     h, i = x.shape[1], act.shape[1]
-    quant_x = quant_x and code == INT8_CODECS["Q4_K"]
-    xq, xd, xs = (x, x, x) if quant_x else quantize_blocks(x)
+    xq, xd, xs = quantize_blocks(x)
     outs = (act, act, act) if act_quantized is None else act_quantized
     _kernels()[0].gate_up_int8_kernel[(ids.numel(), -(-i // rows))](
         xq, xd, xs, ids, bank, *outs, bias_bank, bias_ids, bank.stride(0), bank.stride(1), fn.alpha, fn.limit,
         H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=chunk(block_k, code), ACT=fn.code, HAS_BIAS=has_bias,
-        CODEC=code, EMULATE=interpreted, QUANT_ACT=act_quantized is not None, QUANT_X=quant_x,
-        num_warps=num_warps,
+        CODEC=code, EMULATE=interpreted, QUANT_ACT=act_quantized is not None, num_warps=num_warps,
     )  # fmt: skip
 
 

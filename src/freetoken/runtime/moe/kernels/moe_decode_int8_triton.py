@@ -2,8 +2,7 @@
 the same two GEMVs as moe_decode_triton.py, each pair's expert read in place by id, but the vector each
 program multiplies is the quantized one (quant_dot_int8_triton.quantize_blocks_kernel: x before gate_up,
 the activation before down), met by dp4a. A gate_up program whose rows are whole blocks of 32 quantizes its
-activations itself (no launch between the two kernels), and a Q4_K gate_up may quantize x in registers
-(QUANT_X: no launch before it). The down kernel runs a program per (token, rows,
+activations itself (no launch between the two kernels). The down kernel runs a program per (token, rows,
 choice) writing weighted fp32 partials that sum_choices_kernel adds in one fixed order (SPLIT), or a
 program per (token, rows) over every choice, unrolled, in the same order.
 """
@@ -19,11 +18,11 @@ from freetoken.runtime.moe.kernels.quant_dot_int8_triton import int8_row_part, i
 
 @triton.jit
 def _row_dot(rows, live, q_ptr, d_ptr, s_ptr, LENGTH: tl.constexpr, CODEC: tl.constexpr,
-             BLOCK_K: tl.constexpr, EMULATE: tl.constexpr, QUANT_X: tl.constexpr = False):  # fmt: skip
+             BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):  # fmt: skip
     """[N] fp32: rows · ṽ over the whole row (LENGTH weights)."""
-    part, mins = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, 0, LENGTH, CODEC, BLOCK_K, EMULATE, QUANT_X)
+    part, mins = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, 0, LENGTH, CODEC, BLOCK_K, EMULATE)
     for k0 in range(BLOCK_K, LENGTH, BLOCK_K):
-        p, m = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, k0, LENGTH, CODEC, BLOCK_K, EMULATE, QUANT_X)
+        p, m = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, k0, LENGTH, CODEC, BLOCK_K, EMULATE)
         part += p
         mins += m
     return int8_row_sums(part, mins)
@@ -31,9 +30,9 @@ def _row_dot(rows, live, q_ptr, d_ptr, s_ptr, LENGTH: tl.constexpr, CODEC: tl.co
 
 @triton.jit
 def gate_up_int8_kernel(
-    xq_ptr,  # [T, H / 4] int32: x's quants; with QUANT_X, x itself [T, H]
-    xd_ptr,  # [T, H / 32] fp32: their scales (unread with QUANT_X)
-    xs_ptr,  # [T, H / 32] fp32: the blocks' sums (unread with QUANT_X)
+    xq_ptr,  # [T, H / 4] int32: x's quants
+    xd_ptr,  # [T, H / 32] fp32: their scales
+    xs_ptr,  # [T, H / 32] fp32: the blocks' sums
     ids_ptr,  # [T * K] int
     w_ptr,  # [S, 2I, row bytes] uint8
     act_ptr,  # [T * K, I] fp32 out; with QUANT_ACT the activations' quants [T * K, I / 4] int32
@@ -55,7 +54,6 @@ def gate_up_int8_kernel(
     CODEC: tl.constexpr,
     EMULATE: tl.constexpr,
     QUANT_ACT: tl.constexpr,  # the program's rows are whole blocks of 32 (BLOCK_N % 32 == 0): quantized here
-    QUANT_X: tl.constexpr,  # Q4_K: x quantized in registers by each program (no quantize launch before)
 ):
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -65,12 +63,9 @@ def gate_up_int8_kernel(
     gate_rows = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we + offs_n * stride_wn
     up_rows = gate_rows + INTER * stride_wn
     token = pair // K
-    if QUANT_X:
-        q, d, s = xq_ptr + token * H, xd_ptr, xs_ptr
-    else:
-        q, d, s = xq_ptr + token * (H // 4), xd_ptr + token * (H // 32), xs_ptr + token * (H // 32)
-    gate = _row_dot(gate_rows, live, q, d, s, H, CODEC, BLOCK_K, EMULATE, QUANT_X)
-    up = _row_dot(up_rows, live, q, d, s, H, CODEC, BLOCK_K, EMULATE, QUANT_X)
+    q, d, s = xq_ptr + token * (H // 4), xd_ptr + token * (H // 32), xs_ptr + token * (H // 32)
+    gate = _row_dot(gate_rows, live, q, d, s, H, CODEC, BLOCK_K, EMULATE)
+    up = _row_dot(up_rows, live, q, d, s, H, CODEC, BLOCK_K, EMULATE)
     if HAS_BIAS:
         row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
         gate += tl.load(row + offs_n, mask=mask_n, other=0.0)

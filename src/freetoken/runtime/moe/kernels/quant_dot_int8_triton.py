@@ -102,82 +102,31 @@ def quantize_blocks_kernel(
 
 
 @triton.jit
-def _quantize_halves(first, second):
-    """A block of 32 values as two fp32 [4, 4, 4] tiles (chunk, word, byte; blocks by chunk) -> its quants as
-    two [4, 4] int32 word tiles, scales and sums [4], as quantize_tile makes them."""
-    amax = tl.maximum(
-        tl.max(tl.max(tl.abs(first), axis=2), axis=1), tl.max(tl.max(tl.abs(second), axis=2), axis=1)
-    )
-    inv = tl.where(amax > 0.0, 127.0 / tl.maximum(amax, 1e-30), 0.0)[:, None, None]
-    q_first = ((first * inv + 12582912.0) - 12582912.0).to(tl.int32)  # as quantize_tile rounds
-    q_second = ((second * inv + 12582912.0) - 12582912.0).to(tl.int32)
-    shift = (8 * tl.arange(0, 4))[None, None, :]
-    d = amax / 127.0
-    sums = tl.sum(tl.sum(q_first + q_second, axis=2), axis=1).to(tl.float32)
-    return tl.sum((q_first & 255) << shift, axis=2), tl.sum((q_second & 255) << shift, axis=2), d, d * sums
-
-
-@triton.jit
-def _q4k_vector(q_ptr, d_ptr, s_ptr, sb, limit, QUANT_X: tl.constexpr):
-    """What super-block sb meets of the quantized vector: the words of sub-blocks 2c and 2c + 1, each as
-    its first and last four [4, 4], and their scales and sums [4] (zeros past `limit`, so a chunk past
-    the row adds zeros, not 0 · whatever lies beyond). QUANT_X: q_ptr points at the vector's values,
-    quantized here in the layout the dots take (no quantize launch before the kernel)."""
+def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE: tl.constexpr):
+    """Super-block sb (at byte pointers `base` [N], rows `live`; the vector read only below `limit`, so a
+    chunk past the row adds zeros, not 0 · whatever lies beyond) against the quantized vector -> [N, 4]
+    fp32 partial products (chunk c: sub-blocks 2c and 2c + 1) and [N] fp32 min terms to subtract. A
+    sub-block's eight words meet the vector in int32 and are scaled once (not once a word)."""
     c = tl.arange(0, 4)
     w = tl.arange(0, 4)
-    here = sb * 256 + 64 * c < limit  # [4]
-    if QUANT_X:
-        at = (
-            q_ptr + sb * 256 + (64 * c[:, None, None] + 4 * w[None, :, None] + tl.arange(0, 4)[None, None, :])
-        )
-        m = here[:, None, None]
-        lo_first, lo_second, d_lo, s_lo = _quantize_halves(
-            tl.load(at, mask=m, other=0.0).to(tl.float32), tl.load(at + 16, mask=m, other=0.0).to(tl.float32)
-        )
-        hi_first, hi_second, d_hi, s_hi = _quantize_halves(
-            tl.load(at + 32, mask=m, other=0.0).to(tl.float32),
-            tl.load(at + 48, mask=m, other=0.0).to(tl.float32),
-        )
-    else:
-        at = q_ptr + sb * 64 + 16 * c[:, None] + w[None, :]  # [4, 4]: the low nibbles' first words
-        m = here[:, None]
-        lo_first, lo_second = tl.load(at, mask=m, other=0), tl.load(at + 4, mask=m, other=0)
-        hi_first, hi_second = tl.load(at + 8, mask=m, other=0), tl.load(at + 12, mask=m, other=0)
-        block = sb * 8 + 2 * c  # [4]: the vector's blocks of sub-blocks 2c
-        d_lo, d_hi = (
-            tl.load(d_ptr + block, mask=here, other=0.0),
-            tl.load(d_ptr + block + 1, mask=here, other=0.0),
-        )
-        s_lo, s_hi = (
-            tl.load(s_ptr + block, mask=here, other=0.0),
-            tl.load(s_ptr + block + 1, mask=here, other=0.0),
-        )
-    return lo_first, lo_second, hi_first, hi_second, d_lo, d_hi, s_lo, s_hi
-
-
-@triton.jit
-def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE: tl.constexpr, QUANT_X: tl.constexpr):
-    """Super-block sb (at byte pointers `base` [N], rows `live`) against the quantized vector
-    (_q4k_vector) -> [N, 4] fp32 partial products (chunk c: sub-blocks 2c and 2c + 1) and [N] fp32 min
-    terms to subtract. A sub-block's eight words meet the vector in int32 and are scaled once (not once
-    a word)."""
-    c = tl.arange(0, 4)
-    at = (4 + 8 * c[:, None] + tl.arange(0, 4)[None, :])[None]  # [1, 4, 4]: a chunk's first four words
+    at = (4 + 8 * c[:, None] + w[None, :])[None]  # [1, 4, 4]: a chunk's first four words
     words_at = base.to(tl.pointer_type(tl.int32))[:, None, None] + at
     mask = live[:, None, None]
     # a chunk's eight words as two loads of four: each thread holds a whole chunk (16-byte loads), so
     # the int32 sums stay in registers and a sub-block's scales are worked out once per chunk
     first = tl.load(words_at, mask=mask, other=0)  # [N, 4, 4]
     second = tl.load(words_at + 4, mask=mask, other=0)
-    v_lo1, v_lo2, v_hi1, v_hi2, d_lo, d_hi, s_lo, s_hi = _q4k_vector(q_ptr, d_ptr, s_ptr, sb, limit, QUANT_X)
+    v_at = q_ptr + sb * 64 + 16 * c[:, None] + w[None, :]  # [4, 4]: the vector's words of the low nibbles
+    here = sb * 256 + 64 * c < limit  # [4]
+    v_here = here[:, None]
     lo = tl.sum(
-        dp4a(first & 0x0F0F0F0F, v_lo1[None], False, EMULATE)
-        + dp4a(second & 0x0F0F0F0F, v_lo2[None], False, EMULATE),
+        dp4a(first & 0x0F0F0F0F, tl.load(v_at, mask=v_here, other=0)[None], False, EMULATE)
+        + dp4a(second & 0x0F0F0F0F, tl.load(v_at + 4, mask=v_here, other=0)[None], False, EMULATE),
         axis=2,
     )  # [N, 4]
     hi = tl.sum(
-        dp4a((first >> 4) & 0x0F0F0F0F, v_hi1[None], False, EMULATE)
-        + dp4a((second >> 4) & 0x0F0F0F0F, v_hi2[None], False, EMULATE),
+        dp4a((first >> 4) & 0x0F0F0F0F, tl.load(v_at + 8, mask=v_here, other=0)[None], False, EMULATE)
+        + dp4a((second >> 4) & 0x0F0F0F0F, tl.load(v_at + 12, mask=v_here, other=0)[None], False, EMULATE),
         axis=2,
     )
     head, s0, s1, s2 = k4_header(base, live)
@@ -185,8 +134,15 @@ def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE: tl.constexpr,
     dmin = fp16_low(head >> 16)
     sc_lo, mn_lo = k4_scale_min_words(s0, s1, s2, 2 * c)  # [N, 4]
     sc_hi, mn_hi = k4_scale_min_words(s0, s1, s2, 2 * c + 1)
-    part = d * (lo.to(tl.float32) * sc_lo * d_lo[None, :] + hi.to(tl.float32) * sc_hi * d_hi[None, :])
-    mins = mn_lo * s_lo[None, :] + mn_hi * s_hi[None, :]
+    block = sb * 8 + 2 * c  # [4]: the vector's blocks of sub-blocks 2c
+    part = d * (
+        lo.to(tl.float32) * sc_lo * tl.load(d_ptr + block, mask=here, other=0.0)[None, :]
+        + hi.to(tl.float32) * sc_hi * tl.load(d_ptr + block + 1, mask=here, other=0.0)[None, :]
+    )
+    mins = (
+        mn_lo * tl.load(s_ptr + block, mask=here, other=0.0)[None, :]
+        + mn_hi * tl.load(s_ptr + block + 1, mask=here, other=0.0)[None, :]
+    )
     return part, dmin * tl.sum(mins, axis=1)
 
 
@@ -227,20 +183,18 @@ def int8_row_part(
     CODEC: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EMULATE: tl.constexpr,
-    QUANT_X: tl.constexpr = False,
 ):
     """rows: [N] byte pointers to row starts; live: [N]; q/d/s: the quantized vector's words, scales and
     sums (its first element's) -> (an fp32 tile [N, A] and [N] fp32) whose row sums, the second
     subtracted, are Σ over k in [k0, k0 + BLOCK_K) ∩ [0, limit) of W[row, k] · ṽ[k]. Callers add the tiles
-    of successive chunks elementwise and sum rows once (int8_row_sums). QUANT_X (Q4_K): q_ptr points at
-    the vector's values, quantized in registers (d_ptr and s_ptr unused)."""
+    of successive chunks elementwise and sum rows once (int8_row_sums)."""
     if CODEC == 3:  # BLOCK_K // 256 super-blocks -> [N, 4]
         part = tl.zeros([live.shape[0], 4], dtype=tl.float32)
         mins = tl.zeros([live.shape[0]], dtype=tl.float32)
         for s in tl.static_range(BLOCK_K // 256):
             sb = k0 // 256 + s
             here = live & (sb * 256 + tl.zeros(live.shape, tl.int32) < limit)
-            p, m = _q4k_int8(rows + sb * 144, here, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE, QUANT_X)
+            p, m = _q4k_int8(rows + sb * 144, here, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE)
             part += p
             mins += m
         return part, mins
