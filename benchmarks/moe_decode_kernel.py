@@ -55,12 +55,21 @@ SWEEP_CODEC = [  # banks of codec blocks: chunks of whole blocks, up to a whole 
     for st in (1, 3)  # split_choices 1: the faster at every codec measured
 ]
 SWEEP_INT8 = [  # the int8-activation sides: rows x warps such that a thread holds whole chunks (8 rows a
-    # warp), whole rows a program; gate_up of 32 rows quantizes the activations; down split or not
+    # warp), whole rows a program; gate_up of 32 rows quantizes the activations; down split or not; a cap on
+    # registers a thread (more warps an SM to cover the loads, some spills)
     DecodeBlocks(
-        gate_up_n=n1, gate_up_k=k1, down_n=n2, down_k=1024, num_warps=w1, split_choices=sp, down_warps=w2
+        gate_up_n=n1,
+        gate_up_k=k1,
+        down_n=n2,
+        down_k=1024,
+        num_warps=w1,
+        split_choices=sp,
+        down_warps=w2,
+        max_registers=cap,
     )
-    for n1, k1, w1 in ((8, 2048, 1), (16, 2048, 2), (32, 2048, 4), (16, 256, 4), (8, 512, 1))
-    for n2, w2, sp in ((8, 1, 0), (16, 2, 0), (8, 1, 1), (16, 2, 1), (32, 4, 1))
+    for n1, k1, w1 in ((8, 2048, 1), (16, 2048, 2), (32, 2048, 4), (8, 512, 1))
+    for n2, w2, sp in ((8, 1, 1), (16, 2, 1), (8, 1, 0))
+    for cap in (0, 168, 128)
 ]
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 
@@ -307,6 +316,7 @@ def main() -> None:
             print(
                 f"sweep {r['gate_up_n']}x{r['gate_up_k']} / {r['down_n']}x{r['down_k']} w{r['num_warps']}"
                 f"/{r['down_warps'] or r['num_warps']} s{r['num_stages']}{' int8' if r.get('int8') else ''}"
+                f"{' regs ' + str(r['max_registers']) if r['max_registers'] else ''}"
                 f"{' split' if r['split_choices'] else ''}: "
                 f"{r['us']:.1f} us ({r['x_read']:.2f} x read)"
             )

@@ -60,7 +60,12 @@ INT8_CASES = [  # (gate_up codec, down codec), H, I, tiles: both sides int8, one
     (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(16, 256, 16, 256)),
     (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(32, 512, 16, 1024, split_choices=1)),
     (("Q8_0", "Q8_0"), 128, 192, DecodeBlocks(128, 64, 8, 256)),  # the second program's rows past I
-    (("Q8_0", "Q8_0"), 192, 128, DecodeBlocks(8, 128, 16, 64, split_choices=1)),  # 1.5 chunks of 128
+    (
+        ("Q8_0", "Q8_0"),
+        192,
+        128,
+        DecodeBlocks(8, 128, 16, 64, split_choices=1, max_registers=128),
+    ),  # 1.5 chunks
     (("Q8_0", "Q4_K"), 96, 256, DecodeBlocks(16, 64, 8, 256)),  # x's 3 blocks: gate_up stays float
     (("Q4_K", "Q6_K"), 256, 512, DecodeBlocks(16, 512, 16, 256)),  # Q6_K down stays float; 0.5 chunk
     (("Q4_K", "Q8_0"), 768, 96, DecodeBlocks(8, 512, 8, 64)),  # down of 3 blocks stays float

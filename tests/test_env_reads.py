@@ -31,11 +31,15 @@ def test_decode_tiles_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("FREETOKEN_MOE_DECODE_BLOCKS", raising=False)
     assert moe_decode_blocks(codec=True) == (8, 512, 8, 1024, 4, 1, 1)
     assert moe_decode_blocks() is None
-    monkeypatch.setenv("FREETOKEN_MOE_DECODE_INT8_BLOCKS", "8,2048,8,1024,1,1,1,2")
-    assert moe_decode_blocks(codec=True, int8=True) == (8, 2048, 8, 1024, 1, 1, 1, 2)
+    monkeypatch.setenv("FREETOKEN_MOE_DECODE_INT8_BLOCKS", "8,2048,8,1024,1,1,1,2,168")
+    assert moe_decode_blocks(codec=True, int8=True) == (8, 2048, 8, 1024, 1, 1, 1, 2, 168)
     assert moe_decode_blocks(codec=True) == (8, 512, 8, 1024, 4, 1, 1)
     bad_values = ["8,512,8,1024,4", "8,512,8,1024,4,1,2", "0,512,8,1024,4,1"]
-    bad_values += ["8,512,8,1024,4,1,1,-1", "1,1,1,1,1,1,1,1,1"]  # the down kernel's warps; a ninth value
+    bad_values += [
+        "8,512,8,1024,4,1,1,-1",
+        "8,512,8,1024,4,1,1,1,-8",
+        "1,1,1,1,1,1,1,1,1,1",
+    ]  # warps; cap; tenth
     for bad in bad_values:
         monkeypatch.setenv("FREETOKEN_MOE_DECODE_BLOCKS", bad)
         with pytest.raises(ValueError, match="FREETOKEN_MOE_DECODE_BLOCKS"):

@@ -60,21 +60,23 @@ def moe_decode_blocks(codec: bool = False, int8: bool = False) -> tuple[int, ...
     a codec's blocks as stored) or `FREETOKEN_MOE_DECODE_INT8_BLOCKS` (the int8-activation kernels): the
     decode kernel's tiles as six integers `gate_up_n,gate_up_k,down_n,
     down_k,num_warps,num_stages` (what `benchmarks/moe_decode_kernel.py --sweep` found best on this
-    GPU), optionally a seventh, `split_choices` (0 or 1), and an eighth, the down kernel's warps (0: the
-    same); unset: the built-in defaults."""
+    GPU), optionally a seventh, `split_choices` (0 or 1), an eighth, the down kernel's warps (0: the
+    same), and a ninth, a cap on registers a thread (0: none); unset: the built-in defaults."""
     kind = "INT8_" if int8 else "CODEC_" if codec else ""
     name = f"FREETOKEN_MOE_DECODE_{kind}BLOCKS"
     raw = os.environ.get(name)
     if not raw:
         return None
     values = tuple(int(v) for v in raw.split(","))
-    if len(values) not in (6, 7, 8) or min(values[:6]) < 1 or values[6:7] not in ((), (0,), (1,)):
+    if len(values) not in (6, 7, 8, 9) or min(values[:6]) < 1 or values[6:7] not in ((), (0,), (1,)):
         raise ValueError(
-            f"{name}: expected six positive integers, an optional 0 or 1 and the down kernel's warps, "
-            f"got {raw!r}"
+            f"{name}: expected six positive integers, then optionally split (0/1), the down kernel's warps "
+            f"and a register cap, got {raw!r}"
         )
-    if values[7:] and values[7] < 0:
-        raise ValueError(f"{name}: the down kernel's warps must be 0 or more, got {raw!r}")
+    if min(values[7:], default=0) < 0:
+        raise ValueError(
+            f"{name}: the down kernel's warps and the register cap must be 0 or more, got {raw!r}"
+        )
     return values
 
 

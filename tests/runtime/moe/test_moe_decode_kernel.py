@@ -128,6 +128,14 @@ def test_the_device_codecs_agree() -> None:
     assert all(CODEC_IDS[name] == code and code in CODEC_GRANULE for name, code in QUANT_CODECS.items())
 
 
+def test_tiles_become_launch_options() -> None:
+    """Each kernel's warps, the stages, and a register cap only where one is set."""
+    tiles = DecodeBlocks(num_warps=4, num_stages=3, down_warps=1, max_registers=168)
+    assert tiles.launch() == {"num_warps": 4, "num_stages": 3, "maxnreg": 168}
+    assert tiles.launch(down=True) == {"num_warps": 1, "num_stages": 3, "maxnreg": 168}
+    assert DecodeBlocks(num_warps=2).launch(down=True) == {"num_warps": 2, "num_stages": 1}
+
+
 @pytest.mark.parametrize(("codecs", "h", "i", "tiles"), INT8_CASES)
 def test_int8_activation_sides_match_their_reference(
     codecs: tuple[str, str], h: int, i: int, tiles: DecodeBlocks

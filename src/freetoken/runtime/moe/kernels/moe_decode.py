@@ -44,10 +44,13 @@ class DecodeBlocks:
     num_stages: int = 1
     split_choices: int = 0  # 1: the down kernel runs a program per (token, rows, choice), then a sum
     down_warps: int = 0  # the down kernel's warps (0: num_warps)
+    max_registers: int = 0  # a cap on registers a thread (more warps an SM; ptxas spills past it); 0: none
 
-    @property
-    def down_num_warps(self) -> int:
-        return self.down_warps or self.num_warps
+    def launch(self, down: bool = False) -> dict[str, int]:
+        """The Triton launch options of the gate_up (or the down) kernel."""
+        warps = (self.down_warps or self.num_warps) if down else self.num_warps
+        cap = {"maxnreg": self.max_registers} if self.max_registers else {}
+        return {"num_warps": warps, "num_stages": self.num_stages, **cap}
 
 
 def _default_blocks(codec: bool, built_in: DecodeBlocks, int8: bool = False) -> DecodeBlocks:
@@ -154,27 +157,27 @@ def fused_moe_decode(
     if gu_int8:
         gate_up_int8(
             x, ids, gate_up_bank, act, bias_bank, bias_ids, bias is not None, fn, gu_int8, k, b.gate_up_n,
-            b.gate_up_k, b.num_warps, interpreted, act_quantized,
+            b.gate_up_k, b.launch(), interpreted, act_quantized,
         )  # fmt: skip
     else:
         gate_up_act[(pairs, -(-i // b.gate_up_n))](
             x, ids, gate_up_bank, act, bias_bank, bias_ids, gate_up_bank.stride(0), gate_up_bank.stride(1),
             fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=b.gate_up_n,
             BLOCK_K=_block_k(b.gate_up_k, gu_code), ACT=fn.code, HAS_BIAS=bias is not None, CODEC=gu_code,
-            num_warps=b.num_warps, num_stages=b.num_stages,
+            **b.launch(),
         )  # fmt: skip
     split = bool(b.split_choices) and k > 1
     target = torch.empty(pairs, h, dtype=torch.float32, device=x.device) if split else out
     if dn_int8:
         down_int8(
             act if act_quantized is None else act_quantized, ids, weights, down_bank, target, dn_int8, k,
-            b.down_n, b.down_k, b.down_num_warps, interpreted, split,
+            b.down_n, b.down_k, b.launch(down=True), interpreted, split,
         )  # fmt: skip
     else:
         down[(t, -(-h // b.down_n), k if split else 1)](
             act, ids, weights, down_bank, target, down_bank.stride(0), down_bank.stride(1),
             H=h, INTER=i, K=k, BLOCK_N=b.down_n, BLOCK_K=_block_k(b.down_k, dn_code), CODEC=dn_code,
-            SPLIT=split, num_warps=b.down_num_warps, num_stages=b.num_stages,
+            SPLIT=split, **b.launch(down=True),
         )  # fmt: skip
     if split:
         sum_choices[(t, -(-h // SUM_BLOCK))](target, out, H=h, K=k, K_POW2=next_pow2(k), BLOCK_N=SUM_BLOCK)

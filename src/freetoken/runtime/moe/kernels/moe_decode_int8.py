@@ -49,9 +49,10 @@ def quantize_blocks(v: torch.Tensor) -> Quantized:
 def gate_up_int8(
     x: torch.Tensor, ids: torch.Tensor, bank: torch.Tensor, act: torch.Tensor, bias_bank: torch.Tensor,
     bias_ids: torch.Tensor, has_bias: bool, fn: ExpertFn, code: int, k: int, rows: int, block_k: int,
-    num_warps: int, interpreted: bool, act_quantized: Quantized | None = None,
+    launch: dict[str, int], interpreted: bool, act_quantized: Quantized | None = None,
 ) -> None:  # fmt: skip
-    """act [T·K, I] fp32 <- glu(W_gu · x̃ + b) for every pair (x quantized here), `rows` rows a program;
+    """act [T·K, I] fp32 <- glu(W_gu · x̃ + b) for every pair (x quantized here), `rows` rows a program
+    (`launch`: Triton's launch options, DecodeBlocks.launch);
     with `act_quantized` (`rows` a multiple of 32) the activations go there quantized instead."""
     h, i = x.shape[1], act.shape[1]
     xq, xd, xs = quantize_blocks(x)
@@ -59,13 +60,13 @@ def gate_up_int8(
     _kernels()[0].gate_up_int8_kernel[(ids.numel(), -(-i // rows))](
         xq, xd, xs, ids, bank, *outs, bias_bank, bias_ids, bank.stride(0), bank.stride(1), fn.alpha, fn.limit,
         H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=chunk(block_k, code), ACT=fn.code, HAS_BIAS=has_bias,
-        CODEC=code, EMULATE=interpreted, QUANT_ACT=act_quantized is not None, num_warps=num_warps,
+        CODEC=code, EMULATE=interpreted, QUANT_ACT=act_quantized is not None, **launch,
     )  # fmt: skip
 
 
 def down_int8(
     act: torch.Tensor | Quantized, ids: torch.Tensor, weights: torch.Tensor, bank: torch.Tensor,
-    out: torch.Tensor, code: int, k: int, rows: int, block_k: int, num_warps: int, interpreted: bool,
+    out: torch.Tensor, code: int, k: int, rows: int, block_k: int, launch: dict[str, int], interpreted: bool,
     split: bool,
 ) -> None:  # fmt: skip
     """With `split`, out [T·K, H] fp32 <- w[p] · W_d · ã[p] for every pair; else out [T, H] <- the sum over
@@ -76,7 +77,7 @@ def down_int8(
     _kernels()[0].down_int8_kernel[(pairs // k, -(-h // rows), k if split else 1)](
         aq, ad, as_, ids, weights, bank, out, bank.stride(0), bank.stride(1),
         H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=chunk(block_k, code), CODEC=code, EMULATE=interpreted,
-        SPLIT=split, num_warps=num_warps,
+        SPLIT=split, **launch,
     )  # fmt: skip
 
 
