@@ -1,13 +1,16 @@
 """Compile variants of the CPU expert kernel and time them at batch 1 beside the host read ceiling.
 
     python benchmarks/cpu_kernel_sweep.py [--threads 14,16] [--rounds 5] [--huge-pages] [--json]
+    python benchmarks/cpu_kernel_sweep.py --codec Q4_K --int8-act --threads 16   # experts kept as Q4_K
 
 Each variant is the shipped source with other -D values (accumulator lanes, bytes per unit of work,
-software prefetch distance in elements). A shared host's read drifts from one second to the next, so
-every round measures the STREAM-like read ceiling first and then each variant, and each variant's
-figure is the median over rounds of its ratio to that round's read. Each round also times the shipped
-kernel the three ways the runtime reaches it (alone, through cpu_experts, as `bench bw` measures B_H)
-and traces one call: when each thread took its first unit and finished its last, how long it waited.
+software prefetch distance in elements; the K-quant dots' prefetch distance in bytes). A shared host's
+read drifts from one second to the next, so every round measures the STREAM-like read ceiling first and
+then each variant, and each variant's figure is the median over rounds of its ratio to that round's
+read. Each round also times the shipped kernel the ways the runtime reaches it (alone, through
+cpu_experts, and for bf16 banks as `bench bw` measures B_H) and traces one call: when each thread took
+its first unit and finished its last, how long it waited. `--codec` (with `--int8-act`): random banks
+of that codec's blocks instead of bf16 values.
 """
 
 from __future__ import annotations
@@ -21,21 +24,40 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from codec_bandwidth import random_bank
 
 from freetoken.runtime.measure.bandwidth import PRESETS, Bench
-from freetoken.runtime.moe.kernels.cpu_experts import cpu_experts, llc_bytes, read_bandwidth, run_kernel
+from freetoken.runtime.moe.kernels.cpu_experts import (
+    beyond_cache_bytes,
+    cpu_experts,
+    llc_bytes,
+    read_bandwidth,
+    run_kernel,
+)
 from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCES, declare, find_compiler, load_library
 
-# (accumulator lanes, KiB of weights per unit of work, prefetch distance in bf16 elements); first: the
-# source defaults (the loader builds with PREFETCH 0 where more than 4 cores are allowed)
-VARIANTS = [(32, 256, 1024), (32, 256, 0), (32, 64, 1024), (32, 1024, 1024), (32, 256, 2048), (64, 256, 1024)]
+# (accumulator lanes, KiB of weights per unit of work, prefetch distance in bf16 elements, the K-quant
+# dots' in bytes); first: the source defaults (the loader builds with PREFETCH 0 where more than 4 cores
+# are allowed)
+VARIANTS = [
+    (32, 256, 1024, 0), (32, 256, 0, 0), (32, 64, 1024, 0), (32, 1024, 1024, 0), (32, 256, 2048, 0),
+    (64, 256, 1024, 0),
+]  # fmt: skip
+# banks of codec blocks: first what the loader builds on a many-core or AVX-512 host (PREFETCH 0), then
+# software prefetch in the dots (Q8_0's by PREFETCH, the K-quants' by KQ_PREFETCH) and other unit sizes
+CODEC_VARIANTS = [
+    (32, 256, 0, 0), (32, 256, 512, 512), (32, 256, 1024, 1024), (32, 256, 0, 2048), (32, 64, 0, 0),
+    (32, 1024, 0, 0),
+]  # fmt: skip
 K = 8  # experts per call: a Qwen3 layer step with every routed expert on the CPU
 
 
-def build(folder: Path, lanes: int, unit_kib: int, prefetch: int) -> ctypes.CDLL:
-    out = folder / f"k_{lanes}_{unit_kib}_{prefetch}.so"
+def build(folder: Path, lanes: int, unit_kib: int, prefetch: int, kq_prefetch: int) -> ctypes.CDLL:
+    out = folder / f"k_{lanes}_{unit_kib}_{prefetch}_{kq_prefetch}.so"
     defines = [f"-DLANES={lanes}", f"-DUNIT_BYTES=({unit_kib}<<10)", f"-DPREFETCH={prefetch}"]
+    defines.append(f"-DKQ_PREFETCH={kq_prefetch}")
     cmd = [find_compiler(), *FLAGS, *defines, *map(str, SOURCES), "-o", str(out), "-lm", "-lpthread"]
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(out))
@@ -44,15 +66,27 @@ def build(folder: Path, lanes: int, unit_kib: int, prefetch: int) -> ctypes.CDLL
 
 
 class Calls:
-    """Batch-1 layer steps of K experts, rotating through a pool larger than the caches."""
+    """Batch-1 layer steps of K experts, rotating through a pool larger than the caches: banks [E, 2I, H] /
+    [E, H, I] of bf16 values, or of `codec`'s blocks (rows of bytes) met by int8 activations or not."""
 
-    def __init__(self, bench: Bench, threads: int) -> None:
-        self.gu, self.dn = bench.pool.gate_up[0], bench.pool.down[0]
+    def __init__(
+        self,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        threads: int,
+        codec: str = "bf16",
+        int8_act: bool = False,
+    ) -> None:
+        self.gu, self.dn = gate_up, down
         self.threads = threads
-        self.x = torch.randn(1, self.gu.shape[2])
+        self.codec = {} if codec == "bf16" else {"codecs": (codec, codec), "int8_act": int8_act}
+        hidden = down.shape[1]
+        self.x = torch.randn(1, hidden)
         self.w = torch.full((1, K), 1.0 / K)
-        self.out = torch.empty(1, self.gu.shape[2])
-        self.nbytes = K * (self.gu[0].numel() + self.dn[0].numel()) * 2
+        self.out = torch.empty(1, hidden)
+        self.nbytes = K * (
+            gate_up[0].numel() * gate_up.element_size() + down[0].numel() * down.element_size()
+        )
         self._next = 0
 
     def ids(self) -> torch.Tensor:
@@ -74,18 +108,34 @@ class Calls:
 
     def kernel(self, lib: ctypes.CDLL) -> float:
         return self.gbps(
-            lambda ids: run_kernel(lib, self.x, ids, self.w, self.gu, self.dn, self.out, self.threads)
+            lambda ids: run_kernel(
+                lib, self.x, ids, self.w, self.gu, self.dn, self.out, self.threads, **self.codec
+            )
         )
 
     def wrapper(self) -> float:
-        return self.gbps(lambda ids: cpu_experts(self.x, ids, self.w, self.gu, self.dn, self.threads))
+        return self.gbps(
+            lambda ids: cpu_experts(self.x, ids, self.w, self.gu, self.dn, self.threads, **self.codec)
+        )
 
     def trace(self, lib: ctypes.CDLL) -> dict[str, float]:
         """One traced call: the spread of the threads' first and last moments, waits and units."""
         trace = torch.zeros(self.threads, 4, dtype=torch.float64)
         for _ in range(3):  # the last of three, warm
             t0 = time.perf_counter()
-            run_kernel(lib, self.x, self.ids(), self.w, self.gu, self.dn, self.out, self.threads, 0, trace)
+            run_kernel(
+                lib,
+                self.x,
+                self.ids(),
+                self.w,
+                self.gu,
+                self.dn,
+                self.out,
+                self.threads,
+                0,
+                trace,
+                **self.codec,
+            )
             call = time.perf_counter() - t0
         start, end, wait, units = trace.unbind(1)
         return {
@@ -99,12 +149,14 @@ class Calls:
         }
 
 
-def rounds(libs: dict, bench: Bench, threads: int, n: int, huge: bool) -> dict:
-    calls = Calls(bench, threads)
+def rounds(libs: dict, bench: Bench, calls: Calls, threads: int, n: int, huge: bool) -> dict:
+    """`n` rounds at `threads`, each beside its own read; `bench.host_bw` (what `bench bw` reports) is
+    timed for bf16 banks only."""
+    calls.threads = threads
     shipped = load_library()
     bench.threads = threads
     ratios: dict[str, list[float]] = {str(v): [] for v in libs}
-    paths: dict[str, list[float]] = {"kernel": [], "cpu_experts": [], "b_h": []}
+    paths: dict[str, list[float]] = {"kernel": [], "cpu_experts": []} | ({} if calls.codec else {"b_h": []})
     reads, traces = [], []
     for _ in range(n):
         read = read_bandwidth(threads=threads, huge_pages=huge) / 1e9
@@ -113,7 +165,8 @@ def rounds(libs: dict, bench: Bench, threads: int, n: int, huge: bool) -> dict:
             ratios[str(variant)].append(calls.kernel(lib) / read)
         paths["kernel"].append(calls.kernel(shipped) / read)
         paths["cpu_experts"].append(calls.wrapper() / read)
-        paths["b_h"].append(bench.host_bw() / 1e9 / read)
+        if "b_h" in paths:
+            paths["b_h"].append(bench.host_bw() / 1e9 / read)
         traces.append(calls.trace(shipped))
     return {
         "threads": threads,
@@ -132,24 +185,39 @@ def main() -> None:
     ap.add_argument(
         "--huge-pages", action="store_true", help="pool and read buffer in transparent huge pages"
     )
+    ap.add_argument("--codec", default="bf16", help="the banks' form: bf16, or a codec the CPU kernel reads")
+    ap.add_argument("--int8-act", action="store_true", help="a codec's rows against int8 activations")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     counts = [int(t) for t in args.threads.split(",")]
-    bench = Bench(PRESETS["qwen3-30b-a3b"], counts[0], huge_pages=args.huge_pages)
+    shape = PRESETS["qwen3-30b-a3b"]
+    bench = Bench(shape, counts[0], huge_pages=args.huge_pages)
+    if args.codec == "bf16":
+        calls, variants = Calls(bench.pool.gate_up[0], bench.pool.down[0], counts[0]), VARIANTS
+    else:
+        experts = max(2 * K, -(-beyond_cache_bytes() // (3 * shape.hidden * shape.intermediate)))
+        rng = np.random.default_rng(0)
+        banks = (
+            random_bank(args.codec, experts, 2 * shape.intermediate, shape.hidden, rng),
+            random_bank(args.codec, experts, shape.hidden, shape.intermediate, rng),
+        )
+        calls, variants = Calls(*banks, counts[0], args.codec, args.int8_act), CODEC_VARIANTS
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {v: build(Path(tmp), *v) for v in VARIANTS}
-        results = [rounds(libs, bench, t, args.rounds, args.huge_pages) for t in counts]
+        libs = {v: build(Path(tmp), *v) for v in variants}
+        results = [rounds(libs, bench, calls, t, args.rounds, args.huge_pages) for t in counts]
     doc = {
         "llc_MiB": llc_bytes() / 2**20,
         "huge_pages": args.huge_pages,
-        "variants": VARIANTS,
+        "codec": args.codec,
+        "int8_act": args.int8_act,
+        "variants": variants,
         "runs": results,
     }
     if args.json:
         print(json.dumps(doc, indent=2))
         return
     print("median over rounds of each figure's ratio to the read measured at the start of its round")
-    print("variant (lanes, KiB per unit, prefetch); the first is the shipped build")
+    print("variant (lanes, KiB per unit, prefetch, K-quant prefetch bytes); the first is the shipped build")
     for r in results:
         read = r["read_GBps"]
         print(

@@ -5,6 +5,10 @@ activations cost (the issue's 3e-2) against plain fp32."""
 
 from __future__ import annotations
 
+import ctypes
+import subprocess
+from pathlib import Path
+
 import gguf.quants as gq
 import numpy as np
 import pytest
@@ -19,6 +23,7 @@ from freetoken.runtime.moe.kernels.cpu_experts import (
     cpu_experts,
     kernel_available,
     kernel_takes,
+    run_kernel,
     stored_reference,
 )
 from oracle import rel_err
@@ -312,3 +317,39 @@ def test_adversarial_codebook_scales() -> None:
         assert rel_err(ours, plain) < 1e-5, codec
         act8 = cpu_experts(x, ids, w, gu, dn, threads=2, codecs=(codec, codec), int8_act=True)
         assert rel_err(act8, plain) < 3e-2, codec
+
+
+def test_the_k_quant_prefetch_variant_computes_the_same(tmp_path: Path) -> None:
+    """The K-quant dots' software prefetch (-DKQ_PREFETCH, a variant benchmarks/cpu_kernel_sweep.py builds)
+    changes no result: Q4_K gate_up, Q6_K and Q5_K down against int8 activations, bit for bit with the
+    shipped build."""
+    from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCES, declare, find_compiler, load_library
+
+    out = tmp_path / "kq_prefetch.so"
+    cmd = [
+        find_compiler(),
+        *FLAGS,
+        "-DKQ_PREFETCH=256",
+        *map(str, SOURCES),
+        "-o",
+        str(out),
+        "-lm",
+        "-lpthread",
+    ]
+    subprocess.run(cmd, check=True, capture_output=True)
+    variant = ctypes.CDLL(str(out))
+    declare(variant)
+    e, h, i = 4, 512, 768
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, h, generator=gen)
+    ids, w = torch.tensor([[0, 3], [2, 1]]), torch.rand(2, 2, generator=gen)
+    for down_codec in ("Q6_K", "Q5_K"):
+        gate_up = random_blocks("Q4_K", e, 2 * i, h, seed=8)
+        down = random_blocks(down_codec, e, h, i, seed=9)
+        results = []
+        for lib in (load_library(), variant):
+            y = torch.empty(2, h)
+            run_kernel(lib, x, ids, w, gate_up, down, y, 2, codecs=("Q4_K", down_codec), int8_act=True)
+            results.append(y)
+        assert torch.equal(results[0], results[1]), down_codec
+        assert results[0].abs().max() > 0

@@ -20,6 +20,18 @@
 #include "bf16_dot.h"
 #include "quant_dot.h"
 
+// KQ_PREFETCH: bytes ahead the int8 K-quant dots prefetch (0, the default: none, as above); a variant for
+// benchmarks/cpu_kernel_sweep.py --codec to time on hosts where a core's misses in flight bound it.
+#ifndef KQ_PREFETCH
+#define KQ_PREFETCH 0
+#endif
+#if KQ_PREFETCH > 0
+#define KQ_PREFETCH_BLOCK(p, bytes) \
+    for (int line_ = 0; line_ < (bytes); line_ += 64) __builtin_prefetch((const uint8_t *)(p) + KQ_PREFETCH + line_, 0, 0)
+#else
+#define KQ_PREFETCH_BLOCK(p, bytes) ((void)0)
+#endif
+
 #define QK_K 256
 #define Q4_K_BYTES 144
 #define Q6_K_BYTES 210
@@ -263,6 +275,7 @@ static inline float dot_q45_k_q8(const uint8_t *restrict w, int high, const int8
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * bytes, *qh = blk + 16, *qs = blk + (high ? 48 : 16);
         const int8_t *a = xq + (long)b * QK_K;
+        KQ_PREFETCH_BLOCK(blk, bytes);
         const float d = fp16_at(blk), dx = xd[b];
         const __m256i sm = q45_k_q8_scales(blk, xs + (long)b * (QK_K / SUM_BLOCK), dx, &acc_m);
         const __m512i scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sm));
@@ -289,6 +302,7 @@ static inline float dot_q45_k_q8(const uint8_t *restrict w, int high, const int8
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * bytes, *qh = blk + 16, *qs = blk + (high ? 48 : 16);
         const int8_t *a = xq + (long)b * QK_K;
+        KQ_PREFETCH_BLOCK(blk, bytes);
         const float d = fp16_at(blk), dx = xd[b];
         const __m256i sm = q45_k_q8_scales(blk, xs + (long)b * (QK_K / SUM_BLOCK), dx, &acc_m);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
@@ -343,6 +357,7 @@ static inline float dot_q6_k_q8(const uint8_t *restrict w, const int8_t *restric
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = w + (long)b * Q6_K_BYTES;
         const int8_t *a = xq + (long)b * QK_K;
+        KQ_PREFETCH_BLOCK(blk, Q6_K_BYTES);
         const float d = fp16_at(blk + 208), dx = xd[b];
         const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));  // 16 scales
         const __m256i bs = _mm256_loadu_si256((const __m256i *)(xs + (long)b * (QK_K / SUM_BLOCK)));
