@@ -123,18 +123,9 @@ class Calls:
         trace = torch.zeros(self.threads, 4, dtype=torch.float64)
         for _ in range(3):  # the last of three, warm
             t0 = time.perf_counter()
+            ids = self.ids()
             run_kernel(
-                lib,
-                self.x,
-                self.ids(),
-                self.w,
-                self.gu,
-                self.dn,
-                self.out,
-                self.threads,
-                0,
-                trace,
-                **self.codec,
+                lib, self.x, ids, self.w, self.gu, self.dn, self.out, self.threads, trace=trace, **self.codec
             )
             call = time.perf_counter() - t0
         start, end, wait, units = trace.unbind(1)
