@@ -38,25 +38,26 @@ from freetoken.runtime.moe.kernels.cpu_experts import (
 )
 from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCES, declare, find_compiler, load_library
 
-# (accumulator lanes, KiB of weights per unit of work, prefetch distance in bf16 elements, the K-quant
-# dots' in bytes); first: the source defaults (the loader builds with PREFETCH 0 where more than 4 cores
-# are allowed)
+# (accumulator lanes, KiB of weights per unit of work (0: the kernel's own, a call's bytes over 20 units a
+# thread), prefetch distance in bf16 elements, the K-quant dots' in bytes); first: the source defaults (the
+# loader builds with PREFETCH 0 where more than 4 cores are allowed or AVX-512 is present)
 VARIANTS = [
-    (32, 256, 1024, 0), (32, 256, 0, 0), (32, 64, 1024, 0), (32, 1024, 1024, 0), (32, 256, 2048, 0),
-    (64, 256, 1024, 0),
+    (32, 0, 1024, 0), (32, 256, 1024, 0), (32, 0, 0, 0), (32, 256, 0, 0), (32, 64, 1024, 0),
+    (32, 1024, 1024, 0), (64, 0, 1024, 0),
 ]  # fmt: skip
 # banks of codec blocks: first what the loader builds on a many-core or AVX-512 host (PREFETCH 0), then
-# software prefetch in the dots (Q8_0's by PREFETCH, the K-quants' by KQ_PREFETCH) and other unit sizes
+# software prefetch in the dots (Q8_0's by PREFETCH, the K-quants' by KQ_PREFETCH) and fixed unit sizes
 CODEC_VARIANTS = [
-    (32, 256, 0, 0), (32, 256, 512, 512), (32, 256, 1024, 1024), (32, 256, 0, 2048), (32, 64, 0, 0),
-    (32, 1024, 0, 0),
+    (32, 0, 0, 0), (32, 256, 0, 0), (32, 0, 0, 2048), (32, 0, 0, 1024), (32, 64, 0, 2048), (32, 128, 0, 2048),
+    (32, 0, 512, 2048),
 ]  # fmt: skip
 K = 8  # experts per call: a Qwen3 layer step with every routed expert on the CPU
 
 
 def build(folder: Path, lanes: int, unit_kib: int, prefetch: int, kq_prefetch: int) -> ctypes.CDLL:
     out = folder / f"k_{lanes}_{unit_kib}_{prefetch}_{kq_prefetch}.so"
-    defines = [f"-DLANES={lanes}", f"-DUNIT_BYTES=({unit_kib}<<10)", f"-DPREFETCH={prefetch}"]
+    defines = [f"-DLANES={lanes}", f"-DPREFETCH={prefetch}"]
+    defines += [f"-DUNIT_BYTES=({unit_kib}<<10)"] if unit_kib else []  # 0: the kernel's own unit a call
     defines.append(f"-DKQ_PREFETCH={kq_prefetch}")
     cmd = [find_compiler(), *FLAGS, *defines, *map(str, SOURCES), "-o", str(out), "-lm", "-lpthread"]
     subprocess.run(cmd, check=True)

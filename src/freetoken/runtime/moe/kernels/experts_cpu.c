@@ -5,7 +5,7 @@
 //   a[n, i] = w[n] * silu(gate_e[i] . x[t]) * (up_e[i] . x[t])       i < I, pair n = (token t, expert e)
 //     (or another experts' function, with gate/up biases: expert_fn.h)
 //   out[t, h] = sum over the pairs n of token t of down_e[h] . a[n]  h < H
-// The weights are cut into units of about UNIT_BYTES of contiguous rows, which the threads take one
+// The weights are cut into units of contiguous rows (call_unit_bytes), which the threads take one
 // at a time from a shared counter, in a fixed order:
 //   G(e, c): rows [c·g, (c+1)·g) of gate_e, then the same rows of up_e, and their activations;
 //   D(e, c): rows [c·d, (c+1)·d) of down_e, into y[n, h] for each pair n of expert e.
@@ -29,10 +29,25 @@
 #include "widen_row.h"
 
 // Bytes of weights per unit of work: small enough that the threads finish within a unit of each other,
-// large enough that the counter is touched rarely and the hardware prefetcher stays on its stream.
-#ifndef UNIT_BYTES
-#define UNIT_BYTES (256 << 10)
+// large enough that the counter is touched rarely and the hardware prefetcher stays on its stream. A
+// call's unit is its weight bytes over UNITS_PER_THREAD units a thread, within [UNIT_MIN, UNIT_MAX]
+// (a Q4_K layer of Qwen3-30B-A3B at batch 1: 21 MB, 64 KiB units at 16 threads, 530 KiB at 2; bf16:
+// 75 MB, 240 KiB at 16), unless the build fixes UNIT_BYTES (benchmarks/cpu_kernel_sweep.py).
+#ifndef UNITS_PER_THREAD
+#define UNITS_PER_THREAD 20
 #endif
+#define UNIT_MIN (64L << 10)
+#define UNIT_MAX (1L << 20)
+
+static long call_unit_bytes(long weight_bytes, int threads) {
+#ifdef UNIT_BYTES
+    (void)weight_bytes, (void)threads;
+    return UNIT_BYTES;
+#else
+    const long unit = weight_bytes / ((long)(threads > 0 ? threads : 1) * UNITS_PER_THREAD);
+    return unit < UNIT_MIN ? UNIT_MIN : unit > UNIT_MAX ? UNIT_MAX : unit;
+#endif
+}
 // Pairs of one expert that a unit takes through its rows at a time: each row is read from L1 once per
 // four of them, and the unit's rows once per group (from L2 after the first group).
 #ifndef GROUP
@@ -255,7 +270,7 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
 // gate_up: [bank_experts, 2I, H] in gu_codec (gate rows, then up rows); down: [bank_experts, H, I] in
 // dn_codec (rows as the codec stores them: codec_row_bytes apart); x: [T, H] fp32; ids, weights:
 // [T, top_k] (ids -1 for pairs another branch computes); out: [T, H] fp32, written; scratch: at least
-// T·top_k·(I + H) + T·H fp32; unit_bytes: the size of a unit (0: UNIT_BYTES); trace: NULL, or
+// T·top_k·(I + H) + T·H fp32; unit_bytes: the size of a unit (0: call_unit_bytes); trace: NULL, or
 // [threads, 4] doubles per thread: seconds from the call's start to its first unit and after its last,
 // seconds spent waiting, units done; fn: the experts' function and gate/up biases (NULL: SiLU, none).
 // Returns the number of pairs computed; -1 out of memory, -2 a codec
@@ -312,7 +327,8 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
         if (xkb) xkb_ok[t] = exact_bf16_row(x + (long)t * hidden, xkb + (long)t * hidden, hidden);
     }
     units_t s;
-    if (unit_bytes <= 0) unit_bytes = UNIT_BYTES;
+    if (unit_bytes <= 0)
+        unit_bytes = call_unit_bytes((long)ne * (2L * inter * gu_row + hidden * dn_row), threads);
     s.g_rows = unit_bytes / (2L * gu_row) > 0 ? (int)(unit_bytes / (2L * gu_row)) : 1;
     s.d_rows = unit_bytes / dn_row > 0 ? (int)(unit_bytes / dn_row) : 1;
     s.g_units = (inter + s.g_rows - 1) / s.g_rows;
