@@ -44,7 +44,7 @@ SWEEP = [
     for n1, k1 in ((2, 256), (4, 128), (4, 256), (8, 128), (8, 256), (16, 64))
     for n2, k2 in ((4, 256), (8, 128), (8, 256), (16, 128), (32, 64))
     for st in (1, 2, 3)
-]
+] + [DecodeBlocks(4, 256, 8, 256, num_warps=4, pdl=1), DecodeBlocks(8, 128, 8, 128, num_warps=4, pdl=1)]
 SWEEP_CODEC = [  # banks of codec blocks: chunks of whole blocks, up to a whole row per step; stages > 1
     # pipeline a row's chunks (more loads in flight: at batch 1 the kernel waits on memory, not arithmetic)
     DecodeBlocks(
@@ -53,24 +53,32 @@ SWEEP_CODEC = [  # banks of codec blocks: chunks of whole blocks, up to a whole 
     for n1, k1 in ((8, 512), (16, 256), (4, 2048))
     for n2, k2 in ((4, 1024), (8, 512))
     for st in (1, 3)  # split_choices 1: the faster at every codec measured
+] + [  # the kernels after the first launched as programmatic dependents of the one before
+    DecodeBlocks(n1, k1, 8, 512, num_warps=4, split_choices=1, pdl=1) for n1, k1 in ((8, 512), (16, 256))
 ]
-SWEEP_INT8 = [  # the int8-activation sides: rows x warps such that a thread holds whole chunks (8 rows a
-    # warp), whole rows a program; gate_up of 32 rows quantizes the activations; down split or not; a cap on
-    # registers a thread (more warps an SM to cover the loads, some spills)
-    DecodeBlocks(
-        gate_up_n=n1,
-        gate_up_k=k1,
-        down_n=n2,
-        down_k=1024,
-        num_warps=w1,
-        split_choices=sp,
-        down_warps=w2,
-        max_registers=cap,
-    )
-    for n1, k1, w1 in ((8, 2048, 1), (16, 2048, 2), (32, 2048, 4), (8, 512, 1))
-    for n2, w2, sp in ((8, 1, 1), (16, 2, 1), (8, 1, 0))
-    for cap in (0, 168, 128)
-]
+SWEEP_INT8 = (
+    [  # the int8-activation sides: rows x warps such that a thread holds whole chunks (8 rows a
+        # warp), whole rows a program; gate_up of 32 rows quantizes the activations; down split or not (caps on
+        # registers a thread, 168 and 128, never won: Q4_K 25.7 against 18.9 us on an H200, 2026-12-06)
+        DecodeBlocks(n1, k1, n2, 1024, num_warps=w1, split_choices=sp, down_warps=w2)
+        for n1, k1, w1 in ((8, 2048, 1), (16, 2048, 2), (32, 2048, 4), (8, 512, 1))
+        for n2, w2, sp in ((8, 1, 1), (16, 2, 1), (8, 1, 0))
+    ]
+    + [  # each kernel after the step's first a programmatic dependent of the one before (pdl)
+        DecodeBlocks(8, 2048, 8, 1024, num_warps=1, split_choices=sp, down_warps=1, pdl=1) for sp in (1, 0)
+    ]
+    + [  # a Q4_K chunk's super-blocks as one tile (its loads at once, fewer registers: more warps); with pdl
+        # a kernel asks for its first chunk's weights before it waits for the one before
+        DecodeBlocks(n1, 2048, n2, k2, num_warps=w1, split_choices=1, down_warps=w2, chunk_tile=1, pdl=pdl)
+        for n1, w1 in ((8, 1), (8, 2), (16, 4), (16, 8), (32, 8))
+        for n2, k2, w2 in (
+            (8, 1024, 1),
+            (8, 256, 1),
+            (16, 1024, 2),
+        )  # a row of 768 in one tile of 4 or 3 of 1
+        for pdl in (0, 1)
+    ]
+)
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 
 
@@ -194,7 +202,7 @@ def main() -> None:
         blocks = DecodeBlocks(**{f: best[f] for f in asdict(DEFAULT_BLOCKS)})
         if int8:
             timed = []
-            for candidate in SWEEP_INT8:
+            for candidate in [c for c in SWEEP_INT8 if args.codec == "Q4_K" or not c.chunk_tile]:
                 try:
                     timed.append(
                         (
@@ -317,6 +325,7 @@ def main() -> None:
                 f"sweep {r['gate_up_n']}x{r['gate_up_k']} / {r['down_n']}x{r['down_k']} w{r['num_warps']}"
                 f"/{r['down_warps'] or r['num_warps']} s{r['num_stages']}{' int8' if r.get('int8') else ''}"
                 f"{' regs ' + str(r['max_registers']) if r['max_registers'] else ''}"
+                f"{' tile' if r['chunk_tile'] else ''}{' pdl' if r['pdl'] else ''}"
                 f"{' split' if r['split_choices'] else ''}: "
                 f"{r['us']:.1f} us ({r['x_read']:.2f} x read)"
             )

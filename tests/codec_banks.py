@@ -59,6 +59,9 @@ INT8_CASES = [  # (gate_up codec, down codec), H, I, tiles: both sides int8, one
     # down split over choices or not; gate_up programs of whole blocks of 32 rows quantize the activations
     (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(16, 256, 16, 256)),
     (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(32, 512, 16, 1024, split_choices=1)),
+    # a chunk's super-blocks as one tile: 768 = 3 of a chunk of 4, the fourth read nothing
+    (("Q4_K", "Q4_K"), 768, 512, DecodeBlocks(8, 1024, 8, 1024, split_choices=1, chunk_tile=1)),
+    (("Q4_K", "Q4_K"), 512, 768, DecodeBlocks(32, 512, 16, 512, num_warps=2, chunk_tile=1)),
     (("Q8_0", "Q8_0"), 128, 192, DecodeBlocks(128, 64, 8, 256)),  # the second program's rows past I
     (
         ("Q8_0", "Q8_0"),

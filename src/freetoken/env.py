@@ -61,17 +61,20 @@ def moe_decode_blocks(codec: bool = False, int8: bool = False) -> tuple[int, ...
     decode kernel's tiles as six integers `gate_up_n,gate_up_k,down_n,
     down_k,num_warps,num_stages` (what `benchmarks/moe_decode_kernel.py --sweep` found best on this
     GPU), optionally a seventh, `split_choices` (0 or 1), an eighth, the down kernel's warps (0: the
-    same), and a ninth, a cap on registers a thread (0: none); unset: the built-in defaults."""
+    same), a ninth, a cap on registers a thread (0: none), a tenth, `chunk_tile` (0 or 1: the int8
+    Q4_K kernels' chunk as one tile), and an eleventh, `pdl` (0 or 1: programmatic dependent launch of
+    the step's kernels after its first); unset: the built-in defaults."""
     kind = "INT8_" if int8 else "CODEC_" if codec else ""
     name = f"FREETOKEN_MOE_DECODE_{kind}BLOCKS"
     raw = os.environ.get(name)
     if not raw:
         return None
     values = tuple(int(v) for v in raw.split(","))
-    if len(values) not in (6, 7, 8, 9) or min(values[:6]) < 1 or values[6:7] not in ((), (0,), (1,)):
+    flags_ok = all(v in (0, 1) for v in values[6:7] + values[9:])
+    if len(values) not in range(6, 12) or min(values[:6]) < 1 or not flags_ok:
         raise ValueError(
-            f"{name}: expected six positive integers, then optionally split (0/1), the down kernel's warps "
-            f"and a register cap, got {raw!r}"
+            f"{name}: expected six positive integers, then optionally split (0/1), the down kernel's warps, "
+            f"a register cap, the chunk tile (0/1) and pdl (0/1), got {raw!r}"
         )
     if min(values[7:], default=0) < 0:
         raise ValueError(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -103,3 +105,43 @@ def test_int8_sides_replay_in_a_cuda_graph() -> None:
     ids.copy_(torch.tensor([[2, 4], [5, 0]], device="cuda"))
     graph.replay()
     torch.testing.assert_close(out, step())
+
+
+@pytest.mark.parametrize(
+    ("codecs", "tiles"),
+    [
+        (None, DecodeBlocks(split_choices=1)),
+        (("Q4_K", "Q4_K"), DecodeBlocks(8, 512, 8, 256, num_warps=1, split_choices=1, down_warps=1)),
+        (("Q4_K", "Q4_K"), DecodeBlocks(8, 512, 8, 256, num_warps=2, split_choices=1, chunk_tile=1)),
+        (("Q4_K", "Q4_K"), DecodeBlocks(32, 512, 8, 256, num_warps=4, chunk_tile=1)),  # gate_up quantizes
+    ],
+)
+def test_programmatic_dependent_launch_changes_no_bit(
+    codecs: tuple[str, str] | None, tiles: DecodeBlocks
+) -> None:
+    """pdl: each kernel after the step's first starts before the one before it ends and waits for it once
+    its weights are asked for; eagerly and replayed in a CUDA graph, the bits of the step without it."""
+    rng = np.random.default_rng(4)
+    if codecs is None:
+        *_, gate_up, down = case(1, seed=4)
+        h = gate_up.shape[2]
+    else:
+        q4k, h, i = get_codec("Q4_K"), 512, 256
+        blocks = [np.empty((6, rows, q4k.row_bytes(n)), np.uint8) for rows, n in ((2 * i, h), (h, i))]
+        gate_up, down = (torch.from_numpy(q4k.random_blocks(b, rng, 1e-3)).cuda() for b in blocks)
+    x = torch.randn(2, h, device="cuda").bfloat16()
+    ids = torch.tensor([[0, 5], [3, -1]], device="cuda")
+    w = torch.rand(2, 2, device="cuda")
+    on = replace(tiles, pdl=1)
+
+    def step(b: DecodeBlocks) -> torch.Tensor:
+        return fused_moe_decode(x, ids, w, gate_up, down, b, codecs=codecs, int8_act=codecs is not None)
+
+    assert torch.equal(step(on), step(tiles))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(on)
+    x.copy_(torch.randn(2, h, device="cuda").bfloat16())
+    ids.copy_(torch.tensor([[2, 4], [-1, 1]], device="cuda"))
+    graph.replay()
+    assert torch.equal(out, step(tiles))

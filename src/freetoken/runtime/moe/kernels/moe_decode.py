@@ -21,6 +21,7 @@ from freetoken.runtime.moe.kernels.moe_decode_int8 import (
     down_int8,
     gate_up_int8,
     int8_side,
+    pdl_launch,
     quantized_buffers,
 )
 from freetoken.runtime.triton_support import next_pow2
@@ -45,6 +46,8 @@ class DecodeBlocks:
     split_choices: int = 0  # 1: the down kernel runs a program per (token, rows, choice), then a sum
     down_warps: int = 0  # the down kernel's warps (0: num_warps)
     max_registers: int = 0  # a cap on registers a thread (more warps an SM; ptxas spills past it); 0: none
+    chunk_tile: int = 0  # int8 Q4_K: 1 a chunk's super-blocks as one tile (its loads at once); 0 one by one
+    pdl: int = 0  # 1: each kernel after the step's first launches as a programmatic dependent (sm_90)
 
     def launch(self, down: bool = False) -> dict[str, int]:
         """The Triton launch options of the gate_up (or the down) kernel."""
@@ -150,6 +153,7 @@ def fused_moe_decode(
     b = blocks or (
         DEFAULT_BLOCKS if codecs is None else INT8_BLOCKS if gu_int8 or dn_int8 else codec_blocks(codecs[0])
     )
+    pdl = bool(b.pdl) and not interpreted  # the interpreter runs no grid dependency control
     # an int8 gate_up whose programs own whole blocks of 32 rows quantizes the activations for int8 down
     act_quantized = (
         quantized_buffers(pairs, i, x.device) if gu_int8 and dn_int8 and b.gate_up_n % 32 == 0 else None
@@ -157,30 +161,32 @@ def fused_moe_decode(
     if gu_int8:
         gate_up_int8(
             x, ids, gate_up_bank, act, bias_bank, bias_ids, bias is not None, fn, gu_int8, k, b.gate_up_n,
-            b.gate_up_k, b.launch(), interpreted, act_quantized,
+            b.gate_up_k, b.launch(), interpreted, act_quantized, bool(b.chunk_tile), pdl,
         )  # fmt: skip
     else:
         gate_up_act[(pairs, -(-i // b.gate_up_n))](
             x, ids, gate_up_bank, act, bias_bank, bias_ids, gate_up_bank.stride(0), gate_up_bank.stride(1),
             fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=b.gate_up_n,
             BLOCK_K=_block_k(b.gate_up_k, gu_code), ACT=fn.code, HAS_BIAS=bias is not None, CODEC=gu_code,
-            **b.launch(),
+            PDL=pdl, **b.launch(),
         )  # fmt: skip
     split = bool(b.split_choices) and k > 1
     target = torch.empty(pairs, h, dtype=torch.float32, device=x.device) if split else out
     if dn_int8:
         down_int8(
             act if act_quantized is None else act_quantized, ids, weights, down_bank, target, dn_int8, k,
-            b.down_n, b.down_k, b.launch(down=True), interpreted, split,
+            b.down_n, b.down_k, b.launch(down=True), interpreted, split, bool(b.chunk_tile), pdl,
         )  # fmt: skip
     else:
         down[(t, -(-h // b.down_n), k if split else 1)](
             act, ids, weights, down_bank, target, down_bank.stride(0), down_bank.stride(1),
             H=h, INTER=i, K=k, BLOCK_N=b.down_n, BLOCK_K=_block_k(b.down_k, dn_code), CODEC=dn_code,
-            SPLIT=split, **b.launch(down=True),
+            SPLIT=split, PDL=pdl, **pdl_launch(pdl), **b.launch(down=True),
         )  # fmt: skip
     if split:
-        sum_choices[(t, -(-h // SUM_BLOCK))](target, out, H=h, K=k, K_POW2=next_pow2(k), BLOCK_N=SUM_BLOCK)
+        sum_choices[(t, -(-h // SUM_BLOCK))](
+            target, out, H=h, K=k, K_POW2=next_pow2(k), BLOCK_N=SUM_BLOCK, PDL=pdl, **pdl_launch(pdl)
+        )
     return out
 
 

@@ -37,47 +37,60 @@ def _kernels() -> Any:
     return moe_decode_int8_triton, quant_dot_int8_triton.quantize_blocks_kernel
 
 
-def quantize_blocks(v: torch.Tensor) -> Quantized:
+def quantize_blocks(v: torch.Tensor, pdl: bool = False, dependent: bool = False) -> Quantized:
     """v [R, W] (W a multiple of 32) -> (quants as int32 words [R, W / 4], scales [R, W / 32], sums
-    [R, W / 32]): quantize_blocks_kernel."""
+    [R, W / 32]): quantize_blocks_kernel. `pdl`: the kernels after it launch as its programmatic
+    dependents; `dependent`: it is one of the kernel before (pdl_launch)."""
     r, w = v.shape
     q, d, s = quantized_buffers(r, w, v.device)
-    _kernels()[1][(r, -(-(w // 32) // QUANTIZE_BLOCKS))](v, q, d, s, W=w, NB=QUANTIZE_BLOCKS)
+    _kernels()[1][(r, -(-(w // 32) // QUANTIZE_BLOCKS))](
+        v, q, d, s, W=w, NB=QUANTIZE_BLOCKS, PDL=pdl, **pdl_launch(pdl and dependent)
+    )
     return q, d, s
+
+
+def pdl_launch(dependent: bool) -> dict[str, bool]:
+    """The launch option of a kernel that may start before the kernel before it ends (programmatic
+    dependent launch, sm_90): it reads that kernel's output only after gdc_wait."""
+    return {"launch_pdl": True} if dependent else {}
 
 
 def gate_up_int8(
     x: torch.Tensor, ids: torch.Tensor, bank: torch.Tensor, act: torch.Tensor, bias_bank: torch.Tensor,
     bias_ids: torch.Tensor, has_bias: bool, fn: ExpertFn, code: int, k: int, rows: int, block_k: int,
-    launch: dict[str, int], interpreted: bool, act_quantized: Quantized | None = None,
+    launch: dict[str, int], interpreted: bool, act_quantized: Quantized | None = None, tile: bool = False,
+    pdl: bool = False,
 ) -> None:  # fmt: skip
     """act [T·K, I] fp32 <- glu(W_gu · x̃ + b) for every pair (x quantized here), `rows` rows a program
-    (`launch`: Triton's launch options, DecodeBlocks.launch);
+    (`launch`: Triton's launch options, DecodeBlocks.launch; `tile`: DecodeBlocks.chunk_tile; `pdl`:
+    the quantize launch first, every kernel after it a programmatic dependent of the one before);
     with `act_quantized` (`rows` a multiple of 32) the activations go there quantized instead."""
     h, i = x.shape[1], act.shape[1]
-    xq, xd, xs = quantize_blocks(x)
+    xq, xd, xs = quantize_blocks(x, pdl)
     outs = (act, act, act) if act_quantized is None else act_quantized
     _kernels()[0].gate_up_int8_kernel[(ids.numel(), -(-i // rows))](
         xq, xd, xs, ids, bank, *outs, bias_bank, bias_ids, bank.stride(0), bank.stride(1), fn.alpha, fn.limit,
         H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=chunk(block_k, code), ACT=fn.code, HAS_BIAS=has_bias,
-        CODEC=code, EMULATE=interpreted, QUANT_ACT=act_quantized is not None, **launch,
+        CODEC=code, EMULATE=interpreted, QUANT_ACT=act_quantized is not None, TILE=tile, PDL=pdl,
+        **pdl_launch(pdl), **launch,
     )  # fmt: skip
 
 
 def down_int8(
     act: torch.Tensor | Quantized, ids: torch.Tensor, weights: torch.Tensor, bank: torch.Tensor,
     out: torch.Tensor, code: int, k: int, rows: int, block_k: int, launch: dict[str, int], interpreted: bool,
-    split: bool,
+    split: bool, tile: bool = False, pdl: bool = False,
 ) -> None:  # fmt: skip
     """With `split`, out [T·K, H] fp32 <- w[p] · W_d · ã[p] for every pair; else out [T, H] <- the sum over
-    each token's pairs. `act`: fp32 [T·K, I] (quantized here) or already quantized (quantize_blocks')."""
-    aq, ad, as_ = quantize_blocks(act) if isinstance(act, torch.Tensor) else act
+    each token's pairs. `act`: fp32 [T·K, I] (quantized here) or already quantized (quantize_blocks').
+    `pdl`: its kernels launch as programmatic dependents of the one before (the gate_up kernel first)."""
+    aq, ad, as_ = quantize_blocks(act, pdl, dependent=True) if isinstance(act, torch.Tensor) else act
     pairs, i = aq.shape[0], aq.shape[1] * 4
     h = out.shape[1]
     _kernels()[0].down_int8_kernel[(pairs // k, -(-h // rows), k if split else 1)](
         aq, ad, as_, ids, weights, bank, out, bank.stride(0), bank.stride(1),
         H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=chunk(block_k, code), CODEC=code, EMULATE=interpreted,
-        SPLIT=split, **launch,
+        SPLIT=split, TILE=tile, PDL=pdl, **pdl_launch(pdl), **launch,
     )  # fmt: skip
 
 

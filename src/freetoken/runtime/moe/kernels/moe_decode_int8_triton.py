@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from freetoken.runtime.moe.kernels.glu_triton import glu
 from freetoken.runtime.moe.kernels.quant_dot_int8_triton import int8_row_part, int8_row_sums, store_quantized
@@ -18,11 +19,15 @@ from freetoken.runtime.moe.kernels.quant_dot_int8_triton import int8_row_part, i
 
 @triton.jit
 def _row_dot(rows, live, q_ptr, d_ptr, s_ptr, LENGTH: tl.constexpr, CODEC: tl.constexpr,
-             BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):  # fmt: skip
-    """[N] fp32: rows · ṽ over the whole row (LENGTH weights)."""
-    part, mins = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, 0, LENGTH, CODEC, BLOCK_K, EMULATE)
+             BLOCK_K: tl.constexpr, EMULATE: tl.constexpr, TILE: tl.constexpr,
+             WAIT: tl.constexpr):  # fmt: skip
+    """[N] fp32: rows · ṽ over the whole row (LENGTH weights); WAIT: for the kernel before (PDL) once the
+    first chunk's weights are asked for."""
+    part, mins = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, 0, LENGTH, CODEC, BLOCK_K, EMULATE, TILE,
+                               WAIT)  # fmt: skip
     for k0 in range(BLOCK_K, LENGTH, BLOCK_K):
-        p, m = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, k0, LENGTH, CODEC, BLOCK_K, EMULATE)
+        p, m = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, k0, LENGTH, CODEC, BLOCK_K, EMULATE, TILE,
+                             False)  # fmt: skip
         part += p
         mins += m
     return int8_row_sums(part, mins)
@@ -54,7 +59,11 @@ def gate_up_int8_kernel(
     CODEC: tl.constexpr,
     EMULATE: tl.constexpr,
     QUANT_ACT: tl.constexpr,  # the program's rows are whole blocks of 32 (BLOCK_N % 32 == 0): quantized here
+    TILE: tl.constexpr,  # Q4_K: a chunk's super-blocks as one tile (quant_dot_int8_triton._q4k_int8_tile)
+    PDL: tl.constexpr,  # a programmatic dependent of the quantize kernel: ids and weights read before its end
 ):
+    if PDL:
+        gdc_launch_dependents()
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < INTER
@@ -64,8 +73,8 @@ def gate_up_int8_kernel(
     up_rows = gate_rows + INTER * stride_wn
     token = pair // K
     q, d, s = xq_ptr + token * (H // 4), xd_ptr + token * (H // 32), xs_ptr + token * (H // 32)
-    gate = _row_dot(gate_rows, live, q, d, s, H, CODEC, BLOCK_K, EMULATE)
-    up = _row_dot(up_rows, live, q, d, s, H, CODEC, BLOCK_K, EMULATE)
+    gate = _row_dot(gate_rows, live, q, d, s, H, CODEC, BLOCK_K, EMULATE, TILE, PDL)
+    up = _row_dot(up_rows, live, q, d, s, H, CODEC, BLOCK_K, EMULATE, TILE, False)
     if HAS_BIAS:
         row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
         gate += tl.load(row + offs_n, mask=mask_n, other=0.0)
@@ -106,30 +115,35 @@ def down_int8_kernel(
     CODEC: tl.constexpr,
     EMULATE: tl.constexpr,
     SPLIT: tl.constexpr,  # a program per (token, rows, choice), a sum after; else a program sums its choices
+    TILE: tl.constexpr,
+    PDL: tl.constexpr,  # a programmatic dependent of the kernel that writes the activations
 ):
+    if PDL:
+        gdc_launch_dependents()
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if SPLIT:
         pair = tl.program_id(0) * K + tl.program_id(2)
         acc = _down_pair(aq_ptr, ad_ptr, as_ptr, ids_ptr, weights_ptr, w_ptr, pair, offs_n, stride_we,
-                         stride_wn, H, INTER, BLOCK_K, CODEC, EMULATE)  # fmt: skip
+                         stride_wn, H, INTER, BLOCK_K, CODEC, EMULATE, TILE, PDL)  # fmt: skip
         tl.store(out_ptr + pair * H + offs_n, acc, mask=offs_n < H)
     else:
         token = tl.program_id(0)
         total = tl.zeros([BLOCK_N], dtype=tl.float32)
         for choice in tl.static_range(K):  # unrolled: every choice's loads may be in flight at once
             total += _down_pair(aq_ptr, ad_ptr, as_ptr, ids_ptr, weights_ptr, w_ptr, token * K + choice,
-                                offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC, EMULATE)  # fmt: skip
+                                offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC, EMULATE,
+                                TILE, PDL)  # fmt: skip
         tl.store(out_ptr + token * H + offs_n, total.to(out_ptr.dtype.element_ty), mask=offs_n < H)
 
 
 @triton.jit
 def _down_pair(aq_ptr, ad_ptr, as_ptr, ids_ptr, weights_ptr, w_ptr, pair, offs_n, stride_we, stride_wn,
-               H, INTER, BLOCK_K, CODEC, EMULATE):  # fmt: skip
+               H, INTER, BLOCK_K, CODEC, EMULATE, TILE, WAIT):  # fmt: skip
     """[BLOCK_N] fp32: w[pair] · rows offs_n of pair's expert's down projection times its quantized
     activation (0 for a skipped pair)."""
     expert = tl.load(ids_ptr + pair)
     live = offs_n < tl.where(expert >= 0, H, 0)
     rows = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we + offs_n * stride_wn
     q, d, s = aq_ptr + pair * (INTER // 4), ad_ptr + pair * (INTER // 32), as_ptr + pair * (INTER // 32)
-    acc = _row_dot(rows, live, q, d, s, INTER, CODEC, BLOCK_K, EMULATE)
+    acc = _row_dot(rows, live, q, d, s, INTER, CODEC, BLOCK_K, EMULATE, TILE, WAIT)
     return acc * tl.where(expert >= 0, tl.load(weights_ptr + pair).to(tl.float32), 0.0)

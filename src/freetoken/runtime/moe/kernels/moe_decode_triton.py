@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from freetoken.runtime.moe.kernels.glu_triton import glu
 from freetoken.runtime.moe.kernels.quant_dot_triton import quant_row_part, quant_row_sums
@@ -45,7 +46,10 @@ def gate_up_act_kernel(
     ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     CODEC: tl.constexpr,
+    PDL: tl.constexpr,  # the down kernel is its programmatic dependent: let it launch now
 ):
+    if PDL:
+        gdc_launch_dependents()
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < INTER
@@ -86,12 +90,15 @@ def gate_up_act_kernel(
 
 
 @triton.jit
-def _down_pair(act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC):
+def _down_pair(act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC,
+               WAIT: tl.constexpr):  # fmt: skip
     """[BLOCK_N] fp32: rows offs_n of pair's expert's down projection times its activation (0 for a
-    skipped pair)."""
+    skipped pair); WAIT: for the gate_up kernel (PDL) before the first activation is read."""
     expert = tl.load(ids_ptr + pair)
     rows_live = offs_n < tl.where(expert >= 0, H, 0)
     base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
+    if WAIT:
+        gdc_wait()
     if CODEC == 0:
         acc = tl.zeros(offs_n.shape, dtype=tl.float32)
         for k0 in range(0, INTER, BLOCK_K):
@@ -128,14 +135,17 @@ def down_sum_kernel(
     BLOCK_K: tl.constexpr,
     CODEC: tl.constexpr,
     SPLIT: tl.constexpr,  # one program per (token, rows, choice): more reads in flight, a sum after
+    PDL: tl.constexpr,  # a programmatic dependent of the gate_up kernel
 ):
+    if PDL:
+        gdc_launch_dependents()
     token = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < H
     if SPLIT:
         pair = token * K + tl.program_id(2)
         acc = _down_pair(
-            act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC
+            act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC, PDL
         )
         weight = tl.where(tl.load(ids_ptr + pair) >= 0, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
         tl.store(out_ptr + pair * H + offs_n, acc * weight, mask=mask_n)
@@ -144,7 +154,7 @@ def down_sum_kernel(
         for choice in range(K):
             pair = token * K + choice
             acc = _down_pair(
-                act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC
+                act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC, PDL
             )
             weight = tl.where(tl.load(ids_ptr + pair) >= 0, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
             total += acc * weight
@@ -159,8 +169,12 @@ def sum_choices_kernel(
     K: tl.constexpr,
     K_POW2: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,  # a programmatic dependent of the down kernel
 ):
     """out[t] = Σ_k partial[t·K + k] (one fixed order: replays give the same bits)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     token = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     choices = tl.arange(0, K_POW2)

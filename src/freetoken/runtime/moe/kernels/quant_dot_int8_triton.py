@@ -11,7 +11,10 @@ The sum is W · ṽ over the dequantised vector ṽ = d · q exactly, up to fp32
     with s_v = d_v · Σ q_v, the block's sum. A sub-block's eight dp4a sums add in int32 and are scaled
     once; a chunk is read as two 16-byte loads of four words, so one thread holds it whole (batch 1 is
     bound by instructions a byte, not by HBM, when every word is widened and scaled on its own: sm_90
-    SASS of a whole-row program, 32 rows, 690 -> 486 instructions a super-block row).
+    SASS of a whole-row program, 32 rows, 690 -> 486 instructions a super-block row). A chunk's
+    super-blocks are met one at a time ([N, 4, 4] tiles), or with TILE as one [N, S, 4, 4] tile whose
+    loads are one tensor load each (sm_90 SASS, 8 rows a warp, whole rows: 248 -> 120 registers a thread,
+    so twice the warps an SM; more warps a program hold fewer words each).
   Q8_0 (CODEC 1): blocks are 34 bytes (2-byte aligned), so two blocks (68 bytes, 17 words) are read as
     words from a 4-byte aligned pair start: the even block's quants straddle words (a funnel of halves), the
     odd block's are words 9..16. Needs rows of an even number of blocks (a multiple of 4 bytes).
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from freetoken.runtime.moe.kernels.quant_dot_triton import fp16_low, k4_header, k4_scale_min_words
 
@@ -85,7 +89,11 @@ def quantize_blocks_kernel(
     s_ptr,  # [R, W / 32] fp32 out: d · Σ q, the dequantised block's sum
     W: tl.constexpr,  # a multiple of 32
     NB: tl.constexpr,  # blocks per program
+    PDL: tl.constexpr,  # launched as a programmatic dependent of the kernel that writes v
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0)
     block = tl.program_id(1) * NB + tl.arange(0, NB)
     live = block * 32 < W
@@ -102,7 +110,74 @@ def quantize_blocks_kernel(
 
 
 @triton.jit
-def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE: tl.constexpr):
+def _k4_scale_min_tile(s0, s1, s2, sub):
+    """k4_scale_min_words for header words [N, S] (S super-blocks a row) and sub-blocks `sub` ([4] in
+    0..7) -> two [N, S, 4] fp32."""
+    shift = (8 * (sub & 3))[None, None, :]
+    low = (sub < 4)[None, None, :]
+    b0 = (s0[:, :, None] >> shift) & 255  # byte sub (sub < 4) or sub − 4
+    b1 = (s1[:, :, None] >> shift) & 255  # byte sub + 4 or sub
+    b2 = (s2[:, :, None] >> shift) & 255  # byte sub + 4 (sub >= 4)
+    scale = tl.where(low, b0 & 63, (b2 & 15) | ((b0 >> 6) << 4))
+    minimum = tl.where(low, b1 & 63, (b2 >> 4) | ((b1 >> 6) << 4))
+    return scale.to(tl.float32), minimum.to(tl.float32)
+
+
+@triton.jit
+def _q4k_int8_tile(rows, live, q_ptr, d_ptr, s_ptr, sb0, limit, S: tl.constexpr, EMULATE: tl.constexpr,
+                   WAIT: tl.constexpr):  # fmt: skip
+    """Super-blocks sb0 .. sb0 + S − 1 of rows `rows` ([N] byte pointers; `live` [N]) against the quantized
+    vector, as one tile [N, S, 4, 4] (super-blocks at or past `limit` read nothing) -> [N, 4] fp32
+    partial products (chunk c: sub-blocks 2c and 2c + 1, summed over the super-blocks) and [N] fp32 min
+    terms to subtract. A sub-block's eight words meet the vector in int32 and are scaled once; a chunk
+    is two 16-byte loads one thread holds whole, and every load of the tile is one tensor load, so a
+    thread issues all of its loads before it waits on any."""
+    sb = sb0 + tl.arange(0, S)  # [S]
+    here = sb * 256 < limit  # [S]: rows are whole super-blocks
+    base = (rows[:, None] + sb[None, :] * 144).to(tl.pointer_type(tl.int32))  # [N, S]
+    row_here = live[:, None] & here[None, :]  # [N, S]
+    c = tl.arange(0, 4)
+    w = tl.arange(0, 4)
+    chunk = (4 + 8 * c[:, None] + w[None, :])[None, None]  # [1, 1, 4, 4]: a chunk's first four words
+    mask = row_here[:, :, None, None]
+    first = tl.load(base[:, :, None, None] + chunk, mask=mask, other=0)  # [N, S, 4, 4]
+    second = tl.load(base[:, :, None, None] + chunk + 4, mask=mask, other=0)
+    head = tl.load(base, mask=row_here, other=0)  # [N, S]: d | dmin << 16, then the scale bytes
+    s0 = tl.load(base + 1, mask=row_here, other=0)
+    s1 = tl.load(base + 2, mask=row_here, other=0)
+    s2 = tl.load(base + 3, mask=row_here, other=0)
+    if WAIT:  # the weights are in flight; the vector is the kernel before's output
+        gdc_wait()
+    v_at = q_ptr + (sb * 64)[:, None, None] + (16 * c[:, None] + w[None, :])[None]  # [S, 4, 4]: low nibbles'
+    v_here = here[:, None, None]
+    lo = tl.sum(
+        dp4a(first & 0x0F0F0F0F, tl.load(v_at, mask=v_here, other=0)[None], False, EMULATE)
+        + dp4a(second & 0x0F0F0F0F, tl.load(v_at + 4, mask=v_here, other=0)[None], False, EMULATE),
+        axis=3,
+    )  # [N, S, 4]
+    hi = tl.sum(
+        dp4a((first >> 4) & 0x0F0F0F0F, tl.load(v_at + 8, mask=v_here, other=0)[None], False, EMULATE)
+        + dp4a((second >> 4) & 0x0F0F0F0F, tl.load(v_at + 12, mask=v_here, other=0)[None], False, EMULATE),
+        axis=3,
+    )
+    sc_lo, mn_lo = _k4_scale_min_tile(s0, s1, s2, 2 * c)  # [N, S, 4]
+    sc_hi, mn_hi = _k4_scale_min_tile(s0, s1, s2, 2 * c + 1)
+    block = (sb * 8)[:, None] + 2 * c[None, :]  # [S, 4]: the vector's blocks of sub-blocks 2c
+    b_here = here[:, None]
+    part = fp16_low(head)[:, :, None] * (
+        lo.to(tl.float32) * sc_lo * tl.load(d_ptr + block, mask=b_here, other=0.0)[None]
+        + hi.to(tl.float32) * sc_hi * tl.load(d_ptr + block + 1, mask=b_here, other=0.0)[None]
+    )
+    mins = tl.sum(
+        mn_lo * tl.load(s_ptr + block, mask=b_here, other=0.0)[None]
+        + mn_hi * tl.load(s_ptr + block + 1, mask=b_here, other=0.0)[None],
+        axis=2,
+    )  # [N, S]
+    return tl.sum(part, axis=1), tl.sum(fp16_low(head >> 16) * mins, axis=1)
+
+
+@triton.jit
+def _q4k_int8_block(base, live, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE: tl.constexpr, WAIT: tl.constexpr):
     """Super-block sb (at byte pointers `base` [N], rows `live`; the vector read only below `limit`, so a
     chunk past the row adds zeros, not 0 · whatever lies beyond) against the quantized vector -> [N, 4]
     fp32 partial products (chunk c: sub-blocks 2c and 2c + 1) and [N] fp32 min terms to subtract. A
@@ -116,6 +191,8 @@ def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE: tl.constexpr)
     # the int32 sums stay in registers and a sub-block's scales are worked out once per chunk
     first = tl.load(words_at, mask=mask, other=0)  # [N, 4, 4]
     second = tl.load(words_at + 4, mask=mask, other=0)
+    if WAIT:
+        gdc_wait()
     v_at = q_ptr + sb * 64 + 16 * c[:, None] + w[None, :]  # [4, 4]: the vector's words of the low nibbles
     here = sb * 256 + 64 * c < limit  # [4]
     v_here = here[:, None]
@@ -147,7 +224,7 @@ def _q4k_int8(base, live, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE: tl.constexpr)
 
 
 @triton.jit
-def _q8_int8(rows, pair, live, pair_live, q_ptr, d_ptr, EMULATE: tl.constexpr):
+def _q8_int8(rows, pair, live, pair_live, q_ptr, d_ptr, EMULATE: tl.constexpr, WAIT: tl.constexpr):
     """Block pairs `pair` ([P]: blocks 2p, 2p + 1, 68 bytes from byte 68p; the vector's read where
     `pair_live` [P]) of rows `rows` ([N]; live [N, P]) against the quantized vector -> [N, P] fp32
     partial products (a block's words summed in int32, then scaled once)."""
@@ -158,6 +235,8 @@ def _q8_int8(rows, pair, live, pair_live, q_ptr, d_ptr, EMULATE: tl.constexpr):
     first = tl.load(at, mask=mask, other=0)  # words 0..7: even d | quants 0-1, quants 2-29
     second = tl.load(at + 1, mask=mask, other=0)  # words 1..8: ..., quants 30-31 | odd d
     odd = tl.load(at + 9, mask=mask, other=0)  # words 9..16: the odd block's quants
+    if WAIT:
+        gdc_wait()
     even = ((first >> 16) & 0xFFFF) | (second << 16)
     d_even = fp16_low(tl.load(words_at, mask=live, other=0))
     d_odd = fp16_low(tl.load(words_at + 8, mask=live, other=0) >> 16)
@@ -183,18 +262,23 @@ def int8_row_part(
     CODEC: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EMULATE: tl.constexpr,
+    TILE: tl.constexpr,  # Q4_K: the chunk's super-blocks as one tile (_q4k_int8_tile)
+    WAIT: tl.constexpr,  # PDL: wait for the kernel before once the weights are in flight
 ):
     """rows: [N] byte pointers to row starts; live: [N]; q/d/s: the quantized vector's words, scales and
     sums (its first element's) -> (an fp32 tile [N, A] and [N] fp32) whose row sums, the second
     subtracted, are Σ over k in [k0, k0 + BLOCK_K) ∩ [0, limit) of W[row, k] · ṽ[k]. Callers add the tiles
     of successive chunks elementwise and sum rows once (int8_row_sums)."""
-    if CODEC == 3:  # BLOCK_K // 256 super-blocks -> [N, 4]
+    if CODEC == 3 and TILE:  # BLOCK_K // 256 super-blocks as one tile -> [N, 4]
+        sb0 = k0 // 256
+        return _q4k_int8_tile(rows, live, q_ptr, d_ptr, s_ptr, sb0, limit, BLOCK_K // 256, EMULATE, WAIT)
+    elif CODEC == 3:  # one super-block at a time -> [N, 4]
         part = tl.zeros([live.shape[0], 4], dtype=tl.float32)
         mins = tl.zeros([live.shape[0]], dtype=tl.float32)
         for s in tl.static_range(BLOCK_K // 256):
             sb = k0 // 256 + s
             here = live & (sb * 256 + tl.zeros(live.shape, tl.int32) < limit)
-            p, m = _q4k_int8(rows + sb * 144, here, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE)
+            p, m = _q4k_int8_block(rows + sb * 144, here, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE, WAIT)
             part += p
             mins += m
         return part, mins
@@ -203,7 +287,7 @@ def int8_row_part(
         pair_live = pair * 64 < limit
         here = live[:, None] & pair_live[None, :]
         zeros = tl.zeros([live.shape[0]], dtype=tl.float32)
-        return _q8_int8(rows, pair, here, pair_live, q_ptr, d_ptr, EMULATE), zeros
+        return _q8_int8(rows, pair, here, pair_live, q_ptr, d_ptr, EMULATE, WAIT), zeros
 
 
 @triton.jit
