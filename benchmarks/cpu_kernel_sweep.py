@@ -45,11 +45,11 @@ VARIANTS = [
     (32, 0, 1024, 0), (32, 256, 1024, 0), (32, 0, 0, 0), (32, 256, 0, 0), (32, 64, 1024, 0),
     (32, 1024, 1024, 0), (64, 0, 1024, 0),
 ]  # fmt: skip
-# banks of codec blocks: first what the loader builds on a many-core or AVX-512 host (PREFETCH 0), then
-# software prefetch in the dots (Q8_0's by PREFETCH, the K-quants' by KQ_PREFETCH) and fixed unit sizes
+# banks of codec blocks: first what the loader builds on a many-core or AVX-512 host (PREFETCH 0, the K-quant
+# dots 2,048 bytes ahead), then other K-quant prefetch distances (KQ_PREFETCH) and fixed unit sizes
 CODEC_VARIANTS = [
-    (32, 0, 0, 0), (32, 256, 0, 0), (32, 0, 0, 2048), (32, 0, 0, 1024), (32, 64, 0, 2048), (32, 128, 0, 2048),
-    (32, 0, 512, 2048),
+    (32, 0, 0, 2048), (32, 0, 0, 0), (32, 256, 0, 2048), (32, 0, 0, 1024), (32, 0, 0, 4096), (32, 0, 0, 8192),
+    (32, 128, 0, 2048),
 ]  # fmt: skip
 K = 8  # experts per call: a Qwen3 layer step with every routed expert on the CPU
 

@@ -56,29 +56,26 @@ SWEEP_CODEC = [  # banks of codec blocks: chunks of whole blocks, up to a whole 
 ] + [  # the kernels after the first launched as programmatic dependents of the one before
     DecodeBlocks(n1, k1, 8, 512, num_warps=4, split_choices=1, pdl=1) for n1, k1 in ((8, 512), (16, 256))
 ]
-SWEEP_INT8 = (
-    [  # the int8-activation sides: rows x warps such that a thread holds whole chunks (8 rows a
-        # warp), whole rows a program; gate_up of 32 rows quantizes the activations; down split or not (caps on
-        # registers a thread, 168 and 128, never won: Q4_K 25.7 against 18.9 us on an H200, 2026-12-06)
-        DecodeBlocks(n1, k1, n2, 1024, num_warps=w1, split_choices=sp, down_warps=w2)
-        for n1, k1, w1 in ((8, 2048, 1), (16, 2048, 2), (32, 2048, 4), (8, 512, 1))
-        for n2, w2, sp in ((8, 1, 1), (16, 2, 1), (8, 1, 0))
-    ]
-    + [  # each kernel after the step's first a programmatic dependent of the one before (pdl)
-        DecodeBlocks(8, 2048, 8, 1024, num_warps=1, split_choices=sp, down_warps=1, pdl=1) for sp in (1, 0)
-    ]
-    + [  # a Q4_K chunk's super-blocks as one tile (its loads at once, fewer registers: more warps); with pdl
-        # a kernel asks for its first chunk's weights before it waits for the one before
-        DecodeBlocks(n1, 2048, n2, k2, num_warps=w1, split_choices=1, down_warps=w2, chunk_tile=1, pdl=pdl)
-        for n1, w1 in ((8, 1), (8, 2), (16, 4), (16, 8), (32, 8))
-        for n2, k2, w2 in (
-            (8, 1024, 1),
-            (8, 256, 1),
-            (16, 1024, 2),
-        )  # a row of 768 in one tile of 4 or 3 of 1
-        for pdl in (0, 1)
-    ]
-)
+# the int8-activation sides: rows x warps such that a thread holds whole chunks (8 rows a warp), whole rows a
+# program; gate_up of 32 rows quantizes the activations; down split or not (caps on registers a thread, 168
+# and 128, never won: Q4_K 25.7 against 18.9 us on an H200, 2026-12-06)
+INT8_ROWS = [
+    DecodeBlocks(n1, k1, n2, 1024, num_warps=w1, split_choices=sp, down_warps=w2)
+    for n1, k1, w1 in ((8, 2048, 1), (16, 2048, 2), (32, 2048, 4), (8, 512, 1))
+    for n2, w2, sp in ((8, 1, 1), (16, 2, 1), (8, 1, 0))
+]
+# each kernel after the step's first a programmatic dependent of the one before (pdl)
+INT8_PDL = [DecodeBlocks(8, 2048, 8, 1024, num_warps=1, split_choices=s, down_warps=1, pdl=1) for s in (1, 0)]
+# a Q4_K chunk's super-blocks as one tile (its loads at once, fewer registers: more warps); with pdl a kernel
+# asks for its first chunk's weights before it waits for the one before; a down row of 768 in one tile of 4
+# super-blocks or three of 1
+INT8_TILES = [
+    DecodeBlocks(n1, 2048, n2, k2, num_warps=w1, split_choices=1, down_warps=w2, chunk_tile=1, pdl=pdl)
+    for n1, w1 in ((8, 1), (8, 2), (16, 4), (16, 8), (32, 8))
+    for n2, k2, w2 in ((8, 1024, 1), (8, 256, 1), (16, 1024, 2))
+    for pdl in (0, 1)
+]
+SWEEP_INT8 = INT8_ROWS + INT8_PDL + INT8_TILES
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 
 
