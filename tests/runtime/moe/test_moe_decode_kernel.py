@@ -11,7 +11,12 @@ import torch
 from codec_banks import CODEC_CASES, INT8_CASES, check_codec_banks, check_int8_banks
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn
 from freetoken.runtime.moe.experts import grouped_experts
-from freetoken.runtime.moe.kernels.moe_decode import DecodeBlocks, fused_moe_decode, triton_available
+from freetoken.runtime.moe.kernels.moe_decode import (
+    DecodeBlocks,
+    fused_moe_decode,
+    grid_dependency,
+    triton_available,
+)
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 
@@ -134,6 +139,15 @@ def test_tiles_become_launch_options() -> None:
     assert tiles.launch() == {"num_warps": 4, "num_stages": 3, "maxnreg": 168}
     assert tiles.launch(down=True) == {"num_warps": 1, "num_stages": 3, "maxnreg": 168}
     assert DecodeBlocks(num_warps=2).launch(down=True) == {"num_warps": 2, "num_stages": 1}
+
+
+def test_dependent_launch_is_left_to_devices_that_run_it() -> None:
+    """pdl asks for grid dependency control, which the interpreter (and cards before sm_90) cannot run: the
+    step takes it only where the device has it, and gives the same sums without it."""
+    x, ids, weights, gate_up, down = case(2, 2, seed=3)
+    assert not grid_dependency(x.device)
+    plain = fused_moe_decode(x, ids, weights, gate_up, down, SPLIT)
+    assert torch.equal(fused_moe_decode(x, ids, weights, gate_up, down, replace(SPLIT, pdl=1)), plain)
 
 
 @pytest.mark.parametrize(("codecs", "h", "i", "tiles"), INT8_CASES)

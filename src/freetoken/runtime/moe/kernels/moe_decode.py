@@ -153,7 +153,7 @@ def fused_moe_decode(
     b = blocks or (
         DEFAULT_BLOCKS if codecs is None else INT8_BLOCKS if gu_int8 or dn_int8 else codec_blocks(codecs[0])
     )
-    pdl = bool(b.pdl) and not interpreted  # the interpreter runs no grid dependency control
+    pdl = bool(b.pdl) and not interpreted and grid_dependency(x.device)
     # an int8 gate_up whose programs own whole blocks of 32 rows quantizes the activations for int8 down
     act_quantized = (
         quantized_buffers(pairs, i, x.device) if gu_int8 and dn_int8 and b.gate_up_n % 32 == 0 else None
@@ -188,6 +188,12 @@ def fused_moe_decode(
             target, out, H=h, K=k, K_POW2=next_pow2(k), BLOCK_N=SUM_BLOCK, PDL=pdl, **pdl_launch(pdl)
         )
     return out
+
+
+@functools.cache
+def grid_dependency(device: torch.device) -> bool:
+    """Whether `device` runs programmatic dependent launch (sm_90 and later; the interpreter runs none)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def check_banks(
