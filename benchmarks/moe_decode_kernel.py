@@ -68,11 +68,11 @@ INT8_ROWS = [
 INT8_PDL = [DecodeBlocks(8, 2048, 8, 1024, num_warps=1, split_choices=s, down_warps=1, pdl=1) for s in (1, 0)]
 # a Q4_K chunk's super-blocks as one tile (its loads at once, fewer registers: more warps); with pdl a kernel
 # asks for its first chunk's weights before it waits for the one before; a down row of 768 in one tile of 4
-# super-blocks or three of 1
+# super-blocks or three of 1; more warps a program where a thread holds fewer words
 INT8_TILES = [
     DecodeBlocks(n1, 2048, n2, k2, num_warps=w1, split_choices=1, down_warps=w2, chunk_tile=1, pdl=pdl)
     for n1, w1 in ((8, 1), (8, 2), (16, 4), (16, 8), (32, 8))
-    for n2, k2, w2 in ((8, 1024, 1), (8, 256, 1), (16, 1024, 2))
+    for n2, k2, w2 in ((8, 1024, 1), (8, 256, 1), (16, 1024, 4), (32, 1024, 8))
     for pdl in (0, 1)
 ]
 SWEEP_INT8 = INT8_ROWS + INT8_PDL + INT8_TILES
