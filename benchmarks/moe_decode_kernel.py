@@ -64,6 +64,11 @@ INT8_ROWS = [
     for n1, k1, w1 in ((8, 2048, 1), (16, 2048, 2), (32, 2048, 4), (8, 512, 1))
     for n2, w2, sp in ((8, 1, 1), (16, 2, 1), (8, 1, 0))
 ]
+# more warps a program (Q8_0's rows are one tile already: a thread then holds fewer words)
+INT8_WARPS = [
+    DecodeBlocks(n1, 2048, 8, 1024, num_warps=w1, split_choices=1, down_warps=1)
+    for n1, w1 in ((8, 4), (16, 8))
+]
 # each kernel after the step's first a programmatic dependent of the one before (pdl)
 INT8_PDL = [DecodeBlocks(8, 2048, 8, 1024, num_warps=1, split_choices=s, down_warps=1, pdl=1) for s in (1, 0)]
 # a Q4_K chunk's super-blocks as one tile (its loads at once, fewer registers: more warps); with pdl a kernel
@@ -75,7 +80,7 @@ INT8_TILES = [
     for n2, k2, w2 in ((8, 1024, 1), (8, 256, 1), (16, 1024, 4), (32, 1024, 8))
     for pdl in (0, 1)
 ]
-SWEEP_INT8 = INT8_ROWS + INT8_PDL + INT8_TILES
+SWEEP_INT8 = INT8_ROWS + INT8_WARPS + INT8_PDL + INT8_TILES
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 
 
