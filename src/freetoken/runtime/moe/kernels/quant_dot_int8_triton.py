@@ -29,7 +29,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from freetoken.runtime.moe.kernels.quant_dot_triton import fp16_low, k4_header, k4_scale_min_words
+from freetoken.runtime.moe.kernels.quant_dot_triton import (
+    fp16_low,
+    k4_header,
+    k4_scale_min,
+    k4_scale_min_words,
+)
 
 
 @triton.jit
@@ -110,20 +115,6 @@ def quantize_blocks_kernel(
 
 
 @triton.jit
-def _k4_scale_min_tile(s0, s1, s2, sub):
-    """k4_scale_min_words for header words [N, S] (S super-blocks a row) and sub-blocks `sub` ([4] in
-    0..7) -> two [N, S, 4] fp32."""
-    shift = (8 * (sub & 3))[None, None, :]
-    low = (sub < 4)[None, None, :]
-    b0 = (s0[:, :, None] >> shift) & 255  # byte sub (sub < 4) or sub − 4
-    b1 = (s1[:, :, None] >> shift) & 255  # byte sub + 4 or sub
-    b2 = (s2[:, :, None] >> shift) & 255  # byte sub + 4 (sub >= 4)
-    scale = tl.where(low, b0 & 63, (b2 & 15) | ((b0 >> 6) << 4))
-    minimum = tl.where(low, b1 & 63, (b2 >> 4) | ((b1 >> 6) << 4))
-    return scale.to(tl.float32), minimum.to(tl.float32)
-
-
-@triton.jit
 def _q4k_int8_tile(rows, live, q_ptr, d_ptr, s_ptr, sb0, limit, S: tl.constexpr, EMULATE: tl.constexpr,
                    WAIT: tl.constexpr):  # fmt: skip
     """Super-blocks sb0 .. sb0 + S − 1 of rows `rows` ([N] byte pointers; `live` [N]) against the quantized
@@ -160,8 +151,9 @@ def _q4k_int8_tile(rows, live, q_ptr, d_ptr, s_ptr, sb0, limit, S: tl.constexpr,
         + dp4a((second >> 4) & 0x0F0F0F0F, tl.load(v_at + 12, mask=v_here, other=0)[None], False, EMULATE),
         axis=3,
     )
-    sc_lo, mn_lo = _k4_scale_min_tile(s0, s1, s2, 2 * c)  # [N, S, 4]
-    sc_hi, mn_hi = _k4_scale_min_tile(s0, s1, s2, 2 * c + 1)
+    s0, s1, s2 = s0[:, :, None], s1[:, :, None], s2[:, :, None]
+    sc_lo, mn_lo = k4_scale_min(s0, s1, s2, (2 * c)[None, None, :])  # [N, S, 4]
+    sc_hi, mn_hi = k4_scale_min(s0, s1, s2, (2 * c + 1)[None, None, :])
     block = (sb * 8)[:, None] + 2 * c[None, :]  # [S, 4]: the vector's blocks of sub-blocks 2c
     b_here = here[:, None]
     part = fp16_low(head)[:, :, None] * (

@@ -56,17 +56,24 @@ def _e2m1_doubled(code):
 
 
 @triton.jit
-def k4_scale_min_words(s0, s1, s2, sub):
-    """Q4_K's 6-bit scales and mins of sub-blocks `sub` ([S] in 0..7) from a super-block's 12 scale bytes
-    as three int32 words [N] (bytes 0-3, 4-7, 8-11) -> two [N, S] fp32 (gguf's get_scale_min_k4)."""
-    shift = (8 * (sub & 3))[None, :]
-    low = (sub < 4)[None, :]
-    b0 = (s0[:, None] >> shift) & 255  # byte sub (sub < 4) or sub − 4
-    b1 = (s1[:, None] >> shift) & 255  # byte sub + 4 or sub
-    b2 = (s2[:, None] >> shift) & 255  # byte sub + 4 (sub >= 4)
+def k4_scale_min(s0, s1, s2, sub):
+    """Q4_K's 6-bit scales and mins of sub-blocks `sub` (in 0..7) from a super-block's 12 scale bytes as
+    three int32 words (bytes 0-3, 4-7, 8-11), all broadcast to one shape -> two fp32 of that shape
+    (gguf's get_scale_min_k4)."""
+    shift = 8 * (sub & 3)
+    low = sub < 4
+    b0 = (s0 >> shift) & 255  # byte sub (sub < 4) or sub − 4
+    b1 = (s1 >> shift) & 255  # byte sub + 4 or sub
+    b2 = (s2 >> shift) & 255  # byte sub + 4 (sub >= 4)
     scale = tl.where(low, b0 & 63, (b2 & 15) | ((b0 >> 6) << 4))
     minimum = tl.where(low, b1 & 63, (b2 >> 4) | ((b1 >> 6) << 4))
     return scale.to(tl.float32), minimum.to(tl.float32)
+
+
+@triton.jit
+def k4_scale_min_words(s0, s1, s2, sub):
+    """k4_scale_min of header words [N] and sub-blocks `sub` [S] -> two [N, S] fp32."""
+    return k4_scale_min(s0[:, None], s1[:, None], s2[:, None], sub[None, :])
 
 
 @triton.jit
