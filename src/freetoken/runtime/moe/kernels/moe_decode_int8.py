@@ -39,8 +39,8 @@ def _kernels() -> Any:
 
 def quantize_blocks(v: torch.Tensor, pdl: bool = False, dependent: bool = False) -> Quantized:
     """v [R, W] (W a multiple of 32) -> (quants as int32 words [R, W / 4], scales [R, W / 32], sums
-    [R, W / 32]): quantize_blocks_kernel. `pdl`: the kernels after it launch as its programmatic
-    dependents; `dependent`: it is one of the kernel before (pdl_launch)."""
+    [R, W / 32]): quantize_blocks_kernel. `pdl`: the kernel after it launches as its programmatic
+    dependent; `dependent`: it launches as one of the kernel before it (pdl_launch)."""
     r, w = v.shape
     q, d, s = quantized_buffers(r, w, v.device)
     _kernels()[1][(r, -(-(w // 32) // QUANTIZE_BLOCKS))](
