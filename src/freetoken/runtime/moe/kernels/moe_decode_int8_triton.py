@@ -128,11 +128,14 @@ def down_int8_kernel(
         tl.store(out_ptr + pair * H + offs_n, acc, mask=offs_n < H)
     else:
         token = tl.program_id(0)
-        total = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for choice in tl.static_range(K):  # unrolled: every choice's loads may be in flight at once
+        # unrolled: every choice's loads may be in flight at once; only the first waits (PDL), since a wait
+        # is also a fence the later choices' loads cannot cross
+        total = _down_pair(aq_ptr, ad_ptr, as_ptr, ids_ptr, weights_ptr, w_ptr, token * K, offs_n, stride_we,
+                           stride_wn, H, INTER, BLOCK_K, CODEC, EMULATE, TILE, PDL)  # fmt: skip
+        for choice in tl.static_range(1, K):
             total += _down_pair(aq_ptr, ad_ptr, as_ptr, ids_ptr, weights_ptr, w_ptr, token * K + choice,
                                 offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC, EMULATE,
-                                TILE, PDL)  # fmt: skip
+                                TILE, False)  # fmt: skip
         tl.store(out_ptr + token * H + offs_n, total.to(out_ptr.dtype.element_ty), mask=offs_n < H)
 
 

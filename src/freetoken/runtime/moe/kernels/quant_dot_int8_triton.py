@@ -169,11 +169,13 @@ def _q4k_int8_tile(rows, live, q_ptr, d_ptr, s_ptr, sb0, limit, S: tl.constexpr,
 
 
 @triton.jit
-def _q4k_int8_block(base, live, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE: tl.constexpr, WAIT: tl.constexpr):
-    """Super-block sb (at byte pointers `base` [N], rows `live`; the vector read only below `limit`, so a
-    chunk past the row adds zeros, not 0 · whatever lies beyond) against the quantized vector -> [N, 4]
-    fp32 partial products (chunk c: sub-blocks 2c and 2c + 1) and [N] fp32 min terms to subtract. A
-    sub-block's eight words meet the vector in int32 and are scaled once (not once a word)."""
+def _q4k_int8_block(rows, live, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE: tl.constexpr, WAIT: tl.constexpr):
+    """Super-block sb of rows `rows` ([N] byte pointers to row starts, `live` [N]; nothing read at or past
+    `limit`, so a chunk past the row adds zeros, not 0 · whatever lies beyond) against the quantized vector
+    -> [N, 4] fp32 partial products (chunk c: sub-blocks 2c and 2c + 1) and [N] fp32 min terms to
+    subtract. A sub-block's eight words meet the vector in int32 and are scaled once (not once a word)."""
+    base = rows + sb * 144
+    live = live & (sb * 256 + tl.zeros(live.shape, tl.int32) < limit)
     c = tl.arange(0, 4)
     w = tl.arange(0, 4)
     at = (4 + 8 * c[:, None] + w[None, :])[None]  # [1, 4, 4]: a chunk's first four words
@@ -265,12 +267,10 @@ def int8_row_part(
         sb0 = k0 // 256
         return _q4k_int8_tile(rows, live, q_ptr, d_ptr, s_ptr, sb0, limit, BLOCK_K // 256, EMULATE, WAIT)
     elif CODEC == 3:  # one super-block at a time -> [N, 4]
-        part = tl.zeros([live.shape[0], 4], dtype=tl.float32)
-        mins = tl.zeros([live.shape[0]], dtype=tl.float32)
-        for s in tl.static_range(BLOCK_K // 256):
-            sb = k0 // 256 + s
-            here = live & (sb * 256 + tl.zeros(live.shape, tl.int32) < limit)
-            p, m = _q4k_int8_block(rows + sb * 144, here, q_ptr, d_ptr, s_ptr, sb, limit, EMULATE, WAIT)
+        # only the first waits (PDL): a wait is also a fence the later super-blocks' loads cannot cross
+        part, mins = _q4k_int8_block(rows, live, q_ptr, d_ptr, s_ptr, k0 // 256, limit, EMULATE, WAIT)
+        for s in tl.static_range(1, BLOCK_K // 256):
+            p, m = _q4k_int8_block(rows, live, q_ptr, d_ptr, s_ptr, k0 // 256 + s, limit, EMULATE, False)
             part += p
             mins += m
         return part, mins
