@@ -42,8 +42,8 @@ from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCES, declare, find_c
 # thread), prefetch distance in bf16 elements, the K-quant dots' in bytes); first: the source defaults (the
 # loader builds with PREFETCH 0 where more than 4 cores are allowed or AVX-512 is present)
 VARIANTS = [
-    (32, 0, 1024, 0), (32, 256, 1024, 0), (32, 0, 0, 0), (32, 256, 0, 0), (32, 64, 1024, 0),
-    (32, 1024, 1024, 0), (64, 0, 1024, 0),
+    (32, 0, 1024, 2048), (32, 256, 1024, 2048), (32, 0, 0, 2048), (32, 256, 0, 2048), (32, 64, 1024, 2048),
+    (32, 1024, 1024, 2048), (64, 0, 1024, 2048),
 ]  # fmt: skip
 # banks of codec blocks: first what the loader builds on a many-core or AVX-512 host (PREFETCH 0, the K-quant
 # dots 2,048 bytes ahead), then other K-quant prefetch distances (KQ_PREFETCH) and fixed unit sizes
