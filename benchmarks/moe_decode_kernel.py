@@ -12,7 +12,9 @@ experts (none left in L2 by the call before); `GB/s` = bytes / time, `x read` = 
 reduction's read bandwidth measured in the same run; `x peak` over the card's data-sheet HBM bandwidth.
 `int8 us`: Q4_K and Q8_0 banks through the int8-activation sides as well (moe_decode_int8.py; its tiles
 swept with --sweep), `int8_rel_err` in --json its error against fp32. `--kernels`: each kernel of the
-step alone (the profiler's device time, launch gaps excluded), the two GEMVs with the bytes they read.
+step alone (the profiler's device time, launch gaps excluded), the two GEMVs with the bytes they read,
+and beside them one plain launch reading the same bytes (torch's reduction; a Triton kernel of 16-byte
+loads): the floor a kernel of that size meets on this card, its ramp and tail included.
 """
 
 from __future__ import annotations
@@ -153,6 +155,44 @@ def kernel_rows(times: dict[str, float], gate_up_bytes: int, down_bytes: int) ->
     return rows
 
 
+def _read_kernel() -> Any:
+    """A Triton launch that only reads: each program loads BLOCK 16-byte words and stores one number."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_words(src, out, BLOCK: tl.constexpr):  # src [n, 4] int32: a 16-byte word a row
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        words = tl.load(src + rows[:, None] * 4 + tl.arange(0, 4)[None, :])
+        tl.store(out + tl.program_id(0), tl.sum(tl.sum(words, axis=1), axis=0))
+
+    return read_words
+
+
+def same_bytes_read(nbytes: int, total: int = 256 << 20) -> dict[str, float]:
+    """One launch reading `nbytes` (a fresh buffer each call, so none comes from L2), as torch's reduction
+    and as a Triton kernel of 16-byte loads (a program per 4 KiB): microseconds a call in a graph of such
+    calls and of device time alone (the profiler), as the kernels' rows measure theirs — what one launch
+    reading that many bytes reaches on this card, ramp and tail included."""
+    block = 256  # 16-byte words a program
+    nbytes -= nbytes % (16 * block)
+    bufs = [torch.ones(nbytes // 4, dtype=torch.int32, device="cuda") for _ in range(max(4, total // nbytes))]
+    out = torch.empty(nbytes // (16 * block), dtype=torch.int32, device="cuda")
+    kernel, calls = _read_kernel(), iter(range(1 << 30))
+
+    def reduction() -> None:
+        torch.sum(bufs[next(calls) % len(bufs)], dim=0, dtype=torch.int32, out=out[:1].view(()))
+
+    def loads() -> None:
+        kernel[(out.numel(),)](bufs[next(calls) % len(bufs)], out, BLOCK=block, num_warps=4)
+
+    found: dict[str, float] = {"bytes": nbytes}
+    for name, read in (("sum", reduction), ("loads", loads)):
+        found[f"{name}_device_us"] = sum(kernel_times(read).values()) * 1e6
+        found[f"{name}_graph_us"] = graph_time(read) * 1e6
+    return found
+
+
 def read_bandwidth(nbytes: int = 4 << 30) -> float:
     """Bytes per second a plain reduction reads (what a streaming read reaches on this card)."""
     src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda")
@@ -170,8 +210,15 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="time every tile size in SWEEP at batch 1 first")
     ap.add_argument("--codec", choices=("bf16", *DEVICE_CODECS), default="bf16", help="the banks' form")
     ap.add_argument("--kernels", action="store_true", help="each kernel's device time at batch 1 (profiler)")
+    ap.add_argument(
+        "--shard",
+        default="0/1",
+        help="I/N: sweep only every N-th tile from the I-th (N processes at once compile the tiles into one "
+        "Triton cache; their times share the GPU and mean nothing)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    shard, shards = (int(v) for v in args.shard.split("/"))
     h, i, e, k = args.hidden, args.moe_inter, args.experts, args.top_k
     g = torch.Generator(device="cuda").manual_seed(0)
     codecs = None if args.codec == "bf16" else (args.codec, args.codec)
@@ -188,7 +235,7 @@ def main() -> None:
         x = torch.randn(1, h, device="cuda").bfloat16()
         sets = [torch.randperm(e, device="cuda", generator=g)[:k][None] for _ in range(16)]
         w = torch.rand(1, k, device="cuda")
-        for candidate in SWEEP if codecs is None else SWEEP_CODEC:
+        for candidate in (SWEEP if codecs is None else SWEEP_CODEC)[shard::shards]:
             try:
                 s = graph_time(
                     cycling(
@@ -203,8 +250,8 @@ def main() -> None:
         best = min(sweep_rows, key=lambda r: r["us"])
         blocks = DecodeBlocks(**{f: best[f] for f in asdict(DEFAULT_BLOCKS)})
         if int8:
-            timed = []
-            for candidate in [c for c in SWEEP_INT8 if args.codec == "Q4_K" or not c.chunk_tile]:
+            timed, tiles = [], [c for c in SWEEP_INT8 if args.codec == "Q4_K" or not c.chunk_tile]
+            for candidate in tiles[shard::shards]:
                 try:
                     timed.append(
                         (
@@ -286,7 +333,7 @@ def main() -> None:
                 "int8_rel_err": int8_err,
             }
         )
-    kernels = {}
+    kernels, same_reads = {}, {}
     if args.kernels:  # batch 1, each call routed to other experts
         x = torch.randn(1, h, device="cuda").bfloat16()
         sets = [torch.randperm(e, device="cuda", generator=g)[:k][None] for _ in range(16)]
@@ -307,6 +354,14 @@ def main() -> None:
                 )
             )
             kernels[path] = kernel_rows(times, k * part_bytes[0], k * part_bytes[1])
+        same_reads = {
+            part: same_bytes_read(nbytes)
+            for part, nbytes in (
+                ("gate_up", k * part_bytes[0]),
+                ("down", k * part_bytes[1]),
+                ("step", k * sum(part_bytes)),
+            )
+        }
     doc = {
         "shape": {"hidden": h, "moe_inter": i, "experts": e, "top_k": k},
         "codec": args.codec,
@@ -316,6 +371,7 @@ def main() -> None:
         "rows": rows,
         "sweep": sweep_rows,
         "kernels": kernels,
+        "same_bytes_read": same_reads,
     }
     if args.json:
         print(json.dumps(doc, indent=1))
@@ -361,6 +417,13 @@ def main() -> None:
         for r in found:
             share = f"{r['gbps']:7.0f} GB/s {r['gbps'] * 1e9 / copy:5.2f} x read" if r["gbps"] else ""
             print(f"{path:>5} kernel {r['us']:7.2f} us {share}  {r['kernel'][:60]}")
+    for part, r in same_reads.items():  # the floor at this size: one plain launch reading the same bytes
+        for name in ("sum", "loads"):
+            device = r[f"{name}_device_us"]
+            print(
+                f"plain read ({name}) of {part}'s {r['bytes'] / 1e6:.1f} MB: {device:.2f} us device "
+                f"({r['bytes'] / device * 1e6 / copy:.2f} x read), {r[f'{name}_graph_us']:.2f} us in a graph"
+            )
 
 
 if __name__ == "__main__":

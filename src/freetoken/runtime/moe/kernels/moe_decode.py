@@ -66,25 +66,28 @@ DEFAULT_BLOCKS = _default_blocks(False, DecodeBlocks())
 # blocks is 3.5-7x shorter in bytes than in bf16), and the down kernel split over choices. The fastest of
 # benchmarks/moe_decode_kernel.py --codec C --sweep on an H200 at batch 1: Q4_K 16x256 / 8x512 split 41.8 us
 # (unsplit 50.3; 8x512 / 8x512 split 49.0), MXFP4 (gpt-oss shapes) 8x512 / 4x1024 split 139.2 us (16x256 /
-# 4x1024 split 171.8); others take 8x512 / 8x512 split. FREETOKEN_MOE_DECODE_CODEC_BLOCKS sets every codec's.
+# 4x1024 split 171.8); others take 8x512 / 8x512 split. The kernels after the step's first as programmatic
+# dependents (pdl), one sweep on an H100 (2026-12-06): Q4_K 28.2 -> 26.8 us, Q8_0 33.3 -> 32.8 (MXFP4 not
+# measured: off). FREETOKEN_MOE_DECODE_CODEC_BLOCKS sets every codec's.
 CODEC_BLOCKS = {
-    "Q4_K": DecodeBlocks(gate_up_n=16, gate_up_k=256, down_n=8, down_k=512, split_choices=1),
+    "Q4_K": DecodeBlocks(gate_up_n=16, gate_up_k=256, down_n=8, down_k=512, split_choices=1, pdl=1),
     "MXFP4": DecodeBlocks(gate_up_n=8, gate_up_k=512, down_n=4, down_k=1024, split_choices=1),
 }
 DEFAULT_CODEC_BLOCKS = _default_blocks(
-    True, DecodeBlocks(gate_up_n=8, gate_up_k=512, down_n=8, down_k=512, split_choices=1)
+    True, DecodeBlocks(gate_up_n=8, gate_up_k=512, down_n=8, down_k=512, split_choices=1, pdl=1)
 )
 
 
 # the int8-activation sides (moe_decode_int8.py): whole rows a program, eight rows a warp (a thread holds
 # whole chunks). The fastest of moe_decode_kernel.py --sweep on an H200 at batch 1, Q4_K: 8x2048 w1 / 8x1024
 # w1 split 18.7 us (the float path's best 28.0); Q8_0 within 1 % of its best (28.5 us; float 31.9). The
-# same on an H100: Q4_K 19.0 us (float 28.2).
+# same on an H100: Q4_K 19.0 us (float 28.2). With pdl, one sweep on an H100 (2026-12-06): Q4_K 17.9 ->
+# 17.0 us, Q8_0 30.3 -> 29.6; a Q4_K chunk as one tile (chunk_tile) 18.0 at best, with or without it.
 # FREETOKEN_MOE_DECODE_INT8_BLOCKS sets them.
 INT8_BLOCKS = _default_blocks(
     True,
     DecodeBlocks(
-        gate_up_n=8, gate_up_k=2048, down_n=8, down_k=1024, num_warps=1, split_choices=1, down_warps=1
+        gate_up_n=8, gate_up_k=2048, down_n=8, down_k=1024, num_warps=1, split_choices=1, down_warps=1, pdl=1
     ),
     int8=True,
 )
