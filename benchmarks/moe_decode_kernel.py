@@ -34,10 +34,10 @@ from freetoken.codecs.torch_dequant import DEVICE_CODECS, dequantize_rows
 from freetoken.runtime.moe.experts import gathered_experts, grouped_experts
 from freetoken.runtime.moe.kernels.moe_decode import (
     DEFAULT_BLOCKS,
-    INT8_BLOCKS,
     DecodeBlocks,
     codec_blocks,
     fused_moe_decode,
+    int8_blocks,
 )
 from freetoken.runtime.moe.kernels.moe_decode_int8 import int8_side
 
@@ -74,15 +74,25 @@ INT8_WARPS = [
 # each kernel after the step's first a programmatic dependent of the one before (pdl)
 INT8_PDL = [DecodeBlocks(8, 2048, 8, 1024, num_warps=1, split_choices=s, down_warps=1, pdl=1) for s in (1, 0)]
 # a Q4_K chunk's super-blocks as one tile (its loads at once, fewer registers: more warps); with pdl a kernel
-# asks for its first chunk's weights before it waits for the one before; a down row of 768 in one tile of 4
-# super-blocks or three of 1; more warps a program where a thread holds fewer words
+# asks for its first chunk's weights before it waits for the one before (40 such tiles swept on an H100,
+# 2026-12-06: 18.0 us at best against 17.0 without the tile; the four fastest kept)
 INT8_TILES = [
     DecodeBlocks(n1, 2048, n2, k2, num_warps=w1, split_choices=1, down_warps=w2, chunk_tile=1, pdl=pdl)
-    for n1, w1 in ((8, 1), (8, 2), (16, 4), (16, 8), (32, 8))
-    for n2, k2, w2 in ((8, 1024, 1), (8, 256, 1), (16, 1024, 4), (32, 1024, 8))
-    for pdl in (0, 1)
+    for n1, w1, n2, k2, w2, pdl in ((8, 1, 8, 256, 1, 0), (8, 2, 8, 1024, 1, 1), (16, 4, 8, 256, 1, 1))
 ]
-SWEEP_INT8 = INT8_ROWS + INT8_WARPS + INT8_PDL + INT8_TILES
+# gate_up's rows cut along H into 2-8 parts, a program each (more programs, fewer bytes each), their sums
+# added by the launch that quantizes the activations for down
+INT8_SPLITS = [
+    DecodeBlocks(n1, 2048, 8, 1024, num_warps=w1, split_choices=1, down_warps=1, pdl=1, gate_up_splits=s)
+    for n1, w1 in ((8, 1), (16, 2), (32, 4))
+    for s in (2, 4, 8)
+] + [
+    DecodeBlocks(
+        8, 2048, 8, 1024, num_warps=1, split_choices=1, down_warps=1, pdl=1, chunk_tile=1, gate_up_splits=s
+    )
+    for s in (2, 4)
+]
+SWEEP_INT8 = INT8_ROWS + INT8_WARPS + INT8_PDL + INT8_TILES + INT8_SPLITS
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 
 
@@ -230,7 +240,8 @@ def main() -> None:
         expert_bytes = codec.tensor_bytes(2 * i, h) + codec.tensor_bytes(h, i)
     copy = read_bandwidth()
     blocks, sweep_rows = DEFAULT_BLOCKS if codecs is None else codec_blocks(codecs[0]), []
-    int8, int8_blocks = codecs is not None and int8_side(args.codec, h) > 0, INT8_BLOCKS
+    int8 = codecs is not None and int8_side(args.codec, h) > 0
+    int8_tiles = int8_blocks(args.codec) if int8 else None
     if args.sweep:  # batch 1, each captured call routed to other experts, as the rows below
         x = torch.randn(1, h, device="cuda").bfloat16()
         sets = [torch.randperm(e, device="cuda", generator=g)[:k][None] for _ in range(16)]
@@ -271,7 +282,7 @@ def main() -> None:
                         f"sweep int8 {asdict(candidate)}: {type(exc).__name__}: {str(exc)[:120]}",
                         file=sys.stderr,
                     )
-            int8_blocks = min(timed, key=lambda r: r[0])[1]
+            int8_tiles = min(timed, key=lambda r: r[0])[1]
             sweep_rows += [
                 {**asdict(c), "us": us * 1e6, "x_read": k * expert_bytes / us / copy, "int8": 1}
                 for us, c in timed
@@ -308,13 +319,13 @@ def main() -> None:
             int8_s = graph_time(
                 cycling(
                     lambda ids, x=x, w=w: fused_moe_decode(
-                        x, ids, w, gate_up, down, int8_blocks, codecs=codecs, int8_act=True
+                        x, ids, w, gate_up, down, int8_tiles, codecs=codecs, int8_act=True
                     ),
                     id_sets,
                 )
             )
             got8 = fused_moe_decode(
-                x, ids, w, gate_up, down, int8_blocks, codecs=codecs, int8_act=True
+                x, ids, w, gate_up, down, int8_tiles, codecs=codecs, int8_act=True
             ).float()
             int8_err = float((got8 - ref).norm() / ref.norm())
         rows.append(
@@ -343,7 +354,7 @@ def main() -> None:
             if codecs is None
             else (get_codec(args.codec).tensor_bytes(2 * i, h), get_codec(args.codec).tensor_bytes(h, i))
         )
-        paths = {"float": (blocks, False)} | ({"int8": (int8_blocks, True)} if int8 else {})
+        paths = {"float": (blocks, False)} | ({"int8": (int8_tiles, True)} if int8 else {})
         for path, (tiles, on) in paths.items():
             times = kernel_times(
                 cycling(
@@ -384,6 +395,7 @@ def main() -> None:
                 f"/{r['down_warps'] or r['num_warps']} s{r['num_stages']}{' int8' if r.get('int8') else ''}"
                 f"{' regs ' + str(r['max_registers']) if r['max_registers'] else ''}"
                 f"{' tile' if r['chunk_tile'] else ''}{' pdl' if r['pdl'] else ''}"
+                f"{' parts ' + str(r['gate_up_splits']) if r['gate_up_splits'] > 1 else ''}"
                 f"{' split' if r['split_choices'] else ''}: "
                 f"{r['us']:.1f} us ({r['x_read']:.2f} x read)"
             )
@@ -391,7 +403,7 @@ def main() -> None:
         variable = "FREETOKEN_MOE_DECODE_BLOCKS" if codecs is None else "FREETOKEN_MOE_DECODE_CODEC_BLOCKS"
         print(f"best: {variable}={','.join(str(v) for v in best)}")
         if int8:
-            print(f"best int8: {','.join(str(v) for v in asdict(int8_blocks).values())}")
+            print(f"best int8: {','.join(str(v) for v in asdict(int8_tiles).values())}")
     shape = f"H {h} I {i} E {e} K {k} {args.codec}"
     print(f"{doc['device']} · read {copy / 1e9:.0f} GB/s · {shape} · blocks {asdict(blocks)}")
     head = (

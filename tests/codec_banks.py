@@ -72,6 +72,14 @@ INT8_CASES = [  # (gate_up codec, down codec), H, I, tiles: both sides int8, one
     (("Q8_0", "Q4_K"), 96, 256, DecodeBlocks(16, 64, 8, 256)),  # x's 3 blocks: gate_up stays float
     (("Q4_K", "Q6_K"), 256, 512, DecodeBlocks(16, 512, 16, 256)),  # Q6_K down stays float; 0.5 chunk
     (("Q4_K", "Q8_0"), 768, 96, DecodeBlocks(8, 512, 8, 64)),  # down of 3 blocks stays float
+    # gate_up rows cut along H, the parts added by a second launch that quantizes for down: a part of 3
+    # super-blocks read in chunks of 2 (the second's half past the part's end), one of 1, Q8_0 parts of one
+    # pair of blocks, one tile a chunk; down float (the second launch writes fp32 activations)
+    (("Q4_K", "Q4_K"), 1536, 256, DecodeBlocks(64, 2048, 64, 256, split_choices=1, gate_up_splits=2)),
+    (("Q4_K", "Q4_K"), 768, 256, DecodeBlocks(32, 256, 64, 256, gate_up_splits=3)),
+    (("Q8_0", "Q8_0"), 192, 128, DecodeBlocks(32, 128, 64, 64, split_choices=1, gate_up_splits=3)),
+    (("Q4_K", "Q4_K"), 1024, 256, DecodeBlocks(32, 1024, 64, 256, chunk_tile=1, gate_up_splits=2)),
+    (("Q4_K", "Q6_K"), 512, 256, DecodeBlocks(32, 512, 64, 256, gate_up_splits=2)),
 ]
 
 

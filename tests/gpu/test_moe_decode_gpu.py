@@ -114,6 +114,7 @@ def test_int8_sides_replay_in_a_cuda_graph() -> None:
         (("Q4_K", "Q4_K"), DecodeBlocks(8, 512, 8, 256, num_warps=1, split_choices=1, down_warps=1)),
         (("Q4_K", "Q4_K"), DecodeBlocks(8, 512, 8, 256, num_warps=2, split_choices=1, chunk_tile=1)),
         (("Q4_K", "Q4_K"), DecodeBlocks(32, 512, 8, 256, num_warps=4, chunk_tile=1)),  # gate_up quantizes
+        (("Q4_K", "Q4_K"), DecodeBlocks(8, 512, 8, 256, num_warps=1, split_choices=1, gate_up_splits=2)),
     ],
 )
 def test_programmatic_dependent_launch_changes_no_bit(

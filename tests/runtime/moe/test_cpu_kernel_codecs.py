@@ -324,16 +324,18 @@ def test_adversarial_codebook_scales() -> None:
         assert rel_err(act8, plain) < 3e-2, codec
 
 
-def test_the_k_quant_prefetch_variant_computes_the_same(tmp_path: Path) -> None:
-    """The K-quant dots' software prefetch (-DKQ_PREFETCH, on in the shipped build) changes no result: Q4_K
-    gate_up, Q6_K and Q5_K down against int8 activations, bit for bit with a build without it."""
+@pytest.mark.parametrize("define", ["KQ_PREFETCH=0", "PAIRED_ROWS=0"])
+def test_the_k_quant_variants_compute_the_same(tmp_path: Path, define: str) -> None:
+    """The K-quant dots' software prefetch (-DKQ_PREFETCH) and two rows read at once (-DPAIRED_ROWS), both on
+    in the shipped build, change no result: Q4_K gate_up, Q6_K, Q5_K and Q4_K down against int8
+    activations, bit for bit with a build without them."""
     from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCES, declare, find_compiler, load_library
 
-    out = tmp_path / "no_kq_prefetch.so"
+    out = tmp_path / "variant.so"
     cmd = [
         find_compiler(),
         *FLAGS,
-        "-DKQ_PREFETCH=0",
+        f"-D{define}",
         *map(str, SOURCES),
         "-o",
         str(out),
@@ -347,7 +349,7 @@ def test_the_k_quant_prefetch_variant_computes_the_same(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(2, h, generator=gen)
     ids, w = torch.tensor([[0, 3], [2, 1]]), torch.rand(2, 2, generator=gen)
-    for down_codec in ("Q6_K", "Q5_K"):
+    for down_codec in ("Q6_K", "Q5_K", "Q4_K"):
         gate_up = random_blocks("Q4_K", e, 2 * i, h, seed=8)
         down = random_blocks(down_codec, e, h, i, seed=9)
         results = []

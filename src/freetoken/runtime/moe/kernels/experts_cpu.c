@@ -22,10 +22,7 @@
 
 #include "bf16_dot.h"
 #include "expert_fn.h"
-#include "kquant_bf16_dot.h"
-#include "kquant_dot.h"
-#include "quant_dot.h"
-#include "table_dot.h"
+#include "row_dots.h"
 #include "widen_row.h"
 
 // Bytes of weights per unit of work: small enough that the threads finish within a unit of each other,
@@ -48,11 +45,6 @@ static long call_unit_bytes(long weight_bytes, int threads) {
     return unit < UNIT_MIN ? UNIT_MIN : unit > UNIT_MAX ? UNIT_MAX : unit;
 #endif
 }
-// Pairs of one expert that a unit takes through its rows at a time: each row is read from L1 once per
-// four of them, and the unit's rows once per group (from L2 after the first group).
-#ifndef GROUP
-#define GROUP 16
-#endif
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -116,56 +108,6 @@ static inline int unit_at(const units_t *s, int n_experts, long u, int *k, int *
     return 1;
 }
 
-// One G or D unit's dots: out[j] = row . vector j for `cnt` vectors, in the row's codec (bf16 against
-// split fp32 vectors, f32, Q4_K, Q6_K and Q8_0 against fp32 vectors, Q8_0_ACT8 against int8 blocks).
-typedef struct {
-    const float *f[GROUP];
-    const uint16_t *b[GROUP];  // bf16 vectors in natural order (FT_CODEC_BF16_ACT16)
-    const int8_t *q[GROUP];
-    const float *d[GROUP];
-    const int16_t *s[GROUP];  // int8 values' sums per 16
-    const float *fs[GROUP];   // fp32 values' sums per 32 (Q4_K's and Q5_K's mins, weight-only)
-    const uint16_t *kb[GROUP];  // x as bf16 where every value is one (the bf16 pair-dot paths), or NULL
-} vecs_t;
-
-// Pairs from which a quantized row is widened to fp32 once for all of them rather than per dot.
-#ifndef WIDEN_PAIRS
-#define WIDEN_PAIRS 3
-#endif
-
-// out[j] = w . v[j] for `count` fp32 vectors, four at a time (w read once per four).
-static inline void dots_f32(const float *restrict w, const float *const *v, int count, int n, float *out) {
-    int j = 0;
-    for (; j + 4 <= count; j += 4) {
-        v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-        int k = 0;
-        for (; k + 8 <= n; k += 8) {
-            const v8f x = load8f(w + k);
-            a0 += x * load8f(v[j] + k), a1 += x * load8f(v[j + 1] + k);
-            a2 += x * load8f(v[j + 2] + k), a3 += x * load8f(v[j + 3] + k);
-        }
-        float s[4] = {sum8(a0), sum8(a1), sum8(a2), sum8(a3)};
-        for (; k < n; k++)
-            for (int r = 0; r < 4; r++) s[r] += w[k] * v[j + r][k];
-        for (int r = 0; r < 4; r++) out[j + r] = s[r];
-    }
-    for (; j < count; j++) {
-        v8f a = {0};
-        int k = 0;
-        for (; k + 8 <= n; k += 8) a += load8f(w + k) * load8f(v[j] + k);
-        float s = sum8(a);
-        for (; k < n; k++) s += w[k] * v[j][k];
-        out[j] = s;
-    }
-}
-
-// Whether every one of the cnt vectors has its bf16 form (activations that are bf16 values).
-static inline int all_bf16(const vecs_t *v, int cnt) {
-    for (int j = 0; j < cnt; j++)
-        if (!v->kb[j]) return 0;
-    return 1;
-}
-
 // The row widening of the prompt path, for tests: `rows` rows of `codec` (n weights each) as bf16 into out,
 // straight (plain 0) or dequantised then rounded (plain 1). Returns 1 if the straight way ran, 0 if the
 // plain one did, -1 where this build has no bf16 widening (no AVX512-BF16) or the codec is not widened.
@@ -183,88 +125,6 @@ int ft_widen_rows_bf16(int codec, const uint8_t *rows, uint16_t *out, int n_rows
     (void)codec, (void)rows, (void)out, (void)n_rows, (void)n, (void)plain;
     return -1;
 #endif
-}
-
-// rowbuf: n floats of the calling thread's, for a widened row; rowbuf16: n bf16 of its own.
-static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt, int n, float *out,
-                        float *rowbuf, uint16_t *rowbuf16) {
-    const int widen = cnt >= WIDEN_PAIRS;
-    if (widen && widened_codec(codec)) {
-#if HAVE_KQUANT_BF16
-        if (all_bf16(v, cnt)) {  // a bf16 model's prompt: the row rounded to bf16, as torch dequantises
-            widen_bf16(codec, row, rowbuf, rowbuf16, n, 0);  // into the model's dtype, then pair-dots
-            dots_bf16_bf16(rowbuf16, v->kb, cnt, n, out);
-            return;
-        }
-#endif
-        dequant_row(codec, row, rowbuf, n);
-        (void)rowbuf16;
-        dots_f32(rowbuf, v->f, cnt, n, out);
-    } else if (codec == FT_CODEC_Q5_K_ACT8)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q45_k_q8(row, 1, v->q[j], v->d[j], v->s[j], n);
-    else if (codec == FT_CODEC_IQ4_XS_ACT8)
-        for (int j = 0; j < cnt; j++) out[j] = dot_iq4_xs_q8(row, v->q[j], v->d[j], n);
-    else if (codec == FT_CODEC_MXFP4_ACT8)
-        for (int j = 0; j < cnt; j++) out[j] = dot_mxfp4_q8(row, v->q[j], v->d[j], n);
-    else if (codec == FT_CODEC_Q8_0_ACT8)
-        dots_q8_0(row, v->q, v->d, cnt, n, out);
-    else if (codec == FT_CODEC_Q4_K_ACT8)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q45_k_q8(row, 0, v->q[j], v->d[j], v->s[j], n);
-    else if (codec == FT_CODEC_Q6_K_ACT8)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q6_k_q8(row, v->q[j], v->d[j], v->s[j], n);
-    else if (codec == FT_CODEC_Q8_0)
-        for (int j = 0; j < cnt; j++) out[j] = dot_q8_0_f32(row, v->f[j], n);
-    else if (codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q5_K)
-        for (int j = 0; j < cnt; j++) {
-            const int high = codec == FT_CODEC_Q5_K;
-#if HAVE_KQUANT_BF16
-            if (v->kb[j]) {
-                out[j] = dot_q45_k_bf16(row, high, v->kb[j], v->fs[j], n);
-                continue;
-            }
-#endif
-            out[j] = dot_q45_k(row, high, v->f[j], v->fs[j], n);
-        }
-    else if (codec == FT_CODEC_Q6_K)
-        for (int j = 0; j < cnt; j++) {
-#if HAVE_KQUANT_BF16
-            if (v->kb[j]) {
-                out[j] = dot_q6_k_bf16(row, v->kb[j], n);
-                continue;
-            }
-#endif
-            out[j] = dot_q6_k(row, v->f[j], n);
-        }
-    else if (codec == FT_CODEC_IQ4_XS)
-        for (int j = 0; j < cnt; j++) {
-#if HAVE_KQUANT_BF16
-            if (v->kb[j]) {
-                out[j] = dot_iq4_xs_bf16(row, v->kb[j], n);
-                continue;
-            }
-#endif
-            out[j] = dot_iq4_xs(row, v->f[j], n);
-        }
-    else if (codec == FT_CODEC_MXFP4)
-        for (int j = 0; j < cnt; j++) {
-#if HAVE_KQUANT_BF16
-            if (v->kb[j]) {
-                out[j] = dot_mxfp4_bf16(row, v->kb[j], n);
-                continue;
-            }
-#endif
-            out[j] = dot_mxfp4(row, v->f[j], n);
-        }
-    else if (codec == FT_CODEC_FP8)
-        for (int j = 0; j < cnt; j++) out[j] = dot_fp8(row, v->f[j], n);
-    else if (codec == FT_CODEC_NVFP4)
-        for (int j = 0; j < cnt; j++) out[j] = dot_nvfp4(row, v->f[j], n);
-    else if (codec == FT_CODEC_F32)
-        dots_f32((const float *)row, v->f, cnt, n, out);
-    else if (codec == FT_CODEC_BF16_ACT16)
-        dots_bf16_bf16((const uint16_t *)row, v->b, cnt, n, out);
-    else
-        dots_bf16((const uint16_t *)row, v->f, cnt, n, out);
 }
 
 // gate_up: [bank_experts, 2I, H] in gu_codec (gate rows, then up rows); down: [bank_experts, H, I] in
@@ -390,17 +250,24 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                         v.fs[j] = gfs ? xfs + t * (hidden / 32) : NULL;
                         v.kb[j] = xkb && xkb_ok[t] ? xkb + t * hidden : NULL;
                     }
-                    for (int i = i0; i < i1; i++) {
+                    const int paired = paired_rows(gu_codec, cnt);  // gate row i beside up row i
+                    for (int i = i0; i < i1 && !paired; i++) {
                         dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d, rowbuf, rowbuf16);
                         const long at = dq ? i : split_at(i, inter);
                         for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + at] = d[j];
                     }
                     for (int i = i0; i < i1; i++) {
-                        dots(gu_codec, gu + (inter + i) * gu_row, &v, cnt, hidden, d, rowbuf, rowbuf16);
+                        float up[GROUP];
                         const long at = dq ? i : split_at(i, inter);
+                        if (paired) {
+                            dots2(gu_codec, gu + i * gu_row, gu + (inter + i) * gu_row, &v, cnt, hidden, d, up,
+                                  rowbuf, rowbuf16);
+                            for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + at] = d[j];
+                        } else
+                            dots(gu_codec, gu + (inter + i) * gu_row, &v, cnt, hidden, up, rowbuf, rowbuf16);
                         for (int j = 0; j < cnt; j++) {
                             float *a = act + (n + j) * (long)inter + at;
-                            *a = p.weight[n + j] * expert_glu(fn, p.expert[k], inter, i, *a, d[j]);
+                            *a = p.weight[n + j] * expert_glu(fn, p.expert[k], inter, i, *a, up[j]);
                             if (dkb && v.kb[j]) *a = round_elem(*a, 2);  // a bf16 model's: see act_b
                         }
                     }
@@ -436,7 +303,17 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                                         act8_block(dn_codec));
                         }
                     }
-                    for (int h = h0; h < h1; h++) {
+                    int h = h0;
+                    for (; h + 1 < h1 && paired_rows(dn_codec, cnt); h += 2) {
+                        float d1[GROUP];
+                        dots2(dn_codec, dn + h * dn_row, dn + (h + 1) * dn_row, &v, cnt, inter, d, d1, rowbuf,
+                              rowbuf16);
+                        for (int j = 0; j < cnt; j++) {
+                            y[(long)(n + j) * hidden + h] = d[j];
+                            y[(long)(n + j) * hidden + h + 1] = d1[j];
+                        }
+                    }
+                    for (; h < h1; h++) {
                         dots(dn_codec, dn + h * dn_row, &v, cnt, inter, d, rowbuf, rowbuf16);
                         for (int j = 0; j < cnt; j++) y[(long)(n + j) * hidden + h] = d[j];
                     }

@@ -39,9 +39,11 @@ HEADERS = tuple(
         "bf16_dot.h",
         "quant_dot.h",
         "kquant_dot.h",
+        "kquant_dot_int8.h",
         "kquant_bf16_dot.h",
         "table_dot.h",
         "widen_row.h",
+        "row_dots.h",
         "expert_fn.h",
     )
 )

@@ -9,7 +9,7 @@ CUDA), Triton's interpreter runs the same kernel bodies on CPU tensors, so CI ch
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
 from freetoken.runtime.moe.kernels.moe_decode_int8 import (
     down_int8,
     gate_up_int8,
+    gate_up_splits,
     int8_side,
     pdl_launch,
     quantized_buffers,
@@ -48,6 +49,7 @@ class DecodeBlocks:
     max_registers: int = 0  # a cap on registers a thread (more warps an SM; ptxas spills past it); 0: none
     chunk_tile: int = 0  # int8 Q4_K: 1 a chunk's super-blocks as one tile (its loads at once); 0 one by one
     pdl: int = 0  # 1: each kernel after the step's first launches as a programmatic dependent (sm_90)
+    gate_up_splits: int = 1  # int8 gate_up: its rows cut in that many parts along H, a program each
 
     def launch(self, down: bool = False) -> dict[str, int]:
         """The Triton launch options of the gate_up (or the down) kernel."""
@@ -83,7 +85,8 @@ DEFAULT_CODEC_BLOCKS = _default_blocks(
 # w1 split 18.7 us (the float path's best 28.0); Q8_0 within 1 % of its best (28.5 us; float 31.9). The
 # same on an H100: Q4_K 19.0 us (float 28.2). With pdl, one sweep on an H100 (2026-12-06): Q4_K 17.9 ->
 # 17.0 us, Q8_0 30.3 -> 29.6; a Q4_K chunk as one tile (chunk_tile) 18.0 at best, with or without it.
-# FREETOKEN_MOE_DECODE_INT8_BLOCKS sets them.
+# Q8_0's gate_up rows (2,176 bytes, twice Q4_K's) cut in two parts, a program each: 29.6 -> 26.5 us on that
+# H100 (Q4_K 16.7 -> 17.1: not for it). FREETOKEN_MOE_DECODE_INT8_BLOCKS sets every codec's.
 INT8_BLOCKS = _default_blocks(
     True,
     DecodeBlocks(
@@ -91,6 +94,15 @@ INT8_BLOCKS = _default_blocks(
     ),
     int8=True,
 )
+INT8_CODEC_BLOCKS = {"Q8_0": replace(INT8_BLOCKS, gate_up_splits=2)}
+
+
+def int8_blocks(gate_up_codec: str) -> DecodeBlocks:
+    """The int8 sides' tiles for banks whose gate_up rows are in `gate_up_codec` (the environment's, when
+    set)."""
+    if moe_decode_blocks(True, int8=True) is not None:
+        return INT8_BLOCKS
+    return INT8_CODEC_BLOCKS.get(gate_up_codec, INT8_BLOCKS)
 
 
 def codec_blocks(gate_up_codec: str) -> DecodeBlocks:
@@ -154,17 +166,22 @@ def fused_moe_decode(
         bias_ids = bias.ids.reshape(pairs).contiguous()
     gu_int8, dn_int8 = (int8_side(codecs[0], h), int8_side(codecs[1], i)) if int8_act and codecs else (0, 0)
     b = blocks or (
-        DEFAULT_BLOCKS if codecs is None else INT8_BLOCKS if gu_int8 or dn_int8 else codec_blocks(codecs[0])
+        DEFAULT_BLOCKS
+        if codecs is None
+        else int8_blocks(codecs[0])
+        if gu_int8 or dn_int8
+        else codec_blocks(codecs[0])
     )
     pdl = bool(b.pdl) and not interpreted and grid_dependency(x.device)
-    # an int8 gate_up whose programs own whole blocks of 32 rows quantizes the activations for int8 down
-    act_quantized = (
-        quantized_buffers(pairs, i, x.device) if gu_int8 and dn_int8 and b.gate_up_n % 32 == 0 else None
-    )
+    splits = gate_up_splits(b.gate_up_splits, h, gu_int8) if gu_int8 else 1
+    # an int8 gate_up whose programs own whole blocks of 32 rows, or the launch that adds a split gate_up's
+    # parts, quantizes the activations for int8 down
+    whole = b.gate_up_n % 32 == 0 or (splits > 1 and i % 32 == 0)
+    act_quantized = quantized_buffers(pairs, i, x.device) if gu_int8 and dn_int8 and whole else None
     if gu_int8:
         gate_up_int8(
             x, ids, gate_up_bank, act, bias_bank, bias_ids, bias is not None, fn, gu_int8, k, b.gate_up_n,
-            b.gate_up_k, b.launch(), interpreted, act_quantized, bool(b.chunk_tile), pdl,
+            b.gate_up_k, b.launch(), interpreted, act_quantized, bool(b.chunk_tile), pdl, splits,
         )  # fmt: skip
     else:
         gate_up_act[(pairs, -(-i // b.gate_up_n))](

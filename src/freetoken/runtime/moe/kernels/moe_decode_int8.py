@@ -59,21 +59,39 @@ def gate_up_int8(
     x: torch.Tensor, ids: torch.Tensor, bank: torch.Tensor, act: torch.Tensor, bias_bank: torch.Tensor,
     bias_ids: torch.Tensor, has_bias: bool, fn: ExpertFn, code: int, k: int, rows: int, block_k: int,
     launch: dict[str, int], interpreted: bool, act_quantized: Quantized | None = None, tile: bool = False,
-    pdl: bool = False,
+    pdl: bool = False, splits: int = 1,
 ) -> None:  # fmt: skip
     """act [T·K, I] fp32 <- glu(W_gu · x̃ + b) for every pair (x quantized here), `rows` rows a program
     (`launch`: Triton's launch options, DecodeBlocks.launch; `tile`: DecodeBlocks.chunk_tile; `pdl`:
     the quantize launch first, every kernel after it a programmatic dependent of the one before);
-    with `act_quantized` (`rows` a multiple of 32) the activations go there quantized instead."""
-    h, i = x.shape[1], act.shape[1]
+    with `act_quantized` (`rows` a multiple of 32, or `splits` > 1 and I a multiple of 32) the
+    activations go there quantized instead. `splits` (gate_up_splits(), DecodeBlocks.gate_up_splits):
+    each row cut in that many parts along H, a program each, their partial sums added, the bias and
+    the activation applied by a second launch (glu_parts_kernel)."""
+    h, i, pairs = x.shape[1], act.shape[1], ids.numel()
+    body = _kernels()[0]
     xq, xd, xs = quantize_blocks(x, pdl)
     outs = (act, act, act) if act_quantized is None else act_quantized
-    _kernels()[0].gate_up_int8_kernel[(ids.numel(), -(-i // rows))](
-        xq, xd, xs, ids, bank, *outs, bias_bank, bias_ids, bank.stride(0), bank.stride(1), fn.alpha, fn.limit,
-        H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=chunk(block_k, code), ACT=fn.code, HAS_BIAS=has_bias,
-        CODEC=code, EMULATE=interpreted, QUANT_ACT=act_quantized is not None, TILE=tile, PDL=pdl,
+    parts = torch.empty(splits, pairs, 2 * i, dtype=torch.float32, device=x.device) if splits > 1 else None
+    step = min(chunk(block_k, code), 1 << ((h // splits).bit_length() - 1))  # a power of two within a part
+    body.gate_up_int8_kernel[(pairs, -(-i // rows), splits)](
+        xq, xd, xs, ids, bank, *((parts,) * 3 if parts is not None else outs), bias_bank, bias_ids,
+        bank.stride(0), bank.stride(1), fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=step,
+        ACT=fn.code, HAS_BIAS=has_bias, CODEC=code, EMULATE=interpreted,
+        QUANT_ACT=act_quantized is not None and parts is None, TILE=tile, PDL=pdl, SPLITS=splits,
         **pdl_launch(pdl), **launch,
     )  # fmt: skip
+    if parts is not None:
+        body.glu_parts_kernel[(pairs, -(-i // (32 * QUANTIZE_BLOCKS)))](
+            parts, *outs, bias_bank, bias_ids, fn.alpha, fn.limit, INTER=i, SPLITS=splits, NB=QUANTIZE_BLOCKS,
+            ACT=fn.code, HAS_BIAS=has_bias, QUANT=act_quantized is not None, PDL=pdl, **pdl_launch(pdl),
+        )  # fmt: skip
+
+
+def gate_up_splits(splits: int, h: int, code: int) -> int:
+    """The parts an int8 gate_up row is cut in: `splits` where each part is whole granules of the codec
+    (INT8_GRANULE), else 1."""
+    return splits if splits > 1 and h % (splits * INT8_GRANULE[code]) == 0 else 1
 
 
 def down_int8(

@@ -11,23 +11,23 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from freetoken.runtime.moe.kernels.glu_triton import glu
 from freetoken.runtime.moe.kernels.quant_dot_int8_triton import int8_row_part, int8_row_sums, store_quantized
 
 
 @triton.jit
-def _row_dot(rows, live, q_ptr, d_ptr, s_ptr, LENGTH: tl.constexpr, CODEC: tl.constexpr,
+def _row_dot(rows, live, q_ptr, d_ptr, s_ptr, start, limit, SPAN: tl.constexpr, CODEC: tl.constexpr,
              BLOCK_K: tl.constexpr, EMULATE: tl.constexpr, TILE: tl.constexpr,
              WAIT: tl.constexpr):  # fmt: skip
-    """[N] fp32: rows · ṽ over the whole row (LENGTH weights); WAIT: for the kernel before (PDL) once the
-    first chunk's weights are asked for."""
-    part, mins = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, 0, LENGTH, CODEC, BLOCK_K, EMULATE, TILE,
+    """[N] fp32: rows · ṽ over the weights [start, min(start + SPAN, limit)) (start a multiple of the
+    codec's granule); WAIT: for the kernel before (PDL) once the first chunk's weights are asked for."""
+    part, mins = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, start, limit, CODEC, BLOCK_K, EMULATE, TILE,
                                WAIT)  # fmt: skip
-    for k0 in range(BLOCK_K, LENGTH, BLOCK_K):
-        p, m = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, k0, LENGTH, CODEC, BLOCK_K, EMULATE, TILE,
-                             False)  # fmt: skip
+    for k0 in range(BLOCK_K, SPAN, BLOCK_K):
+        p, m = int8_row_part(rows, live, q_ptr, d_ptr, s_ptr, start + k0, limit, CODEC, BLOCK_K, EMULATE,
+                             TILE, False)  # fmt: skip
         part += p
         mins += m
     return int8_row_sums(part, mins)
@@ -40,7 +40,8 @@ def gate_up_int8_kernel(
     xs_ptr,  # [T, H / 32] fp32: the blocks' sums
     ids_ptr,  # [T * K] int
     w_ptr,  # [S, 2I, row bytes] uint8
-    act_ptr,  # [T * K, I] fp32 out; with QUANT_ACT the activations' quants [T * K, I / 4] int32
+    act_ptr,  # [T * K, I] fp32 out; with QUANT_ACT the activations' quants [T * K, I / 4] int32; with
+    # SPLITS > 1 the rows' partial sums [SPLITS, T * K, 2I] fp32 (gate, then up; glu_parts_kernel ends them)
     act_d_ptr,  # [T * K, I / 32] fp32 out (QUANT_ACT): their scales
     act_s_ptr,  # [T * K, I / 32] fp32 out (QUANT_ACT): their blocks' sums
     bias_ptr,  # [E, 2I] fp32 (HAS_BIAS)
@@ -61,6 +62,7 @@ def gate_up_int8_kernel(
     QUANT_ACT: tl.constexpr,  # the program's rows are whole blocks of 32 (BLOCK_N % 32 == 0): quantized here
     TILE: tl.constexpr,  # Q4_K: a chunk's super-blocks as one tile (quant_dot_int8_triton._q4k_int8_tile)
     PDL: tl.constexpr,  # a programmatic dependent of the quantize kernel: ids and weights read before its end
+    SPLITS: tl.constexpr,  # the rows cut in SPLITS parts of H / SPLITS weights, a program (axis 2) each
 ):
     if PDL:
         gdc_launch_dependents()
@@ -73,8 +75,15 @@ def gate_up_int8_kernel(
     up_rows = gate_rows + INTER * stride_wn
     token = pair // K
     q, d, s = xq_ptr + token * (H // 4), xd_ptr + token * (H // 32), xs_ptr + token * (H // 32)
-    gate = _row_dot(gate_rows, live, q, d, s, H, CODEC, BLOCK_K, EMULATE, TILE, PDL)
-    up = _row_dot(up_rows, live, q, d, s, H, CODEC, BLOCK_K, EMULATE, TILE, False)
+    span: tl.constexpr = H // SPLITS
+    start = tl.program_id(2) * span
+    gate = _row_dot(gate_rows, live, q, d, s, start, start + span, span, CODEC, BLOCK_K, EMULATE, TILE, PDL)
+    up = _row_dot(up_rows, live, q, d, s, start, start + span, span, CODEC, BLOCK_K, EMULATE, TILE, False)
+    if SPLITS > 1:  # partial sums; the bias and the activation where they are added (glu_parts_kernel)
+        at = part_ptr(act_ptr, tl.program_id(2), pair, tl.num_programs(0), INTER)
+        tl.store(at + offs_n, gate, mask=mask_n)
+        tl.store(at + INTER + offs_n, up, mask=mask_n)
+        return
     if HAS_BIAS:
         row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
         gate += tl.load(row + offs_n, mask=mask_n, other=0.0)
@@ -94,6 +103,57 @@ def gate_up_int8_kernel(
         )
     else:
         tl.store(act_ptr + pair * INTER + offs_n, act, mask=mask_n)
+
+
+@triton.jit
+def part_ptr(parts_ptr, split, pair, pairs, INTER: tl.constexpr):
+    """Where pair's partial sums of split `split` start in [SPLITS, pairs, 2I]: gate's I, then up's."""
+    return parts_ptr + (split * pairs + pair).to(tl.int64) * (2 * INTER)
+
+
+@triton.jit
+def glu_parts_kernel(
+    parts_ptr,  # [SPLITS, T * K, 2I] fp32: gate_up_int8_kernel's partial sums
+    act_ptr,  # [T * K, I] fp32 out; with QUANT the activations' quants [T * K, I / 4] int32
+    act_d_ptr,  # [T * K, I / 32] fp32 out (QUANT): their scales
+    act_s_ptr,  # [T * K, I / 32] fp32 out (QUANT): their blocks' sums
+    bias_ptr,  # [E, 2I] fp32 (HAS_BIAS)
+    bias_ids_ptr,  # [T * K] int (HAS_BIAS)
+    alpha,
+    limit,
+    INTER: tl.constexpr,
+    SPLITS: tl.constexpr,
+    NB: tl.constexpr,  # blocks of 32 a program
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    QUANT: tl.constexpr,  # quantized for the int8 down kernel (INTER a multiple of 32)
+    PDL: tl.constexpr,  # a programmatic dependent of the gate_up kernel
+):
+    """act = glu(Σ_s parts[s] + b) for a program's NB blocks of 32 of a pair's activations, the parts
+    added in split order (one fixed order: the same bits every run)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    pair, pairs = tl.program_id(0), tl.num_programs(0)
+    offs = (tl.program_id(1) * NB + tl.arange(0, NB))[:, None] * 32 + tl.arange(0, 32)[None, :]  # [NB, 32]
+    here = offs < INTER
+    gate = tl.zeros([NB, 32], dtype=tl.float32)
+    up = tl.zeros([NB, 32], dtype=tl.float32)
+    for split in tl.static_range(SPLITS):
+        at = part_ptr(parts_ptr, split, pair, pairs, INTER)
+        gate += tl.load(at + offs, mask=here, other=0.0)
+        up += tl.load(at + INTER + offs, mask=here, other=0.0)
+    if HAS_BIAS:
+        row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
+        gate += tl.load(row + offs, mask=here, other=0.0)
+        up += tl.load(row + INTER + offs, mask=here, other=0.0)
+    act = glu(gate, up, alpha, limit, ACT)
+    if QUANT:
+        block = tl.program_id(1) * NB + tl.arange(0, NB)
+        at = pair * (INTER // 32)
+        store_quantized(act, block, block * 32 < INTER, act_ptr + at * 8, act_d_ptr + at, act_s_ptr + at)
+    else:
+        tl.store(act_ptr + pair * INTER + offs, act, mask=here)
 
 
 @triton.jit
@@ -148,5 +208,5 @@ def _down_pair(aq_ptr, ad_ptr, as_ptr, ids_ptr, weights_ptr, w_ptr, pair, offs_n
     live = offs_n < tl.where(expert >= 0, H, 0)
     rows = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we + offs_n * stride_wn
     q, d, s = aq_ptr + pair * (INTER // 4), ad_ptr + pair * (INTER // 32), as_ptr + pair * (INTER // 32)
-    acc = _row_dot(rows, live, q, d, s, INTER, CODEC, BLOCK_K, EMULATE, TILE, WAIT)
+    acc = _row_dot(rows, live, q, d, s, 0, INTER, INTER, CODEC, BLOCK_K, EMULATE, TILE, WAIT)
     return acc * tl.where(expert >= 0, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
