@@ -39,30 +39,31 @@ from freetoken.runtime.moe.kernels.cpu_experts import (
 from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCES, declare, find_compiler, load_library
 
 # (accumulator lanes, KiB of weights per unit of work (0: the kernel's own, a call's bytes over 20 units a
-# thread), prefetch distance in bf16 elements, the K-quant dots' in bytes[, Q4_K / Q5_K rows in pairs: 0 / 1
-# (default)]); first: the source defaults (the
+# thread), prefetch distance in bf16 elements, the K-quant dots' in bytes[, more -D definitions]); first: the
+# source defaults (the
 # loader builds with PREFETCH 0 where more than 4 cores are allowed or AVX-512 is present)
 VARIANTS = [
     (32, 0, 1024, 2048), (32, 256, 1024, 2048), (32, 0, 0, 2048), (32, 256, 0, 2048), (32, 64, 1024, 2048),
-    (32, 1024, 1024, 2048), (64, 0, 1024, 2048),
+    (32, 1024, 1024, 2048), (64, 0, 1024, 2048), (32, 0, 1024, 2048, "PREFETCH_HINT=2"),
 ]  # fmt: skip
 # banks of codec blocks: first what the loader builds on a many-core or AVX-512 host (PREFETCH 0, the K-quant
-# dots 2,048 bytes ahead, Q4_K / Q5_K rows two at a time), then the rows one at a time (a fifth value,
-# PAIRED_ROWS 0), other K-quant prefetch distances (KQ_PREFETCH) and fixed unit sizes
+# dots 2,048 bytes ahead into L2, Q4_K / Q5_K rows two at a time), then other builds: a fifth value holds more
+# -D definitions (the K-quant prefetch's locality: 0 non-temporal, 3 into L1 too; the rows one at a time)
 CODEC_VARIANTS = [
-    (32, 0, 0, 2048), (32, 0, 0, 2048, 0), (32, 0, 0, 0), (32, 256, 0, 2048), (32, 0, 0, 1024),
-    (32, 0, 0, 4096), (32, 128, 0, 2048),
+    (32, 0, 0, 2048), (32, 0, 0, 2048, "KQ_PREFETCH_HINT=0"), (32, 0, 0, 2048, "KQ_PREFETCH_HINT=3"),
+    (32, 0, 0, 2048, "PAIRED_ROWS=0"), (32, 0, 0, 0), (32, 0, 0, 1024), (32, 0, 0, 4096),
+    (32, 0, 1024, 2048), (32, 0, 1024, 2048, "PREFETCH_HINT=2"),  # Q8_0's row prefetch: non-temporal / L2
 ]  # fmt: skip
 K = 8  # experts per call: a Qwen3 layer step with every routed expert on the CPU
 
 
 def build(
-    folder: Path, lanes: int, unit_kib: int, prefetch: int, kq_prefetch: int, paired: int = 1
+    folder: Path, lanes: int, unit_kib: int, prefetch: int, kq_prefetch: int, more: str = ""
 ) -> ctypes.CDLL:
-    out = folder / f"k_{lanes}_{unit_kib}_{prefetch}_{kq_prefetch}_{paired}.so"
+    out = folder / f"k_{lanes}_{unit_kib}_{prefetch}_{kq_prefetch}_{more.replace(' ', '_')}.so"
     defines = [f"-DLANES={lanes}", f"-DPREFETCH={prefetch}"]
     defines += [f"-DUNIT_BYTES=({unit_kib}<<10)"] if unit_kib else []  # 0: the kernel's own unit a call
-    defines += [f"-DKQ_PREFETCH={kq_prefetch}", f"-DPAIRED_ROWS={paired}"]
+    defines += [f"-DKQ_PREFETCH={kq_prefetch}", *(f"-D{d}" for d in more.split())]
     cmd = [find_compiler(), *FLAGS, *defines, *map(str, SOURCES), "-o", str(out), "-lm", "-lpthread"]
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(out))
@@ -213,7 +214,7 @@ def main() -> None:
         print(json.dumps(doc, indent=2))
         return
     print("median over rounds of each figure's ratio to the read measured at the start of its round")
-    print("variant (lanes, KiB per unit, prefetch, K-quant prefetch bytes[, paired rows]); first: shipped")
+    print("variant (lanes, KiB per unit, prefetch, K-quant prefetch bytes[, -D more]); first: shipped")
     for r in results:
         read = r["read_GBps"]
         print(

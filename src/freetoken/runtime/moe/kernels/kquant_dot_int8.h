@@ -6,15 +6,22 @@
 
 #include "kquant_dot.h"
 
-// KQ_PREFETCH: bytes ahead the int8 K-quant dots prefetch (0: none). A core's misses in flight bound these
-// dots at batch 1: 2,048 bytes ahead lifted Q4_K from 0.71 to 0.76 x the read at 16 threads on a 16-core
-// Xeon and from 0.85 to 0.91 x at 2 threads on a 2-core AMD host (benchmarks/cpu_kernel_sweep.py --codec).
+// KQ_PREFETCH: bytes ahead the int8 K-quant dots prefetch (0: none), KQ_PREFETCH_HINT the prefetch's
+// locality (0: non-temporal, 1-3: into L3 / L2 / L1 as well). A core's misses in flight bound these dots
+// at batch 1: 2,048 bytes ahead lifted Q4_K from 0.71 to 0.76 x the read at 16 threads on a 16-core Xeon
+// and from 0.85 to 0.91 x at 2 threads on a 2-core AMD host; asking for the lines into L2 (hint 2) instead
+// of non-temporally, on a 16-core Xeon: 0.72 -> 0.83 x at 16 threads, 0.75 -> 0.94 x at 8 (hint 3: 0.81 /
+// 0.99), the 2-core AMD host alike (0.99 / 1.01 x) (benchmarks/cpu_kernel_sweep.py --codec). Asking for
+// each line once instead of every 64 bytes from each block's start was slower on both (0.65 / 0.92 x).
 #ifndef KQ_PREFETCH
 #define KQ_PREFETCH 2048
 #endif
+#ifndef KQ_PREFETCH_HINT
+#define KQ_PREFETCH_HINT 2
+#endif
 #if KQ_PREFETCH > 0
 #define KQ_PREFETCH_BLOCK(p, bytes) \
-    for (int line_ = 0; line_ < (bytes); line_ += 64) __builtin_prefetch((const uint8_t *)(p) + KQ_PREFETCH + line_, 0, 0)
+    for (int line_ = 0; line_ < (bytes); line_ += 64) __builtin_prefetch((const uint8_t *)(p) + KQ_PREFETCH + line_, 0, KQ_PREFETCH_HINT)
 #else
 #define KQ_PREFETCH_BLOCK(p, bytes) ((void)0)
 #endif

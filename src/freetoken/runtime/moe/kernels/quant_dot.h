@@ -18,7 +18,7 @@
 #include "bf16_dot.h"  // PREFETCH: bf16 elements ahead, so 2 · PREFETCH bytes of a block row
 
 #if PREFETCH > 0
-#define PREFETCH_ROW(p) __builtin_prefetch((const uint8_t *)(p) + 2 * PREFETCH, 0, 0)
+#define PREFETCH_ROW(p) __builtin_prefetch((const uint8_t *)(p) + 2 * PREFETCH, 0, PREFETCH_HINT)
 #else
 #define PREFETCH_ROW(p) ((void)0)
 #endif
