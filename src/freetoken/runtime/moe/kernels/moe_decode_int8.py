@@ -73,7 +73,9 @@ def gate_up_int8(
     xq, xd, xs = quantize_blocks(x, pdl)
     outs = (act, act, act) if act_quantized is None else act_quantized
     parts = torch.empty(splits, pairs, 2 * i, dtype=torch.float32, device=x.device) if splits > 1 else None
-    step = min(chunk(block_k, code), 1 << ((h // splits).bit_length() - 1))  # a power of two within a part
+    step = chunk(block_k, code)  # the reduction chunk, a power of two
+    if splits > 1:  # one within a part (a chunk past a part's end is masked: it reads none of the next)
+        step = min(step, 1 << ((h // splits).bit_length() - 1))
     body.gate_up_int8_kernel[(pairs, -(-i // rows), splits)](
         xq, xd, xs, ids, bank, *((parts,) * 3 if parts is not None else outs), bias_bank, bias_ids,
         bank.stride(0), bank.stride(1), fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=step,

@@ -2,7 +2,9 @@
 the same two GEMVs as moe_decode_triton.py, each pair's expert read in place by id, but the vector each
 program multiplies is the quantized one (quant_dot_int8_triton.quantize_blocks_kernel: x before gate_up,
 the activation before down), met by dp4a. A gate_up program whose rows are whole blocks of 32 quantizes its
-activations itself (no launch between the two kernels). The down kernel runs a program per (token, rows,
+activations itself (no launch between the two kernels); with SPLITS > 1 a gate_up program takes a part of
+its rows' length, and glu_parts_kernel adds the parts, applies the activation and quantizes it for down
+(more programs, fewer bytes each: Q8_0's rows). The down kernel runs a program per (token, rows,
 choice) writing weighted fp32 partials that sum_choices_kernel adds in one fixed order (SPLIT), or a
 program per (token, rows) over every choice, unrolled, in the same order.
 """
