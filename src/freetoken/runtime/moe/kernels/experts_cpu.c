@@ -251,11 +251,12 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                         v.kb[j] = xkb && xkb_ok[t] ? xkb + t * hidden : NULL;
                     }
                     const int paired = paired_rows(gu_codec, cnt);  // gate row i beside up row i
-                    for (int i = i0; i < i1 && !paired; i++) {
-                        dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d, rowbuf, rowbuf16);
-                        const long at = dq ? i : split_at(i, inter);
-                        for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + at] = d[j];
-                    }
+                    if (!paired)  // the gate rows first, then the up rows
+                        for (int i = i0; i < i1; i++) {
+                            dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d, rowbuf, rowbuf16);
+                            const long at = dq ? i : split_at(i, inter);
+                            for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + at] = d[j];
+                        }
                     for (int i = i0; i < i1; i++) {
                         float up[GROUP];
                         const long at = dq ? i : split_at(i, inter);

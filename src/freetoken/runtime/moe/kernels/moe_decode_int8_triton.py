@@ -86,11 +86,8 @@ def gate_up_int8_kernel(
         tl.store(at + offs_n, gate, mask=mask_n)
         tl.store(at + INTER + offs_n, up, mask=mask_n)
         return
-    if HAS_BIAS:
-        row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
-        gate += tl.load(row + offs_n, mask=mask_n, other=0.0)
-        up += tl.load(row + INTER + offs_n, mask=mask_n, other=0.0)
-    act = glu(gate, up, alpha, limit, ACT)
+    act = _biased_glu(gate, up, bias_ptr, bias_ids_ptr, pair, offs_n, mask_n, alpha, limit, INTER, ACT,
+                      HAS_BIAS)  # fmt: skip
     if QUANT_ACT:  # no quantize launch between the kernels
         nb: tl.constexpr = BLOCK_N // 32
         block = tl.program_id(1) * nb + tl.arange(0, nb)
@@ -105,6 +102,18 @@ def gate_up_int8_kernel(
         )
     else:
         tl.store(act_ptr + pair * INTER + offs_n, act, mask=mask_n)
+
+
+@triton.jit
+def _biased_glu(gate, up, bias_ptr, bias_ids_ptr, pair, offs, mask, alpha, limit, INTER: tl.constexpr,
+                ACT: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+    """glu(gate + b_gate, up + b_up) at activations `offs` (any shape) of `pair`, its expert's biases where
+    HAS_BIAS."""
+    if HAS_BIAS:
+        row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
+        gate += tl.load(row + offs, mask=mask, other=0.0)
+        up += tl.load(row + INTER + offs, mask=mask, other=0.0)
+    return glu(gate, up, alpha, limit, ACT)
 
 
 @triton.jit
@@ -145,11 +154,7 @@ def glu_parts_kernel(
         at = part_ptr(parts_ptr, split, pair, pairs, INTER)
         gate += tl.load(at + offs, mask=here, other=0.0)
         up += tl.load(at + INTER + offs, mask=here, other=0.0)
-    if HAS_BIAS:
-        row = bias_ptr + tl.maximum(tl.load(bias_ids_ptr + pair), 0).to(tl.int64) * (2 * INTER)
-        gate += tl.load(row + offs, mask=here, other=0.0)
-        up += tl.load(row + INTER + offs, mask=here, other=0.0)
-    act = glu(gate, up, alpha, limit, ACT)
+    act = _biased_glu(gate, up, bias_ptr, bias_ids_ptr, pair, offs, here, alpha, limit, INTER, ACT, HAS_BIAS)
     if QUANT:
         block = tl.program_id(1) * NB + tl.arange(0, NB)
         at = pair * (INTER // 32)
