@@ -46,13 +46,16 @@ VARIANTS = [
     (32, 0, 1024, 2048), (32, 256, 1024, 2048), (32, 0, 0, 2048), (32, 256, 0, 2048), (32, 64, 1024, 2048),
     (32, 1024, 1024, 2048), (64, 0, 1024, 2048), (32, 0, 1024, 2048, "PREFETCH_HINT=2"),
 ]  # fmt: skip
-# banks of codec blocks: first what the loader builds on a many-core or AVX-512 host (PREFETCH 0, the K-quant
-# dots 2,048 bytes ahead into L2, Q4_K / Q5_K rows two at a time), then other builds: a fifth value holds more
-# -D definitions (the K-quant prefetch's locality: 0 non-temporal, 3 into L1 too; the rows one at a time)
+# banks of codec blocks: first what the loader builds on a many-core host (PREFETCH 0 but the
+# Q8_0 dots' 2,048 bytes ahead into L2, the K-quant dots 2,048 bytes ahead into L2, Q4_K / Q5_K rows two at a
+# time), then other builds: a fifth value holds more -D definitions (the K-quant prefetch's locality: 0
+# non-temporal, 3 into L1 too; the rows one at a time; Q8_0's prefetch off, or non-temporal)
+Q8 = "Q8_PREFETCH=2048 Q8_PREFETCH_HINT=2"
 CODEC_VARIANTS = [
-    (32, 0, 0, 2048), (32, 0, 0, 2048, "KQ_PREFETCH_HINT=0"), (32, 0, 0, 2048, "KQ_PREFETCH_HINT=3"),
-    (32, 0, 0, 2048, "PAIRED_ROWS=0"), (32, 0, 0, 0), (32, 0, 0, 1024), (32, 0, 0, 4096),
-    (32, 0, 1024, 2048), (32, 0, 1024, 2048, "PREFETCH_HINT=2"),  # Q8_0's row prefetch: non-temporal / L2
+    (32, 0, 0, 2048, Q8), (32, 0, 0, 2048, Q8 + " KQ_PREFETCH_HINT=0"),
+    (32, 0, 0, 2048, Q8 + " KQ_PREFETCH_HINT=3"),
+    (32, 0, 0, 2048, Q8 + " PAIRED_ROWS=0"), (32, 0, 0, 0, Q8), (32, 0, 0, 1024, Q8), (32, 0, 0, 4096, Q8),
+    (32, 0, 0, 2048), (32, 0, 1024, 2048),
 ]  # fmt: skip
 K = 8  # experts per call: a Qwen3 layer step with every routed expert on the CPU
 
@@ -126,7 +129,7 @@ class Calls:
 
     def trace(self, lib: ctypes.CDLL) -> dict[str, float]:
         """One traced call: the spread of the threads' first and last moments, waits and units."""
-        trace = torch.zeros(self.threads, 4, dtype=torch.float64)
+        trace = torch.zeros(self.threads + 1, 4, dtype=torch.float64)
         for _ in range(3):  # the last of three, warm
             t0 = time.perf_counter()
             ids = self.ids()
@@ -134,7 +137,7 @@ class Calls:
                 lib, self.x, ids, self.w, self.gu, self.dn, self.out, self.threads, trace=trace, **self.codec
             )
             call = time.perf_counter() - t0
-        start, end, wait, units = trace.unbind(1)
+        start, end, wait, units = trace[: self.threads].unbind(1)
         return {
             "call_us": call * 1e6,
             "last_start_us": float(start.max()) * 1e6,
@@ -143,6 +146,7 @@ class Calls:
             "max_wait_us": float(wait.max()) * 1e6,
             "units_min": int(units.min()),
             "units_max": int(units.max()),
+            "joined_us": float(trace[-1, 0]) * 1e6,
         }
 
 

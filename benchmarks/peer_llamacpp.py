@@ -72,7 +72,7 @@ def llama_bench(
     return out
 
 
-def freetoken_bench(engine: Engine, prompt: int, gen: int) -> dict[str, float]:
+def freetoken_bench(engine: Engine, prompt: int, gen: int) -> dict[str, Any]:
     """Through the engine's scheduler, as `ft run` does: prefill `prompt` tokens (timed to the first
     token); decode `gen` greedy tokens after a short prompt, as llama-bench's tg starts from an empty
     context. Warmed up first (kernels compiled, the batch-1 graph captured)."""
@@ -82,8 +82,14 @@ def freetoken_bench(engine: Engine, prompt: int, gen: int) -> dict[str, float]:
     engine.reset()  # nothing cached: the prompt is prefilled in full
     prefill = _last(engine.generate(ids, SamplingParams(max_tokens=1, ignore_eos=True)))
     engine.reset()
+    branch = getattr(engine.executor, "stream_branch", None)
+    if branch is not None:
+        branch.timings(reset=True)
     decode = _last(engine.generate(ids[-8:], SamplingParams(max_tokens=gen + 1, ignore_eos=True)))
-    return {"prefill_tok_s": prefill.prefill_tok_s, "decode_tok_s": decode.decode_tok_s}
+    out: dict[str, Any] = {"prefill_tok_s": prefill.prefill_tok_s, "decode_tok_s": decode.decode_tok_s}
+    if branch is not None:  # where a decode layer's CPU side spends its time, µs a layer
+        out["cpu_branch_us"] = branch.timings()
+    return out
 
 
 def batch_decode_tok_s(engine: Engine, batch: int, gen: int) -> float:
@@ -113,13 +119,16 @@ def batch_decode_tok_s(engine: Engine, batch: int, gen: int) -> float:
 def freetoken_options(args: argparse.Namespace, ratio: float) -> list[dict[str, Any]]:
     """The engine options with `ratio` of the expert bytes on the GPU: fused with every expert there; each
     of --backends at that share; cpu with no slot when no expert is on the GPU."""
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.int8_act]
     if args.device == "cpu":
-        modes = {"off": [False], "on": [True], "both": [False, True]}[args.int8_act]
         return [{"moe_backend": "cpu", "cpu_threads": args.threads, "cpu_int8_act": mode} for mode in modes]
     if ratio == 1.0:
         return [{"moe_backend": "fused"}]
     if ratio == 0.0:
-        return [{"moe_backend": "cpu", "cache_size": 0, "cpu_threads": args.threads}]
+        return [
+            {"moe_backend": "cpu", "cache_size": 0, "cpu_threads": args.threads, "cpu_int8_act": mode}
+            for mode in modes
+        ]
     out = []
     for backend in args.backends.split(","):
         options: dict[str, Any] = {"moe_backend": backend, "cache_ratio": ratio, "cpu_threads": args.threads}
@@ -127,7 +136,9 @@ def freetoken_options(args: argparse.Namespace, ratio: float) -> list[dict[str, 
             options.update(
                 {k: v for k, v in (("pcie_gbps", args.pcie_gbps), ("host_gbps", args.host_gbps)) if v}
             )
-        out.append(options)
+            out += [{**options, "cpu_int8_act": mode} for mode in modes]
+        else:
+            out.append(options)
     return out
 
 
@@ -242,7 +253,8 @@ def main() -> None:
         "--int8-act",
         choices=("off", "on", "both"),
         default="off",
-        help="--device cpu: quantized experts against int8 activations (--moe-cpu-int8-act), or both rows",
+        help="the rows whose experts the CPU computes (cpu, hybrid): quantized experts against int8 "
+        "activations (--moe-cpu-int8-act), or both rows",
     )
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=64)
@@ -306,6 +318,13 @@ def main() -> None:
         ratio = row["ratio"]
         print(f"{'':>7} {'ours/peer':>10} {ratio['prefill_tok_s']:>14.2f} {ratio['decode_tok_s']:>13.2f}")
         ours = row["freetoken"]
+        if "cpu_branch_us" in ours:
+            t = ours["cpu_branch_us"]
+            print(
+                f"{'':>7} {'cpu side':>10}  µs a layer: busy {t['busy']:.0f} (kernel call {t['call']:.0f}, "
+                f"threads started by {t['team_start']:.0f}, done by {t['work_end']:.0f}, joined "
+                f"{t['joined']:.0f}), gap {t['gap']:.0f}"
+            )
         if "batch_decode_tok_s" in ours:
             scale = ours["batch_decode_tok_s"] / ours["decode_tok_s"]
             print(

@@ -86,7 +86,7 @@ def test_units_and_waits_equal_reference(h: int, i: int, unit_bytes: int, thread
     w = torch.rand(4, 3, generator=gen)
     ref = grouped_experts(x, ids, w, gate_up.float(), down.float())
     out = torch.full((4, h), float("nan"))
-    trace = torch.full((threads, 4), -7.0, dtype=torch.float64)
+    trace = torch.full((threads + 1, 4), -7.0, dtype=torch.float64)
     lib = loader.load_library()
     assert run_kernel(lib, x, ids, w, gate_up, down, out, threads, unit_bytes, trace) == 8
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
@@ -94,8 +94,10 @@ def test_units_and_waits_equal_reference(h: int, i: int, unit_bytes: int, thread
     g_rows = max(1, unit_bytes // (4 * h))
     d_rows = max(1, unit_bytes // (2 * i))
     units = 5 * (-(-i // g_rows) + -(-h // d_rows))  # five distinct experts
-    assert int(trace[:, 3].sum()) == units
-    assert (trace[:, 1] >= 0).all() and (trace[:, 2] >= 0).all()
+    assert int(trace[:threads, 3].sum()) == units
+    assert (trace[:threads, 1] >= 0).all() and (trace[:threads, 2] >= 0).all()
+    joined, end, *zeros = trace[threads].tolist()  # the call's phases
+    assert trace[:threads, 1].max() <= joined <= end and zeros == [0.0, 0.0]
 
 
 @pytest.mark.parametrize(("t", "h", "i", "threads"), [(37, 203, 45, 3), (21, 256, 96, 2), (6, 64, 33, 4)])
@@ -156,15 +158,18 @@ def test_read_bandwidth_is_positive() -> None:
 def test_many_cores_or_avx512_build_without_software_prefetch(
     monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
-    """Prefetch stays where at most 4 cores are allowed on a CPU without AVX-512; 16 cores or AVX-512 drop
-    it, and that variant still builds and computes the reference (every dot header honours PREFETCH 0)."""
+    """Prefetch stays where at most 4 cores are allowed on a CPU without AVX-512; AVX-512 drops it; 16 cores
+    drop it but for the Q8_0 dots', and that variant still builds and computes the reference (every dot
+    header honours PREFETCH 0)."""
     from freetoken.runtime.measure import cpu_share
 
     avx2, avx512 = frozenset({"avx2", "fma"}), frozenset({"avx2", "avx512f"})
     assert loader.prefetch_defines(2, avx2) == ()
-    assert loader.prefetch_defines(2, avx512) == loader.prefetch_defines(16, avx2) == ("-DPREFETCH=0",)
+    many = ("-DPREFETCH=0", "-DQ8_PREFETCH=2048", "-DQ8_PREFETCH_HINT=2")
+    assert loader.prefetch_defines(2, avx512) == ("-DPREFETCH=0",)
+    assert loader.prefetch_defines(16, avx2) == loader.prefetch_defines(16, avx512) == many
     monkeypatch.setattr(cpu_share, "allowed_cores", lambda: tuple(range(16)))
-    assert loader.machine_defines() == ("-DPREFETCH=0",)
+    assert loader.machine_defines() == many
     monkeypatch.setenv("FREETOKEN_HOME", str(tmp_path))
     lib = loader.load_library()
     assert lib is not None

@@ -152,3 +152,22 @@ def test_a_branch_that_fails_its_check_is_not_used(tiny_model, monkeypatch: pyte
         assert greedy(engine) == want
     finally:
         engine.close()
+
+
+def test_timings_account_for_the_layers_served() -> None:
+    branch = StreamBranch(pool(torch.bfloat16), CPU, top_k=3, max_rows=8, threads=2)
+    try:
+        hand_over(branch, 0, *step(1))
+        hold = 0.03
+        branch.lib.ft_branch_hold(branch.handle, hold)  # inside the take, before the kernel's call
+        hand_over(branch, 1, *step(2))
+        got = branch.timings(reset=True)
+        assert got["layers"] == 2
+        assert 0 < got["team_start"] <= got["work_end"] <= got["joined"] <= got["call"] < got["busy"]
+        assert got["busy"] - got["call"] >= 0.9 * hold * 1e6 / 2  # the held layer's half of the mean
+        assert got["gap"] >= 0
+        assert set(branch.timings().values()) == {0.0}
+        hand_over(branch, 0, *step(3))
+        assert branch.timings()["layers"] == 1
+    finally:
+        branch.close()

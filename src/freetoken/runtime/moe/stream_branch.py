@@ -34,6 +34,8 @@ from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.kernels.stream_ops import DriverStreamOps, HostStreamOps
 from freetoken.runtime.moe.pool import HostExpertPool
 
+# ft_branch_timings' counters in its order (kernels/branch_coordinator.c): nanoseconds, but for the counts
+TIMINGS = ("layers", "busy", "call", "team_start", "work_end", "gaps", "gap", "joined")
 FAILURES = {
     1: "the CPU expert kernel failed (code {error})",
     2: "the CPU expert branch was stuck in one layer for over {stall:g} s",
@@ -187,6 +189,22 @@ class StreamBranch:
 
     def served(self) -> int:
         return int(self.lib.ft_branch_served(self.handle))
+
+    def timings(self, reset: bool = False) -> dict[str, float]:
+        """Where the layers served since the last reset spent their time, µs a layer: `busy` from the take
+        to the answer, `call` of it in the kernel call; from the call's start, when its last thread took its
+        first unit (`team_start`) and ended its last (`work_end`: the sums over pairs are the units'), and
+        when its threads were joined (`joined`); `gap` from an answer to the next take (the GPU's part of
+        the step and both flags' latency; gaps between steps left out). `reset`: start again after."""
+        raw = (ctypes.c_long * len(TIMINGS))()
+        self.lib.ft_branch_timings(self.handle, raw, int(reset))
+        got = dict(zip(TIMINGS, raw, strict=True))
+        layers, gaps = max(got["layers"], 1), max(got["gaps"], 1)
+        out = {"layers": float(got["layers"])}
+        phases = ("busy", "call", "team_start", "work_end", "joined")
+        out.update({name: got[name] / layers / 1e3 for name in phases})
+        out["gap"] = got["gap"] / gaps / 1e3
+        return out
 
     def close(self) -> None:
         """Ends the threads and frees the branch's memory (kept, with a thread stuck in a layer)."""

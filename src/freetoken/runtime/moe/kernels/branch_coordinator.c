@@ -12,6 +12,10 @@
 // the CPU's), weights fp32 [rows, K], packed in that order with no gaps (H even keeps ids 8-aligned).
 // Out (pinned): fp32 [rows, H], written whole.
 //
+// The coordinator keeps its own timings (ft_branch_timings): per layer served, its time from the take to
+// the answer, the kernel call's, its threads' first unit start and last unit end within the call, and the
+// gap since the answer before (the GPU's side of the step and both flags' latency) where under GAP_CAP_NS.
+//
 // A watchdog thread turns a failed or stuck branch into an error, never a hang: once the coordinator
 // fails (the kernel returns an error) or stays in one layer longer than `stall_s`, the branch is dead:
 // every submission from then on is acknowledged at once (done = 1, out untouched), so the GPU finishes
@@ -43,6 +47,13 @@ enum { FAIL_NONE = 0, FAIL_KERNEL = 1, FAIL_STALL = 2, FAIL_STOPPED = 3, FAIL_HE
 #define WAIT_SPIN_NS 20000L  // the host's wait (cpu device) spins this long, then naps
 #define NAP_NS 20000L
 #define WATCH_NS 1000000L  // the watchdog's look interval while the branch is alive
+#define GAP_CAP_NS 2000000L  // a longer gap between two layers is the host's (between steps), not counted
+#define MAX_TRACE_THREADS 512
+
+// ft_branch_timings' counters, in this order: layers served, nanoseconds take -> answer, in ft_moe, to the
+// last thread's first unit (the team's start), to the last thread's last unit, gaps counted, their
+// nanoseconds, then nanoseconds from ft_moe's start to its threads joined
+enum { T_LAYERS, T_BUSY, T_CALL, T_START, T_WORK, T_GAPS, T_GAP, T_JOINED, T_COUNT };
 
 typedef struct {
     const void *gate_up, *down;
@@ -71,6 +82,8 @@ typedef struct {
     int running;       // threads started
     int joined;        // the coordinator has been joined
     long hold_ns;      // tests: the next layer first sleeps this long (a stuck branch)
+    long timings[T_COUNT];  // T_*: written by the coordinator, read and reset by the host (atomics)
+    double *trace;     // [MAX_TRACE_THREADS + 1, 4]: ft_moe's trace of the layer being served
 } ft_branch;
 
 static long now_ns(void) {
@@ -115,9 +128,23 @@ static int serve(ft_branch *b) {
         struct timespec ts = {hold / 1000000000L, hold % 1000000000L};
         nanosleep(&ts, NULL);
     }
-    const int threads = __atomic_load_n(&b->threads, __ATOMIC_RELAXED);
-    return ft_moe(l->gate_up, l->gu_codec, l->down, l->dn_codec, b->bank_experts, b->hidden, b->inter, x, ids,
-                  weights, (int)rows, b->top_k, b->scratch, b->out, threads, 0, NULL, l->has_fn ? &l->fn : NULL);
+    int threads = __atomic_load_n(&b->threads, __ATOMIC_RELAXED);
+    threads = threads < MAX_TRACE_THREADS ? threads : MAX_TRACE_THREADS;
+    const long t0 = now_ns();
+    const int result = ft_moe(l->gate_up, l->gu_codec, l->down, l->dn_codec, b->bank_experts, b->hidden,
+                              b->inter, x, ids, weights, (int)rows, b->top_k, b->scratch, b->out, threads, 0,
+                              b->trace, l->has_fn ? &l->fn : NULL);
+    double start = 0.0, work = 0.0;  // seconds from the call's start: the last first unit, the last end
+    for (int t = 0; t < threads; t++) {
+        const double *row = b->trace + 4L * t;
+        if (row[0] > start) start = row[0];
+        if (row[1] > work) work = row[1];
+    }
+    __atomic_add_fetch(&b->timings[T_CALL], now_ns() - t0, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&b->timings[T_START], (long)(start * 1e9), __ATOMIC_RELAXED);
+    __atomic_add_fetch(&b->timings[T_WORK], (long)(work * 1e9), __ATOMIC_RELAXED);
+    __atomic_add_fetch(&b->timings[T_JOINED], (long)(b->trace[4L * threads] * 1e9), __ATOMIC_RELAXED);
+    return result;
 }
 
 static void *coordinator_loop(void *arg) {
@@ -127,12 +154,19 @@ static void *coordinator_loop(void *arg) {
     while (!__atomic_load_n(&b->stop, __ATOMIC_ACQUIRE)) {
         if (__atomic_load_n(&b->failed, __ATOMIC_ACQUIRE)) break;  // the watchdog answers from now on
         if (take(b)) {
-            __atomic_store_n(&b->busy_since, now_ns(), __ATOMIC_RELEASE);
+            const long taken = now_ns();
+            if (taken - last < GAP_CAP_NS) {
+                __atomic_add_fetch(&b->timings[T_GAPS], 1L, __ATOMIC_RELAXED);
+                __atomic_add_fetch(&b->timings[T_GAP], taken - last, __ATOMIC_RELAXED);
+            }
+            __atomic_store_n(&b->busy_since, taken, __ATOMIC_RELEASE);
             const int result = serve(b);
             __atomic_store_n(&b->busy_since, 0L, __ATOMIC_RELEASE);
             if (result < 0) fail(b, result == -100 ? FAIL_HEADER : FAIL_KERNEL, result);
             if (__atomic_load_n(&b->failed, __ATOMIC_ACQUIRE) != FAIL_STALL) answer(b);  // else answered
             last = now_ns();
+            __atomic_add_fetch(&b->timings[T_LAYERS], 1L, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&b->timings[T_BUSY], last - taken, __ATOMIC_RELAXED);
             continue;
         }
         if ((++spins & 63) == 0) {
@@ -181,7 +215,8 @@ ft_branch *ft_branch_new(const void **gate_up, const void **down, const int *gu_
     const long out_bytes = 4L * max_rows * hidden;
     b->region_bytes = (64 + align64(stage_bytes) + align64(out_bytes) + 4095) / 4096 * 4096;
     b->region = aligned_alloc(4096, (size_t)b->region_bytes);
-    if (!b->layers || !b->scratch || !b->region) goto fail;
+    b->trace = calloc(4L * (MAX_TRACE_THREADS + 1), sizeof(double));
+    if (!b->layers || !b->scratch || !b->region || !b->trace) goto fail;
     memset(b->region, 0, (size_t)b->region_bytes);
     for (int i = 0; i < n_layers; i++)
         b->layers[i] = (layer_banks){gate_up[i], down[i], gu_codecs[i], dn_codecs[i], fns ? fns[i] : (ft_expert_fn){0},
@@ -203,6 +238,7 @@ fail:
     free(b->layers);
     free(b->scratch);
     free(b->region);
+    free(b->trace);
     free(b);
     return NULL;
 }
@@ -226,6 +262,13 @@ int ft_branch_failed(ft_branch *b, int *error) {
 }
 
 long ft_branch_served(ft_branch *b) { return __atomic_load_n(&b->served, __ATOMIC_ACQUIRE); }
+
+// The coordinator's timings since the last reset into out[T_COUNT] (the T_* order); reset: zero them after.
+void ft_branch_timings(ft_branch *b, long *out, int reset) {
+    for (int i = 0; i < T_COUNT; i++)
+        out[i] = reset ? __atomic_exchange_n(&b->timings[i], 0L, __ATOMIC_ACQ_REL)
+                       : __atomic_load_n(&b->timings[i], __ATOMIC_ACQUIRE);
+}
 
 // Stops the coordinator alone (tests: a branch whose thread is gone); the watchdog answers from then on.
 void ft_branch_stop_coordinator(ft_branch *b) {
@@ -279,5 +322,6 @@ void ft_branch_free(ft_branch *b) {
     free(b->layers);
     free(b->scratch);
     free(b->region);
+    free(b->trace);
     free(b);
 }

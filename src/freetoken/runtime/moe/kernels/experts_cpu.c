@@ -127,18 +127,31 @@ int ft_widen_rows_bf16(int codec, const uint8_t *rows, uint16_t *out, int n_rows
 #endif
 }
 
+// out[t, h0:h1] = Σ over the pairs n of token t, in order, of y[n, h0:h1] (0 for a token with none); tok: [pairs]
+static void sum_pairs(float *out, const float *y, const int32_t *tok, int pairs, int tokens, long hidden, int h0,
+                      int h1) {
+    for (int t = 0; t < tokens; t++) memset(out + t * hidden + h0, 0, sizeof(float) * (h1 - h0));
+    for (int n = 0; n < pairs; n++) {
+        float *o = out + tok[n] * hidden;
+        const float *yn = y + n * hidden;
+        for (int h = h0; h < h1; h++) o[h] += yn[h];
+    }
+}
+
 // gate_up: [bank_experts, 2I, H] in gu_codec (gate rows, then up rows); down: [bank_experts, H, I] in
 // dn_codec (rows as the codec stores them: codec_row_bytes apart); x: [T, H] fp32; ids, weights:
 // [T, top_k] (ids -1 for pairs another branch computes); out: [T, H] fp32, written; scratch: at least
 // T·top_k·(I + H) + T·H fp32; unit_bytes: the size of a unit (0: call_unit_bytes); trace: NULL, or
-// [threads, 4] doubles per thread: seconds from the call's start to its first unit and after its last,
-// seconds spent waiting, units done; fn: the experts' function and gate/up biases (NULL: SiLU, none).
+// [threads + 1, 4] doubles: per thread, seconds from the call's start to its first unit and after its last,
+// seconds spent waiting, units done; then seconds from the call's start to the threads joined and to its
+// end, and two zeros; fn: the experts' function and gate/up biases (NULL: SiLU, none).
 // Returns the number of pairs computed; -1 out of memory, -2 a codec
 // this build does not know or a row that is not whole blocks.
 int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
            int inter, const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
            float *scratch, float *out, int threads, long unit_bytes, double *trace,
            const ft_expert_fn *fn) {
+    const double t0 = trace ? omp_get_wtime() : 0.0;  // the call's start: the trace's times count from it
     const int gq8 = codec_act8(gu_codec), dq8 = codec_act8(dn_codec);  // against int8 activation blocks
     const int gb = gu_codec == FT_CODEC_BF16_ACT16, db = dn_codec == FT_CODEC_BF16_ACT16;  // against bf16
     const int gq = gu_codec != FT_CODEC_BF16, dq = dn_codec != FT_CODEC_BF16;  // activations in natural order
@@ -196,6 +209,9 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     const long total = (long)ne * (s.g_units + s.d_units);
     long next = 0;                                // the shared counter
     int *done = calloc((size_t)(ne > 0 ? ne : 1) * 16, sizeof(int));  // G units finished, a line each
+    // per row chunk of down (D units' rows): D units finished, a line each; the one that finishes the chunk's
+    // last sums the chunk's rows over pairs into out, so no barrier sits between the units and the sum
+    int *chunk_done = calloc((size_t)s.d_units * 16, sizeof(int));
     // per thread: a group of pairs' activations quantized for a Q8_0 down bank
     const long act_q_bytes = dq8 ? GROUP * (inter + inter / Q8_BLOCK * 4L + inter / SUM_BLOCK * 4L) : 0;
     uint8_t *act_q = dq8 ? malloc((size_t)threads * act_q_bytes) : NULL;
@@ -208,12 +224,11 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     // paths (cpu_experts.bf16_act_reference states it)
     const int dkb = gkb && widened_codec(dn_codec);
     uint16_t *act_b = db || dkb ? malloc(sizeof(uint16_t) * threads * GROUP * (long)inter) : NULL;  // per thread
-    if (!done || (dq8 && !act_q) || ((gq || dq) && !rowbufs) || (dfs && !act_fs) || ((db || dkb) && !act_b)) {
-        free(done), free(act_q), free(rowbufs), free(act_fs), free(act_b), free(xfs), free(xkb), free(xkb_ok);
+    if (!done || !chunk_done || (dq8 && !act_q) || ((gq || dq) && !rowbufs) || (dfs && !act_fs) || ((db || dkb) && !act_b)) {
+        free(done), free(chunk_done), free(act_q), free(rowbufs), free(act_fs), free(act_b), free(xfs), free(xkb), free(xkb_ok);
         free(buf);
         return -1;
     }
-    const double t0 = trace ? omp_get_wtime() : 0.0;
 #pragma omp parallel num_threads(threads)
     {
         double first = -1.0, waited = 0.0;
@@ -319,25 +334,20 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                         for (int j = 0; j < cnt; j++) y[(long)(n + j) * hidden + h] = d[j];
                     }
                 }
+                // the release of every expert's rows of this chunk meets the acquire of the last one's
+                if (__atomic_add_fetch(&chunk_done[16 * c], 1, __ATOMIC_ACQ_REL) == ne)
+                    sum_pairs(out, y, p.tok, pairs, tokens, hidden, h0, h1);
             }
         }
         if (trace) {
             double *row = trace + 4L * omp_get_thread_num();
             row[0] = first, row[1] = omp_get_wtime() - t0, row[2] = waited, row[3] = (double)mine;
         }
-#pragma omp barrier
-#pragma omp for schedule(static)
-        for (int h0 = 0; h0 < hidden; h0 += 256) {
-            const int h1 = h0 + 256 < hidden ? h0 + 256 : hidden;
-            for (int t = 0; t < tokens; t++) memset(out + (long)t * hidden + h0, 0, sizeof(float) * (h1 - h0));
-            for (int n = 0; n < pairs; n++) {
-                float *o = out + (long)p.tok[n] * hidden;
-                const float *yn = y + (long)n * hidden;
-                for (int h = h0; h < h1; h++) o[h] += yn[h];
-            }
-        }
     }
+    if (!ne) memset(out, 0, sizeof(float) * (size_t)tokens * hidden);  // no pair: no D unit summed a row
+    if (trace) trace[4L * threads] = omp_get_wtime() - t0;
     free(done);
+    free(chunk_done);
     free(act_q);
     free(rowbufs);
     free(act_fs);
@@ -346,6 +356,8 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     free(xkb);
     free(xkb_ok);
     free(buf);
+    if (trace) trace[4L * threads + 1] = omp_get_wtime() - t0, trace[4L * threads + 2] = 0.0,
+               trace[4L * threads + 3] = 0.0;
     return pairs;
 }
 

@@ -58,7 +58,11 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", *X86_FLAGS, "-fopenmp", "
 # flight bound its bandwidth); on a 16-core Xeon it cost the LM head GEMV 95 -> 41 GB/s and the experts
 # 64 -> 48 GB/s at 16 threads (there the cores fill the memory pipe without it); on a 2-core AVX-512
 # EPYC the expert kernel went 0.88 -> 0.99 x the read without it, and decode 51-56 -> 60-62 tok/s.
+# Builds for more cores keep the Q8_0 dots' prefetch, 2 KiB ahead into L2 (quant_dot.h's Q8_PREFETCH: on
+# that 16-core Xeon Q8_0 x int8 went 116 -> 142 GB/s at 16 threads, one sweep; on the 2-core AVX-512 EPYC
+# it cost 0.88-0.91 against 1.05 x the read, so not there).
 PREFETCH_MAX_CORES = 4
+MANY_CORE_DEFINES = ("-DPREFETCH=0", "-DQ8_PREFETCH=2048", "-DQ8_PREFETCH_HINT=2")
 
 
 def machine_defines() -> tuple[str, ...]:
@@ -69,8 +73,11 @@ def machine_defines() -> tuple[str, ...]:
 
 
 def prefetch_defines(cores: int, flags: frozenset[str]) -> tuple[str, ...]:
-    """Software prefetch on (the source's default) for at most PREFETCH_MAX_CORES cores without AVX-512."""
-    return () if cores <= PREFETCH_MAX_CORES and "avx512f" not in flags else ("-DPREFETCH=0",)
+    """Software prefetch on (the source's default) for at most PREFETCH_MAX_CORES cores without AVX-512; none
+    for as few cores with AVX-512; for more cores none but the Q8_0 dots', into L2."""
+    if cores > PREFETCH_MAX_CORES:
+        return MANY_CORE_DEFINES
+    return () if "avx512f" not in flags else ("-DPREFETCH=0",)
 
 
 @cache
@@ -198,6 +205,7 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.ft_branch_set_threads.argtypes, lib.ft_branch_set_threads.restype = [vp, i32], None
     lib.ft_branch_failed.argtypes, lib.ft_branch_failed.restype = [vp, ctypes.POINTER(i32)], i32
     lib.ft_branch_served.argtypes, lib.ft_branch_served.restype = [vp], ctypes.c_long
+    lib.ft_branch_timings.argtypes, lib.ft_branch_timings.restype = [vp, lp, i32], None
     lib.ft_branch_signal.argtypes, lib.ft_branch_signal.restype = [vp], None
     lib.ft_branch_wait_done.argtypes, lib.ft_branch_wait_done.restype = [vp], i32
     lib.ft_branch_hold.argtypes, lib.ft_branch_hold.restype = [vp, ctypes.c_double], None
