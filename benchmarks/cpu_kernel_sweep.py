@@ -45,17 +45,19 @@ from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCES, declare, find_c
 VARIANTS = [
     (32, 0, 1024, 2048), (32, 256, 1024, 2048), (32, 0, 0, 2048), (32, 256, 0, 2048), (32, 64, 1024, 2048),
     (32, 1024, 1024, 2048), (64, 0, 1024, 2048), (32, 0, 1024, 2048, "PREFETCH_HINT=2"),
+    (32, 0, 0, 2048, "SUM_AFTER_BARRIER=1"),
 ]  # fmt: skip
 # banks of codec blocks: first what the loader builds on a many-core host (PREFETCH 0 but the
 # Q8_0 dots' 2,048 bytes ahead into L2, the K-quant dots 2,048 bytes ahead into L2, Q4_K / Q5_K rows two at a
 # time), then other builds: a fifth value holds more -D definitions (the K-quant prefetch's locality: 0
-# non-temporal, 3 into L1 too; the rows one at a time; Q8_0's prefetch off, or non-temporal)
+# non-temporal, 3 into L1 too; the rows one at a time; Q8_0's prefetch off, or non-temporal; the sum over
+# pairs after a barrier, as before 2026-12-06)
 Q8 = "Q8_PREFETCH=2048 Q8_PREFETCH_HINT=2"
 CODEC_VARIANTS = [
     (32, 0, 0, 2048, Q8), (32, 0, 0, 2048, Q8 + " KQ_PREFETCH_HINT=0"),
     (32, 0, 0, 2048, Q8 + " KQ_PREFETCH_HINT=3"),
     (32, 0, 0, 2048, Q8 + " PAIRED_ROWS=0"), (32, 0, 0, 0, Q8), (32, 0, 0, 1024, Q8), (32, 0, 0, 4096, Q8),
-    (32, 0, 0, 2048), (32, 0, 1024, 2048),
+    (32, 0, 0, 2048), (32, 0, 1024, 2048), (32, 0, 0, 2048, Q8 + " SUM_AFTER_BARRIER=1"),
 ]  # fmt: skip
 K = 8  # experts per call: a Qwen3 layer step with every routed expert on the CPU
 

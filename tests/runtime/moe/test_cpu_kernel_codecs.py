@@ -324,11 +324,12 @@ def test_adversarial_codebook_scales() -> None:
         assert rel_err(act8, plain) < 3e-2, codec
 
 
-@pytest.mark.parametrize("define", ["KQ_PREFETCH=0", "PAIRED_ROWS=0"])
+@pytest.mark.parametrize("define", ["KQ_PREFETCH=0", "PAIRED_ROWS=0", "SUM_AFTER_BARRIER=1"])
 def test_the_k_quant_variants_compute_the_same(tmp_path: Path, define: str) -> None:
     """The K-quant dots' software prefetch (-DKQ_PREFETCH) and two rows read at once (-DPAIRED_ROWS), both on
     in the shipped build, change no result: Q4_K gate_up, Q6_K, Q5_K and Q4_K down against int8
-    activations, bit for bit with a build without them."""
+    activations, bit for bit with a build without them; nor does the sum over pairs after a barrier
+    (-DSUM_AFTER_BARRIER) instead of per row chunk."""
     from freetoken.runtime.moe.kernels.loader import FLAGS, SOURCES, declare, find_compiler, load_library
 
     out = tmp_path / "variant.so"

@@ -36,6 +36,13 @@
 #define UNIT_MIN (64L << 10)
 #define UNIT_MAX (1L << 20)
 
+// SUM_AFTER_BARRIER 1: the sum over pairs after a barrier, split over the threads by rows of 256 (the
+// kernel before 2026-12-06, for A/B in benchmarks/cpu_kernel_sweep.py); 0: per row chunk, by the down unit
+// that ends the chunk's last expert. The same additions in the same order either way.
+#ifndef SUM_AFTER_BARRIER
+#define SUM_AFTER_BARRIER 0
+#endif
+
 static long call_unit_bytes(long weight_bytes, int threads) {
 #ifdef UNIT_BYTES
     (void)weight_bytes, (void)threads;
@@ -335,7 +342,7 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
                     }
                 }
                 // the release of every expert's rows of this chunk meets the acquire of the last one's
-                if (__atomic_add_fetch(&chunk_done[16 * c], 1, __ATOMIC_ACQ_REL) == ne)
+                if (!SUM_AFTER_BARRIER && __atomic_add_fetch(&chunk_done[16 * c], 1, __ATOMIC_ACQ_REL) == ne)
                     sum_pairs(out, y, p.tok, pairs, tokens, hidden, h0, h1);
             }
         }
@@ -343,6 +350,12 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
             double *row = trace + 4L * omp_get_thread_num();
             row[0] = first, row[1] = omp_get_wtime() - t0, row[2] = waited, row[3] = (double)mine;
         }
+#if SUM_AFTER_BARRIER
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (int h0 = 0; h0 < hidden; h0 += 256)
+            if (ne) sum_pairs(out, y, p.tok, pairs, tokens, hidden, h0, h0 + 256 < hidden ? h0 + 256 : hidden);
+#endif
     }
     if (!ne) memset(out, 0, sizeof(float) * (size_t)tokens * hidden);  // no pair: no D unit summed a row
     if (trace) trace[4L * threads] = omp_get_wtime() - t0;
