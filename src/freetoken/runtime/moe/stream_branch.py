@@ -34,6 +34,10 @@ from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.kernels.stream_ops import DriverStreamOps, HostStreamOps
 from freetoken.runtime.moe.pool import HostExpertPool
 
+# How long the kernel's threads spin after a layer before they nap (kernels/spin_team.h): on CUDA longer than
+# a decode step's gap between two layers' hand-overs (~0.1 ms), so they start together; on the cpu device
+# the calling thread's own work between layers needs the cores, so they nap at once.
+TEAM_SPIN_S = 1e-3
 # ft_branch_timings' counters in its order (kernels/branch_coordinator.c): nanoseconds, but for the counts
 TIMINGS = ("layers", "busy", "call", "team_start", "work_end", "gaps", "gap", "joined")
 FAILURES = {
@@ -82,6 +86,7 @@ class StreamBranch:
             pointers(*(pool.down[layer].data_ptr() for layer in layers)),
             ints(*(gu for gu, _ in ids)), ints(*(dn for _, dn in ids)), fn_array,
             n, pool.num_experts, self.hidden, inter, top_k, max_rows, threads, stall_s,
+            TEAM_SPIN_S if device.type == "cuda" else 0.0,
         )  # fmt: skip
         if not self.handle:
             raise RuntimeError("could not start the CPU expert branch's threads")

@@ -1,8 +1,9 @@
 // The CPU branch of a decode step that runs on the GPU without the host: the GPU stages the pairs it
 // leaves to the CPU in pinned memory and raises a flag (a stream write, which a captured graph replays);
-// a native coordinator thread sees the flag, runs ft_moe over the pool's banks, writes the result to
-// pinned memory and raises the done flag the GPU's stream waits on. One layer is in flight at a time: the
-// GPU hands over layer l+1 only after it has waited for layer l.
+// a native coordinator thread sees the flag, runs ft_moe over the pool's banks on its own team of threads
+// (spin_team.h: they spin between layers), writes the result to pinned memory and raises the done flag the
+// GPU's stream waits on. One layer is in flight at a time: the GPU hands over layer l+1 only after it has
+// waited for layer l.
 //
 // The branch owns one region (page-aligned, the caller page-locks it for the GPU): flags, then the stage,
 // then out, each 64-byte aligned; it outlives a coordinator stuck in a layer (see ft_branch_stop).
@@ -27,6 +28,7 @@
 #include <time.h>
 
 #include "expert_fn.h"
+#include "spin_team.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define relax() _mm_pause()
@@ -34,10 +36,10 @@
 #define relax() ((void)0)
 #endif
 
-int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
-           int inter, const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
-           float *scratch, float *out, int threads, long unit_bytes, double *trace,
-           const ft_expert_fn *fn);
+int ft_moe_on_team(ft_team *team, const void *gate_up, int gu_codec, const void *down, int dn_codec,
+                   int bank_experts, int hidden, int inter, const float *restrict x, const int64_t *ids,
+                   const float *weights, int tokens, int top_k, float *scratch, float *out, int threads,
+                   long unit_bytes, double *trace, const ft_expert_fn *fn);
 
 enum { SUBMIT = 0, DONE = 1 };
 enum { FAIL_NONE = 0, FAIL_KERNEL = 1, FAIL_STALL = 2, FAIL_STOPPED = 3, FAIL_HEADER = 4 };
@@ -84,18 +86,8 @@ typedef struct {
     long hold_ns;      // tests: the next layer first sleeps this long (a stuck branch)
     long timings[T_COUNT];  // T_*: written by the coordinator, read and reset by the host (atomics)
     double *trace;     // [MAX_TRACE_THREADS + 1, 4]: ft_moe's trace of the layer being served
+    ft_team *team;     // the kernel's threads, the coordinator one of them (spin_team.h)
 } ft_branch;
-
-static long now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
-static void nap(long ns) {
-    struct timespec ts = {0, ns};
-    nanosleep(&ts, NULL);
-}
 
 // Takes a pending submission (exactly one thread wins it).
 static int take(ft_branch *b) {
@@ -129,18 +121,18 @@ static int serve(ft_branch *b) {
         nanosleep(&ts, NULL);
     }
     int threads = __atomic_load_n(&b->threads, __ATOMIC_RELAXED);
-    threads = threads < MAX_TRACE_THREADS ? threads : MAX_TRACE_THREADS;
-    const long t0 = now_ns();
-    const int result = ft_moe(l->gate_up, l->gu_codec, l->down, l->dn_codec, b->bank_experts, b->hidden,
-                              b->inter, x, ids, weights, (int)rows, b->top_k, b->scratch, b->out, threads, 0,
-                              b->trace, l->has_fn ? &l->fn : NULL);
+    threads = threads < ft_team_size(b->team) ? threads : ft_team_size(b->team);
+    const long t0 = ft_now_ns();
+    const int result = ft_moe_on_team(b->team, l->gate_up, l->gu_codec, l->down, l->dn_codec, b->bank_experts,
+                                      b->hidden, b->inter, x, ids, weights, (int)rows, b->top_k, b->scratch,
+                                      b->out, threads, 0, b->trace, l->has_fn ? &l->fn : NULL);
     double start = 0.0, work = 0.0;  // seconds from the call's start: the last first unit, the last end
     for (int t = 0; t < threads; t++) {
         const double *row = b->trace + 4L * t;
         if (row[0] > start) start = row[0];
         if (row[1] > work) work = row[1];
     }
-    __atomic_add_fetch(&b->timings[T_CALL], now_ns() - t0, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&b->timings[T_CALL], ft_now_ns() - t0, __ATOMIC_RELAXED);
     __atomic_add_fetch(&b->timings[T_START], (long)(start * 1e9), __ATOMIC_RELAXED);
     __atomic_add_fetch(&b->timings[T_WORK], (long)(work * 1e9), __ATOMIC_RELAXED);
     __atomic_add_fetch(&b->timings[T_JOINED], (long)(b->trace[4L * threads] * 1e9), __ATOMIC_RELAXED);
@@ -149,12 +141,12 @@ static int serve(ft_branch *b) {
 
 static void *coordinator_loop(void *arg) {
     ft_branch *b = arg;
-    long last = now_ns();
+    long last = ft_now_ns();
     unsigned spins = 0;
     while (!__atomic_load_n(&b->stop, __ATOMIC_ACQUIRE)) {
         if (__atomic_load_n(&b->failed, __ATOMIC_ACQUIRE)) break;  // the watchdog answers from now on
         if (take(b)) {
-            const long taken = now_ns();
+            const long taken = ft_now_ns();
             if (taken - last < GAP_CAP_NS) {
                 __atomic_add_fetch(&b->timings[T_GAPS], 1L, __ATOMIC_RELAXED);
                 __atomic_add_fetch(&b->timings[T_GAP], taken - last, __ATOMIC_RELAXED);
@@ -164,14 +156,14 @@ static void *coordinator_loop(void *arg) {
             __atomic_store_n(&b->busy_since, 0L, __ATOMIC_RELEASE);
             if (result < 0) fail(b, result == -100 ? FAIL_HEADER : FAIL_KERNEL, result);
             if (__atomic_load_n(&b->failed, __ATOMIC_ACQUIRE) != FAIL_STALL) answer(b);  // else answered
-            last = now_ns();
+            last = ft_now_ns();
             __atomic_add_fetch(&b->timings[T_LAYERS], 1L, __ATOMIC_RELAXED);
             __atomic_add_fetch(&b->timings[T_BUSY], last - taken, __ATOMIC_RELAXED);
             continue;
         }
         if ((++spins & 63) == 0) {
-            const long idle = now_ns() - last;
-            if (idle > SPIN_NS) nap(idle > DOZE_NS ? DOZE_NAP_NS : NAP_NS);
+            const long idle = ft_now_ns() - last;
+            if (idle > SPIN_NS) ft_nap(idle > DOZE_NS ? DOZE_NAP_NS : NAP_NS);
         } else {
             relax();
         }
@@ -184,15 +176,15 @@ static void *watchdog_loop(void *arg) {
     while (!__atomic_load_n(&b->stop, __ATOMIC_ACQUIRE)) {
         if (__atomic_load_n(&b->failed, __ATOMIC_ACQUIRE)) {
             if (take(b)) answer(b);
-            nap(NAP_NS);
+            ft_nap(NAP_NS);
             continue;
         }
         const long since = __atomic_load_n(&b->busy_since, __ATOMIC_ACQUIRE);
-        if (since && now_ns() - since > (long)(b->stall_s * 1e9)) {
+        if (since && ft_now_ns() - since > (long)(b->stall_s * 1e9)) {
             fail(b, FAIL_STALL, 0);
             answer(b);  // the layer the coordinator is stuck in
         }
-        nap(WATCH_NS);
+        ft_nap(WATCH_NS);
     }
     return NULL;
 }
@@ -201,11 +193,12 @@ static long align64(long n) { return (n + 63) / 64 * 64; }
 
 // gate_up, down, codecs: [n_layers] banks per layer row and their codec ids (valid while the branch runs);
 // fns: [n_layers] the experts' function per layer row (copied; its biases valid while the branch runs), or
-// NULL for SiLU without biases.
+// NULL for SiLU without biases. spin_s: how long the kernel's threads spin after a layer before they nap (0
+// where the caller's own work between layers needs the cores: the cpu device standing in).
 // Returns NULL when out of memory or a thread cannot start.
 ft_branch *ft_branch_new(const void **gate_up, const void **down, const int *gu_codecs, const int *dn_codecs,
                          const ft_expert_fn *fns, int n_layers, int bank_experts, int hidden, int inter, int top_k, int max_rows,
-                         int threads, double stall_s) {
+                         int threads, double stall_s, double spin_s) {
     ft_branch *b = calloc(1, sizeof *b);
     if (!b) return NULL;
     b->layers = calloc((size_t)n_layers, sizeof *b->layers);
@@ -216,7 +209,9 @@ ft_branch *ft_branch_new(const void **gate_up, const void **down, const int *gu_
     b->region_bytes = (64 + align64(stage_bytes) + align64(out_bytes) + 4095) / 4096 * 4096;
     b->region = aligned_alloc(4096, (size_t)b->region_bytes);
     b->trace = calloc(4L * (MAX_TRACE_THREADS + 1), sizeof(double));
-    if (!b->layers || !b->scratch || !b->region || !b->trace) goto fail;
+    b->team = ft_team_new(threads < 1 ? 1 : threads < MAX_TRACE_THREADS ? threads : MAX_TRACE_THREADS,
+                          (long)(spin_s * 1e9));
+    if (!b->layers || !b->scratch || !b->region || !b->trace || !b->team) goto fail;
     memset(b->region, 0, (size_t)b->region_bytes);
     for (int i = 0; i < n_layers; i++)
         b->layers[i] = (layer_banks){gate_up[i], down[i], gu_codecs[i], dn_codecs[i], fns ? fns[i] : (ft_expert_fn){0},
@@ -239,6 +234,7 @@ fail:
     free(b->scratch);
     free(b->region);
     free(b->trace);
+    ft_team_free(b->team);
     free(b);
     return NULL;
 }
@@ -290,9 +286,9 @@ void ft_branch_hold(ft_branch *b, double seconds) {
 // watchdog answers).
 int ft_branch_wait_done(ft_branch *b) {
     unsigned spins = 0;
-    const long start = now_ns();
+    const long start = ft_now_ns();
     while (__atomic_load_n(&b->flags[DONE], __ATOMIC_ACQUIRE) != 1) {
-        if ((++spins & 63) == 0 && now_ns() - start > WAIT_SPIN_NS) nap(NAP_NS); else relax();
+        if ((++spins & 63) == 0 && ft_now_ns() - start > WAIT_SPIN_NS) ft_nap(NAP_NS); else relax();
     }
     __atomic_store_n(&b->flags[DONE], 0, __ATOMIC_RELEASE);
     return __atomic_load_n(&b->failed, __ATOMIC_ACQUIRE);
@@ -323,5 +319,6 @@ void ft_branch_free(ft_branch *b) {
     free(b->scratch);
     free(b->region);
     free(b->trace);
+    ft_team_free(b->team);
     free(b);
 }

@@ -23,6 +23,7 @@
 #include "bf16_dot.h"
 #include "expert_fn.h"
 #include "row_dots.h"
+#include "spin_team.h"
 #include "widen_row.h"
 
 // Bytes of weights per unit of work: small enough that the threads finish within a unit of each other,
@@ -145,6 +146,174 @@ static void sum_pairs(float *out, const float *y, const int32_t *tok, int pairs,
     }
 }
 
+// What the threads of one ft_moe call share (moe_units' arguments).
+typedef struct {
+    const void *gate_up, *down;
+    int gu_codec, dn_codec, hidden, inter, tokens, pairs, ne, dq8, db, dq, gfs, dfs, dkb;
+    long gu_row, dn_row, total, act_q_bytes, widest, rowbuf_floats;
+    double t0;
+    plan_t p;
+    units_t s;
+    long *next;
+    int *done, *chunk_done;
+    float *act, *y, *xs;
+    int8_t *xq;
+    uint16_t *xb;
+    float *xd;
+    int16_t *xsum;
+    float *xfs;
+    uint16_t *xkb;
+    int *xkb_ok;
+    uint8_t *act_q;
+    float *rowbufs, *act_fs;
+    uint16_t *act_b;
+    float *out;
+    double *trace;
+    const ft_expert_fn *fn;
+} moe_call;
+
+// One thread's share of an ft_moe call: units from the shared counter until none is left (tid: 0 .. threads).
+static void moe_units(void *arg, int tid) {
+    const moe_call *call = arg;
+    const void *const gate_up = call->gate_up, *const down = call->down;
+    const int gu_codec = call->gu_codec, dn_codec = call->dn_codec, hidden = call->hidden,
+        inter = call->inter, tokens = call->tokens, pairs = call->pairs, ne = call->ne, dq8 = call->dq8,
+        db = call->db, dq = call->dq, gfs = call->gfs, dfs = call->dfs, dkb = call->dkb;
+    const long gu_row = call->gu_row, dn_row = call->dn_row, total = call->total,
+        act_q_bytes = call->act_q_bytes, widest = call->widest, rowbuf_floats = call->rowbuf_floats;
+    const double t0 = call->t0;
+    const plan_t p = call->p;
+    const units_t s = call->s;
+    long *const next = call->next;
+    int *const done = call->done, *const chunk_done = call->chunk_done;
+    float *const act = call->act, *const y = call->y, *const xs = call->xs;
+    int8_t *const xq = call->xq;
+    uint16_t *const xb = call->xb;
+    float *const xd = call->xd;
+    int16_t *const xsum = call->xsum;
+    float *const xfs = call->xfs;
+    uint16_t *const xkb = call->xkb;
+    int *const xkb_ok = call->xkb_ok;
+    uint8_t *const act_q = call->act_q;
+    float *const rowbufs = call->rowbufs, *const act_fs = call->act_fs;
+    uint16_t *const act_b = call->act_b;
+    float *const out = call->out;
+    double *const trace = call->trace;
+    const ft_expert_fn *const fn = call->fn;
+    double first = -1.0, waited = 0.0;
+    long mine = 0;
+    int8_t *aq = dq8 ? (int8_t *)(act_q + tid * act_q_bytes) : NULL;  // [GROUP, I]
+    float *rowbuf = rowbufs ? rowbufs + tid * rowbuf_floats : NULL;  // [max(H, I)]
+    uint16_t *rowbuf16 = rowbuf ? (uint16_t *)(rowbuf + widest) : NULL;
+    float *ad = dq8 ? (float *)(aq + GROUP * (long)inter) : NULL;                      // [GROUP, I / 32]
+    int16_t *as = dq8 ? (int16_t *)(ad + GROUP * (long)(inter / Q8_BLOCK)) : NULL;     // [GROUP, I / 16]
+    float *afs = dfs ? act_fs + (long)tid * GROUP * (inter / 32) : NULL;  // [GROUP, I / 32]
+    uint16_t *ab = act_b ? act_b + (long)tid * GROUP * inter : NULL;   // [GROUP, I]
+    vecs_t v;
+    for (;;) {
+        const long u = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+        if (u >= total) break;
+        if (trace && first < 0) first = omp_get_wtime() - t0;
+        mine++;
+        int k, c;
+        const int is_down = unit_at(&s, ne, u, &k, &c);
+        const int n0 = p.offsets[k], n1 = p.offsets[k + 1];
+        if (!is_down) {  // G(k, c)
+            const uint8_t *gu = (const uint8_t *)gate_up + (long)p.expert[k] * 2 * inter * gu_row;
+            const int i0 = c * s.g_rows, i1 = i0 + s.g_rows < inter ? i0 + s.g_rows : inter;
+            for (int n = n0; n < n1; n += GROUP) {  // a group of pairs, rows from L1 after the first
+                const int cnt = n1 - n < GROUP ? n1 - n : GROUP;
+                float d[GROUP];
+                for (int j = 0; j < cnt; j++) {
+                    const long t = p.tok[n + j];
+                    v.f[j] = xs + t * hidden;
+                    v.b[j] = xb + t * hidden;
+                    v.q[j] = xq + t * hidden;
+                    v.d[j] = xd + t * (hidden / Q8_BLOCK);
+                    v.s[j] = xsum + t * (hidden / SUM_BLOCK);
+                    v.fs[j] = gfs ? xfs + t * (hidden / 32) : NULL;
+                    v.kb[j] = xkb && xkb_ok[t] ? xkb + t * hidden : NULL;
+                }
+                const int paired = paired_rows(gu_codec, cnt);  // gate row i beside up row i
+                if (!paired)  // the gate rows first, then the up rows
+                    for (int i = i0; i < i1; i++) {
+                        dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d, rowbuf, rowbuf16);
+                        const long at = dq ? i : split_at(i, inter);
+                        for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + at] = d[j];
+                    }
+                for (int i = i0; i < i1; i++) {
+                    float up[GROUP];
+                    const long at = dq ? i : split_at(i, inter);
+                    if (paired) {
+                        dots2(gu_codec, gu + i * gu_row, gu + (inter + i) * gu_row, &v, cnt, hidden, d, up,
+                              rowbuf, rowbuf16);
+                        for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + at] = d[j];
+                    } else
+                        dots(gu_codec, gu + (inter + i) * gu_row, &v, cnt, hidden, up, rowbuf, rowbuf16);
+                    for (int j = 0; j < cnt; j++) {
+                        float *a = act + (n + j) * (long)inter + at;
+                        *a = p.weight[n + j] * expert_glu(fn, p.expert[k], inter, i, *a, up[j]);
+                        if (dkb && v.kb[j]) *a = round_elem(*a, 2);  // a bf16 model's: see act_b
+                    }
+                }
+            }
+            __atomic_fetch_add(&done[16 * k], 1, __ATOMIC_RELEASE);
+        } else {  // D(k, c)
+            if (__atomic_load_n(&done[16 * k], __ATOMIC_ACQUIRE) < s.g_units) {
+                const double w0 = trace ? omp_get_wtime() : 0.0;
+                while (__atomic_load_n(&done[16 * k], __ATOMIC_ACQUIRE) < s.g_units) cpu_relax();
+                if (trace) waited += omp_get_wtime() - w0;
+            }
+            const uint8_t *dn = (const uint8_t *)down + (long)p.expert[k] * hidden * dn_row;
+            const int h0 = c * s.d_rows, h1 = h0 + s.d_rows < hidden ? h0 + s.d_rows : hidden;
+            for (int n = n0; n < n1; n += GROUP) {
+                const int cnt = n1 - n < GROUP ? n1 - n : GROUP;
+                float d[GROUP];
+                for (int j = 0; j < cnt; j++) {
+                    v.f[j] = act + (long)(n + j) * inter;
+                    v.kb[j] = NULL;  // the activations between the projections stay fp32, unless rounded
+                    if (db || (dkb && xkb_ok[p.tok[n + j]])) {
+                        uint16_t *b16 = ab + (long)j * inter;
+                        round_row_bf16(v.f[j], b16, inter);  // exact where G rounded them (dkb)
+                        v.b[j] = b16, v.kb[j] = db ? NULL : b16;
+                    }
+                    if (dfs) {
+                        v.fs[j] = afs + (long)j * (inter / 32);
+                        sums32(v.f[j], (float *)v.fs[j], inter);
+                    }
+                    if (dq8) {
+                        const long blocks = inter / Q8_BLOCK, sums = inter / SUM_BLOCK;
+                        v.q[j] = aq + (long)j * inter, v.d[j] = ad + j * blocks, v.s[j] = as + j * sums;
+                        quantize_q8(v.f[j], (int8_t *)v.q[j], (float *)v.d[j], (int16_t *)v.s[j], inter,
+                                    act8_block(dn_codec));
+                    }
+                }
+                int h = h0;
+                for (; h + 1 < h1 && paired_rows(dn_codec, cnt); h += 2) {
+                    float d1[GROUP];
+                    dots2(dn_codec, dn + h * dn_row, dn + (h + 1) * dn_row, &v, cnt, inter, d, d1, rowbuf,
+                          rowbuf16);
+                    for (int j = 0; j < cnt; j++) {
+                        y[(long)(n + j) * hidden + h] = d[j];
+                        y[(long)(n + j) * hidden + h + 1] = d1[j];
+                    }
+                }
+                for (; h < h1; h++) {
+                    dots(dn_codec, dn + h * dn_row, &v, cnt, inter, d, rowbuf, rowbuf16);
+                    for (int j = 0; j < cnt; j++) y[(long)(n + j) * hidden + h] = d[j];
+                }
+            }
+            // the release of every expert's rows of this chunk meets the acquire of the last one's
+            if (!SUM_AFTER_BARRIER && __atomic_add_fetch(&chunk_done[16 * c], 1, __ATOMIC_ACQ_REL) == ne)
+                sum_pairs(out, y, p.tok, pairs, tokens, hidden, h0, h1);
+        }
+    }
+    if (trace) {
+        double *row = trace + 4L * tid;
+        row[0] = first, row[1] = omp_get_wtime() - t0, row[2] = waited, row[3] = (double)mine;
+    }
+}
+
 // gate_up: [bank_experts, 2I, H] in gu_codec (gate rows, then up rows); down: [bank_experts, H, I] in
 // dn_codec (rows as the codec stores them: codec_row_bytes apart); x: [T, H] fp32; ids, weights:
 // [T, top_k] (ids -1 for pairs another branch computes); out: [T, H] fp32, written; scratch: at least
@@ -154,10 +323,11 @@ static void sum_pairs(float *out, const float *y, const int32_t *tok, int pairs,
 // end, and two zeros; fn: the experts' function and gate/up biases (NULL: SiLU, none).
 // Returns the number of pairs computed; -1 out of memory, -2 a codec
 // this build does not know or a row that is not whole blocks.
-int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
-           int inter, const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
-           float *scratch, float *out, int threads, long unit_bytes, double *trace,
-           const ft_expert_fn *fn) {
+// team: the threads to run on (spin_team.h), or NULL for an OpenMP team of the calling thread.
+static int moe_run(ft_team *team, const void *gate_up, int gu_codec, const void *down, int dn_codec,
+                   int bank_experts, int hidden, int inter, const float *restrict x, const int64_t *ids,
+                   const float *weights, int tokens, int top_k, float *scratch, float *out, int threads,
+                   long unit_bytes, double *trace, const ft_expert_fn *fn) {
     const double t0 = trace ? omp_get_wtime() : 0.0;  // the call's start: the trace's times count from it
     const int gq8 = codec_act8(gu_codec), dq8 = codec_act8(dn_codec);  // against int8 activation blocks
     const int gb = gu_codec == FT_CODEC_BF16_ACT16, db = dn_codec == FT_CODEC_BF16_ACT16;  // against bf16
@@ -236,120 +406,19 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
         free(buf);
         return -1;
     }
+    moe_call call = { .gate_up = gate_up, .down = down, .gu_codec = gu_codec, .dn_codec = dn_codec,
+        .hidden = hidden, .inter = inter, .tokens = tokens, .pairs = pairs, .ne = ne, .dq8 = dq8, .db = db,
+        .dq = dq, .gfs = gfs, .dfs = dfs, .dkb = dkb, .gu_row = gu_row, .dn_row = dn_row, .total = total,
+        .act_q_bytes = act_q_bytes, .widest = widest, .rowbuf_floats = rowbuf_floats, .t0 = t0, .p = p,
+        .s = s, .next = &next, .done = done, .chunk_done = chunk_done, .act = act, .y = y, .xs = xs,
+        .xq = xq, .xb = xb, .xd = xd, .xsum = xsum, .xfs = xfs, .xkb = xkb, .xkb_ok = xkb_ok, .act_q = act_q,
+        .rowbufs = rowbufs, .act_fs = act_fs, .act_b = act_b, .out = out, .trace = trace, .fn = fn};
+    if (team && !SUM_AFTER_BARRIER)
+        ft_team_run(team, threads, moe_units, &call);
+    else
 #pragma omp parallel num_threads(threads)
     {
-        double first = -1.0, waited = 0.0;
-        long mine = 0;
-        int8_t *aq = dq8 ? (int8_t *)(act_q + omp_get_thread_num() * act_q_bytes) : NULL;  // [GROUP, I]
-        float *rowbuf = rowbufs ? rowbufs + omp_get_thread_num() * rowbuf_floats : NULL;  // [max(H, I)]
-        uint16_t *rowbuf16 = rowbuf ? (uint16_t *)(rowbuf + widest) : NULL;
-        float *ad = dq8 ? (float *)(aq + GROUP * (long)inter) : NULL;                      // [GROUP, I / 32]
-        int16_t *as = dq8 ? (int16_t *)(ad + GROUP * (long)(inter / Q8_BLOCK)) : NULL;     // [GROUP, I / 16]
-        float *afs = dfs ? act_fs + (long)omp_get_thread_num() * GROUP * (inter / 32) : NULL;  // [GROUP, I / 32]
-        uint16_t *ab = act_b ? act_b + (long)omp_get_thread_num() * GROUP * inter : NULL;   // [GROUP, I]
-        vecs_t v;
-        for (;;) {
-            const long u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
-            if (u >= total) break;
-            if (trace && first < 0) first = omp_get_wtime() - t0;
-            mine++;
-            int k, c;
-            const int is_down = unit_at(&s, ne, u, &k, &c);
-            const int n0 = p.offsets[k], n1 = p.offsets[k + 1];
-            if (!is_down) {  // G(k, c)
-                const uint8_t *gu = (const uint8_t *)gate_up + (long)p.expert[k] * 2 * inter * gu_row;
-                const int i0 = c * s.g_rows, i1 = i0 + s.g_rows < inter ? i0 + s.g_rows : inter;
-                for (int n = n0; n < n1; n += GROUP) {  // a group of pairs, rows from L1 after the first
-                    const int cnt = n1 - n < GROUP ? n1 - n : GROUP;
-                    float d[GROUP];
-                    for (int j = 0; j < cnt; j++) {
-                        const long t = p.tok[n + j];
-                        v.f[j] = xs + t * hidden;
-                        v.b[j] = xb + t * hidden;
-                        v.q[j] = xq + t * hidden;
-                        v.d[j] = xd + t * (hidden / Q8_BLOCK);
-                        v.s[j] = xsum + t * (hidden / SUM_BLOCK);
-                        v.fs[j] = gfs ? xfs + t * (hidden / 32) : NULL;
-                        v.kb[j] = xkb && xkb_ok[t] ? xkb + t * hidden : NULL;
-                    }
-                    const int paired = paired_rows(gu_codec, cnt);  // gate row i beside up row i
-                    if (!paired)  // the gate rows first, then the up rows
-                        for (int i = i0; i < i1; i++) {
-                            dots(gu_codec, gu + i * gu_row, &v, cnt, hidden, d, rowbuf, rowbuf16);
-                            const long at = dq ? i : split_at(i, inter);
-                            for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + at] = d[j];
-                        }
-                    for (int i = i0; i < i1; i++) {
-                        float up[GROUP];
-                        const long at = dq ? i : split_at(i, inter);
-                        if (paired) {
-                            dots2(gu_codec, gu + i * gu_row, gu + (inter + i) * gu_row, &v, cnt, hidden, d, up,
-                                  rowbuf, rowbuf16);
-                            for (int j = 0; j < cnt; j++) act[(n + j) * (long)inter + at] = d[j];
-                        } else
-                            dots(gu_codec, gu + (inter + i) * gu_row, &v, cnt, hidden, up, rowbuf, rowbuf16);
-                        for (int j = 0; j < cnt; j++) {
-                            float *a = act + (n + j) * (long)inter + at;
-                            *a = p.weight[n + j] * expert_glu(fn, p.expert[k], inter, i, *a, up[j]);
-                            if (dkb && v.kb[j]) *a = round_elem(*a, 2);  // a bf16 model's: see act_b
-                        }
-                    }
-                }
-                __atomic_fetch_add(&done[16 * k], 1, __ATOMIC_RELEASE);
-            } else {  // D(k, c)
-                if (__atomic_load_n(&done[16 * k], __ATOMIC_ACQUIRE) < s.g_units) {
-                    const double w0 = trace ? omp_get_wtime() : 0.0;
-                    while (__atomic_load_n(&done[16 * k], __ATOMIC_ACQUIRE) < s.g_units) cpu_relax();
-                    if (trace) waited += omp_get_wtime() - w0;
-                }
-                const uint8_t *dn = (const uint8_t *)down + (long)p.expert[k] * hidden * dn_row;
-                const int h0 = c * s.d_rows, h1 = h0 + s.d_rows < hidden ? h0 + s.d_rows : hidden;
-                for (int n = n0; n < n1; n += GROUP) {
-                    const int cnt = n1 - n < GROUP ? n1 - n : GROUP;
-                    float d[GROUP];
-                    for (int j = 0; j < cnt; j++) {
-                        v.f[j] = act + (long)(n + j) * inter;
-                        v.kb[j] = NULL;  // the activations between the projections stay fp32, unless rounded
-                        if (db || (dkb && xkb_ok[p.tok[n + j]])) {
-                            uint16_t *b16 = ab + (long)j * inter;
-                            round_row_bf16(v.f[j], b16, inter);  // exact where G rounded them (dkb)
-                            v.b[j] = b16, v.kb[j] = db ? NULL : b16;
-                        }
-                        if (dfs) {
-                            v.fs[j] = afs + (long)j * (inter / 32);
-                            sums32(v.f[j], (float *)v.fs[j], inter);
-                        }
-                        if (dq8) {
-                            const long blocks = inter / Q8_BLOCK, sums = inter / SUM_BLOCK;
-                            v.q[j] = aq + (long)j * inter, v.d[j] = ad + j * blocks, v.s[j] = as + j * sums;
-                            quantize_q8(v.f[j], (int8_t *)v.q[j], (float *)v.d[j], (int16_t *)v.s[j], inter,
-                                        act8_block(dn_codec));
-                        }
-                    }
-                    int h = h0;
-                    for (; h + 1 < h1 && paired_rows(dn_codec, cnt); h += 2) {
-                        float d1[GROUP];
-                        dots2(dn_codec, dn + h * dn_row, dn + (h + 1) * dn_row, &v, cnt, inter, d, d1, rowbuf,
-                              rowbuf16);
-                        for (int j = 0; j < cnt; j++) {
-                            y[(long)(n + j) * hidden + h] = d[j];
-                            y[(long)(n + j) * hidden + h + 1] = d1[j];
-                        }
-                    }
-                    for (; h < h1; h++) {
-                        dots(dn_codec, dn + h * dn_row, &v, cnt, inter, d, rowbuf, rowbuf16);
-                        for (int j = 0; j < cnt; j++) y[(long)(n + j) * hidden + h] = d[j];
-                    }
-                }
-                // the release of every expert's rows of this chunk meets the acquire of the last one's
-                if (!SUM_AFTER_BARRIER && __atomic_add_fetch(&chunk_done[16 * c], 1, __ATOMIC_ACQ_REL) == ne)
-                    sum_pairs(out, y, p.tok, pairs, tokens, hidden, h0, h1);
-            }
-        }
-        if (trace) {
-            double *row = trace + 4L * omp_get_thread_num();
-            row[0] = first, row[1] = omp_get_wtime() - t0, row[2] = waited, row[3] = (double)mine;
-        }
+        moe_units(&call, omp_get_thread_num());
 #if SUM_AFTER_BARRIER
 #pragma omp barrier
 #pragma omp for schedule(static)
@@ -372,6 +441,23 @@ int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, in
     if (trace) trace[4L * threads + 1] = omp_get_wtime() - t0, trace[4L * threads + 2] = 0.0,
                trace[4L * threads + 3] = 0.0;
     return pairs;
+}
+
+int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
+           int inter, const float *restrict x, const int64_t *ids, const float *weights, int tokens, int top_k,
+           float *scratch, float *out, int threads, long unit_bytes, double *trace,
+           const ft_expert_fn *fn) {
+    return moe_run(NULL, gate_up, gu_codec, down, dn_codec, bank_experts, hidden, inter, x, ids, weights, tokens,
+                   top_k, scratch, out, threads, unit_bytes, trace, fn);
+}
+
+// ft_moe on `team`'s threads (threads: at most its size), unless the build sums after a barrier.
+int ft_moe_on_team(ft_team *team, const void *gate_up, int gu_codec, const void *down, int dn_codec,
+                   int bank_experts, int hidden, int inter, const float *restrict x, const int64_t *ids,
+                   const float *weights, int tokens, int top_k, float *scratch, float *out, int threads,
+                   long unit_bytes, double *trace, const ft_expert_fn *fn) {
+    return moe_run(team, gate_up, gu_codec, down, dn_codec, bank_experts, hidden, inter, x, ids, weights, tokens,
+                   top_k, scratch, out, threads, unit_bytes, trace, fn);
 }
 
 // ft_moe over bf16 banks (the CPU branch's worker calls it).

@@ -20,7 +20,7 @@ from freetoken.env import c_compiler, cpu_kernel_choice, kernels_dir
 
 HERE = Path(__file__).parent
 # the expert kernel, the thread that runs it, the dense layers' GEMV, the decode attention block and norm,
-# the whole CPU decode step over them, the coordinator of the CPU branch inside a GPU step
+# the whole CPU decode step over them, the coordinator of the CPU branch inside a GPU step and its team
 SOURCES = tuple(
     HERE / name
     for name in (
@@ -31,6 +31,7 @@ SOURCES = tuple(
         "norm_cpu.c",
         "decode_step_cpu.c",
         "branch_coordinator.c",
+        "spin_team.c",
     )
 )
 HEADERS = tuple(
@@ -45,6 +46,7 @@ HEADERS = tuple(
         "widen_row.h",
         "row_dots.h",
         "expert_fn.h",
+        "spin_team.h",
     )
 )
 # FMAs contracted from the kernel's multiply-adds; on x86, full-width vectors where the CPU has them
@@ -197,7 +199,7 @@ def declare(lib: ctypes.CDLL) -> None:
     # the stream branch: per-layer gate_up/down pointers, codec ids and experts' functions (or NULL), layers,
     # bank experts, hidden, inter, top_k, max rows, threads, stall seconds; its region (bytes, offsets [3]
     # out); stop, free
-    lib.ft_branch_new.argtypes = [vp, vp, vp, vp, vp, *[i32] * 7, ctypes.c_double]
+    lib.ft_branch_new.argtypes = [vp, vp, vp, vp, vp, *[i32] * 7, ctypes.c_double, ctypes.c_double]
     lib.ft_branch_new.restype = vp
     lp = ctypes.POINTER(ctypes.c_long)
     lib.ft_branch_region.argtypes, lib.ft_branch_region.restype = [vp, lp, lp], vp
@@ -206,6 +208,11 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.ft_branch_failed.argtypes, lib.ft_branch_failed.restype = [vp, ctypes.POINTER(i32)], i32
     lib.ft_branch_served.argtypes, lib.ft_branch_served.restype = [vp], ctypes.c_long
     lib.ft_branch_timings.argtypes, lib.ft_branch_timings.restype = [vp, lp, i32], None
+    # the coordinator's spinning team (spin_team.h); run takes a C function pointer (tests)
+    lib.ft_team_new.argtypes, lib.ft_team_new.restype = [i32, ctypes.c_long], vp
+    lib.ft_team_size.argtypes, lib.ft_team_size.restype = [vp], i32
+    lib.ft_team_run.argtypes, lib.ft_team_run.restype = [vp, i32, vp, vp], None
+    lib.ft_team_free.argtypes, lib.ft_team_free.restype = [vp], None
     lib.ft_branch_signal.argtypes, lib.ft_branch_signal.restype = [vp], None
     lib.ft_branch_wait_done.argtypes, lib.ft_branch_wait_done.restype = [vp], i32
     lib.ft_branch_hold.argtypes, lib.ft_branch_hold.restype = [vp, ctypes.c_double], None
