@@ -172,7 +172,7 @@ typedef struct {
     const ft_expert_fn *fn;
 } moe_call;
 
-// One thread's share of an ft_moe call: units from the shared counter until none is left (tid: 0 .. threads).
+// One thread's share of an ft_moe call (tid 0 .. threads - 1): units from the shared counter until none is left.
 static void moe_units(void *arg, int tid) {
     const moe_call *call = arg;
     const void *const gate_up = call->gate_up, *const down = call->down;
