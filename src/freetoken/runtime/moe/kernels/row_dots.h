@@ -68,6 +68,15 @@ static inline int all_bf16(const vecs_t *v, int cnt) {
     return 1;
 }
 
+// out[j] for j < cnt: the bf16 pair-dot expression where vector j has its bf16 form (v->kb[j]) and the
+// build has those dots, else the fp32 one (both expressions in j).
+#if HAVE_KQUANT_BF16
+#define WIDENED_DOTS(bf16_dot, f32_dot) \
+    for (int j = 0; j < cnt; j++) out[j] = v->kb[j] ? (bf16_dot) : (f32_dot)
+#else
+#define WIDENED_DOTS(bf16_dot, f32_dot) for (int j = 0; j < cnt; j++) out[j] = (f32_dot)
+#endif
+
 // rowbuf: n floats of the calling thread's, for a widened row; rowbuf16: n bf16 of its own.
 static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt, int n, float *out,
                         float *rowbuf, uint16_t *rowbuf16) {
@@ -98,46 +107,14 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
     else if (codec == FT_CODEC_Q8_0)
         for (int j = 0; j < cnt; j++) out[j] = dot_q8_0_f32(row, v->f[j], n);
     else if (codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q5_K)
-        for (int j = 0; j < cnt; j++) {
-            const int high = codec == FT_CODEC_Q5_K;
-#if HAVE_KQUANT_BF16
-            if (v->kb[j]) {
-                out[j] = dot_q45_k_bf16(row, high, v->kb[j], v->fs[j], n);
-                continue;
-            }
-#endif
-            out[j] = dot_q45_k(row, high, v->f[j], v->fs[j], n);
-        }
+        WIDENED_DOTS(dot_q45_k_bf16(row, codec == FT_CODEC_Q5_K, v->kb[j], v->fs[j], n),
+                     dot_q45_k(row, codec == FT_CODEC_Q5_K, v->f[j], v->fs[j], n));
     else if (codec == FT_CODEC_Q6_K)
-        for (int j = 0; j < cnt; j++) {
-#if HAVE_KQUANT_BF16
-            if (v->kb[j]) {
-                out[j] = dot_q6_k_bf16(row, v->kb[j], n);
-                continue;
-            }
-#endif
-            out[j] = dot_q6_k(row, v->f[j], n);
-        }
+        WIDENED_DOTS(dot_q6_k_bf16(row, v->kb[j], n), dot_q6_k(row, v->f[j], n));
     else if (codec == FT_CODEC_IQ4_XS)
-        for (int j = 0; j < cnt; j++) {
-#if HAVE_KQUANT_BF16
-            if (v->kb[j]) {
-                out[j] = dot_iq4_xs_bf16(row, v->kb[j], n);
-                continue;
-            }
-#endif
-            out[j] = dot_iq4_xs(row, v->f[j], n);
-        }
+        WIDENED_DOTS(dot_iq4_xs_bf16(row, v->kb[j], n), dot_iq4_xs(row, v->f[j], n));
     else if (codec == FT_CODEC_MXFP4)
-        for (int j = 0; j < cnt; j++) {
-#if HAVE_KQUANT_BF16
-            if (v->kb[j]) {
-                out[j] = dot_mxfp4_bf16(row, v->kb[j], n);
-                continue;
-            }
-#endif
-            out[j] = dot_mxfp4(row, v->f[j], n);
-        }
+        WIDENED_DOTS(dot_mxfp4_bf16(row, v->kb[j], n), dot_mxfp4(row, v->f[j], n));
     else if (codec == FT_CODEC_FP8)
         for (int j = 0; j < cnt; j++) out[j] = dot_fp8(row, v->f[j], n);
     else if (codec == FT_CODEC_NVFP4)
