@@ -46,3 +46,12 @@ def test_each_call_runs_its_threads_once_and_waits_for_them(spin_ns: int) -> Non
         assert len(idents) == 4  # the caller and three workers
     finally:
         lib.ft_team_free(team)
+
+
+@pytest.mark.parametrize("spin_ns", [0, 1_000_000])
+def test_many_calls_without_the_interpreter_between_them(spin_ns: int) -> None:
+    """2,000 calls back to back in C (no interpreter lock between the threads): every call's threads, and
+    only they, ran it once before it returned."""
+    lib = loader.load_library()
+    assert lib is not None
+    assert lib.ft_team_check(3, 2000, 7, spin_ns) == 0

@@ -132,3 +132,33 @@ void ft_team_free(ft_team *t) {
     free(t->args);
     free(t);
 }
+
+// Tests: `calls` calls of random thread counts (1 .. size + 1, seeded) on a fresh team of `size`, each
+// thread counting itself in; returns 0 when every call ran exactly its threads once each, else the first
+// failing call + 1 (-1 when the team cannot start).
+struct check_call {
+    int threads;
+    int hits[64];
+};
+
+static void check_fn(void *arg, int tid) {
+    struct check_call *c = arg;
+    __atomic_add_fetch(&c->hits[tid < 64 ? tid : 63], 1, __ATOMIC_RELAXED);
+}
+
+int ft_team_check(int size, int calls, unsigned seed, long spin_ns) {
+    if (size < 1 || size > 63) return -1;
+    ft_team *t = ft_team_new(size, spin_ns);
+    if (!t) return -1;
+    int failed = 0;
+    for (int i = 0; i < calls && !failed; i++) {
+        seed = seed * 1103515245u + 12345u;
+        struct check_call c = {.threads = 1 + (int)((seed >> 16) % (unsigned)(size + 1))};
+        ft_team_run(t, c.threads, check_fn, &c);
+        const int ran = c.threads < size ? c.threads : size;
+        for (int tid = 0; tid < 64; tid++)
+            if (__atomic_load_n(&c.hits[tid], __ATOMIC_RELAXED) != (tid < ran)) failed = i + 1;
+    }
+    ft_team_free(t);
+    return failed;
+}

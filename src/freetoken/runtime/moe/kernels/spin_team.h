@@ -19,6 +19,9 @@ void ft_team_run(ft_team *t, int threads, ft_team_fn fn, void *arg);
 // Ends and joins the workers (no call in flight).
 void ft_team_free(ft_team *t);
 
+// Tests: `calls` calls of seeded random thread counts on a fresh team; 0 when each ran exactly its threads.
+int ft_team_check(int size, int calls, unsigned seed, long spin_ns);
+
 // CLOCK_MONOTONIC in nanoseconds; a sleep of `ns` (under a second): the spinning threads' clock and nap.
 long ft_now_ns(void);
 void ft_nap(long ns);
