@@ -29,8 +29,9 @@ struct ft_team {
     void *arg;
     int threads;
     unsigned gen;        // raised once per call (release)
-    int done;            // workers that finished the call (release)
     int stop;
+    _Alignas(64) int done;  // workers that finished the call (release); a line of its own: the idle
+                            // workers poll gen's while the participants raise this one
 };
 
 struct worker {
