@@ -29,12 +29,6 @@
 
 #include "expert_fn.h"
 #include "spin_team.h"
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define relax() _mm_pause()
-#else
-#define relax() ((void)0)
-#endif
 
 int ft_moe_on_team(ft_team *team, const void *gate_up, int gu_codec, const void *down, int dn_codec,
                    int bank_experts, int hidden, int inter, const float *restrict x, const int64_t *ids,
@@ -165,7 +159,7 @@ static void *coordinator_loop(void *arg) {
             const long idle = ft_now_ns() - last;
             if (idle > SPIN_NS) ft_nap(idle > DOZE_NS ? DOZE_NAP_NS : NAP_NS);
         } else {
-            relax();
+            ft_relax();
         }
     }
     return NULL;
@@ -288,7 +282,7 @@ int ft_branch_wait_done(ft_branch *b) {
     unsigned spins = 0;
     const long start = ft_now_ns();
     while (__atomic_load_n(&b->flags[DONE], __ATOMIC_ACQUIRE) != 1) {
-        if ((++spins & 63) == 0 && ft_now_ns() - start > WAIT_SPIN_NS) ft_nap(NAP_NS); else relax();
+        if ((++spins & 63) == 0 && ft_now_ns() - start > WAIT_SPIN_NS) ft_nap(NAP_NS); else ft_relax();
     }
     __atomic_store_n(&b->flags[DONE], 0, __ATOMIC_RELEASE);
     return __atomic_load_n(&b->failed, __ATOMIC_ACQUIRE);

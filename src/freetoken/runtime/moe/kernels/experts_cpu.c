@@ -54,14 +54,6 @@ static long call_unit_bytes(long weight_bytes, int threads) {
 #endif
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 // Pairs grouped by expert, experts ascending (a counting sort over the bank's experts).
 typedef struct {
     int n_experts;      // experts with at least one pair
@@ -261,7 +253,7 @@ static void moe_units(void *arg, int tid) {
         } else {  // D(k, c)
             if (__atomic_load_n(&done[16 * k], __ATOMIC_ACQUIRE) < s.g_units) {
                 const double w0 = trace ? omp_get_wtime() : 0.0;
-                while (__atomic_load_n(&done[16 * k], __ATOMIC_ACQUIRE) < s.g_units) cpu_relax();
+                while (__atomic_load_n(&done[16 * k], __ATOMIC_ACQUIRE) < s.g_units) ft_relax();
                 if (trace) waited += omp_get_wtime() - w0;
             }
             const uint8_t *dn = (const uint8_t *)down + (long)p.expert[k] * hidden * dn_row;

@@ -9,13 +9,6 @@
 
 #include "spin_team.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define team_relax() _mm_pause()
-#else
-#define team_relax() ((void)0)
-#endif
-
 #define TEAM_NAP_NS 20000L
 #define TEAM_DOZE_NS 100000000L  // idle this long (an idle engine): longer naps
 #define TEAM_DOZE_NAP_NS 1000000L
@@ -64,7 +57,7 @@ static void *worker_loop(void *p) {
                 const long idle = ft_now_ns() - last;
                 if (idle > t->spin_ns) ft_nap(idle > TEAM_DOZE_NS ? TEAM_DOZE_NAP_NS : TEAM_NAP_NS);
             } else {
-                team_relax();
+                ft_relax();
             }
             continue;
         }
@@ -122,7 +115,7 @@ void ft_team_run(ft_team *t, int threads, ft_team_fn fn, void *arg) {
     __atomic_store_n(&t->threads, threads, __ATOMIC_RELAXED);
     __atomic_add_fetch(&t->gen, 1, __ATOMIC_RELEASE);
     fn(arg, 0);
-    while (__atomic_load_n(&t->done, __ATOMIC_ACQUIRE) < threads - 1) team_relax();
+    while (__atomic_load_n(&t->done, __ATOMIC_ACQUIRE) < threads - 1) ft_relax();
 }
 
 void ft_team_free(ft_team *t) {

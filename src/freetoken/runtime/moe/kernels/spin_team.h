@@ -22,6 +22,16 @@ void ft_team_free(ft_team *t);
 // Tests: `calls` calls of seeded random thread counts on a fresh team; 0 when each ran exactly its threads.
 int ft_team_check(int size, int calls, unsigned seed, long spin_ns);
 
+// The pause hint of a spin-wait loop (x86 pause, ARM yield): the spinning threads', the coordinator's and
+// the expert kernel's own waits.
+static inline void ft_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 // CLOCK_MONOTONIC in nanoseconds; a sleep of `ns` (under a second): the spinning threads' clock and nap.
 long ft_now_ns(void);
 void ft_nap(long ns);
