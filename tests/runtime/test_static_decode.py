@@ -3,6 +3,7 @@ same tokens in any batch, batches above the largest graph size, and the context 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +69,20 @@ def test_the_context_limit_is_a_clear_error(tiny_model: tuple[Path, Any]) -> Non
     engine.decode_batch([seq], [4])  # the last position
     with pytest.raises(FreeTokenError, match=f"exceeds the context of {engine.max_seq_len}"):
         engine.decode_batch([seq], [5])
+
+
+def test_the_decode_wait_sleeps_only_while_the_host_computes_experts(tiny_model: tuple[Path, Any]) -> None:
+    # a spinning wait for the step's tokens would hold a core the CPU expert branch's threads need
+    engine = build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused")
+    try:
+        assert engine.decoder is not None and not engine.decoder.sleep_while_waiting
+        for backend, options, sleeps in [
+            ("cpu", {}, True),
+            ("hybrid", {"cache_size": 2}, True),
+            ("offload", {"cache_size": 2}, False),
+            ("offload", {"cache_size": 2, "cpu_layers": "0,"}, True),
+        ]:
+            engine.configure_moe(replace(engine.moe, backend=backend, **options))
+            assert engine.decoder.sleep_while_waiting is sleeps, (backend, options)
+    finally:
+        engine.close()

@@ -67,7 +67,13 @@ class SlotDecoder:
         ] = {}
         self._generation = pool.generation
         self._mempool = None
-        self._event = torch.cuda.Event() if device.type == "cuda" else None  # the drawn ids are back
+        # the drawn ids are back: a spinning wait, or one that sleeps (see `sleep_while_waiting`)
+        cuda = device.type == "cuda"
+        self._events = (torch.cuda.Event(), torch.cuda.Event(blocking=True)) if cuda else None
+        # Set by the engine when the host computes experts during a step: the waiting thread then sleeps
+        # instead of spinning, so the CPU branch's threads have every core (a spinning wait took one of
+        # them: with a thread a core the branch's layers ran 6x slower)
+        self.sleep_while_waiting = False
         self._copied = torch.cuda.Event() if device.type == "cuda" else None  # the rows are on the device
         self.graphs_off: str | None = None if device.type == "cuda" else "no CUDA device"
         self._said: set[str] = set()  # eager reasons already logged
@@ -142,9 +148,10 @@ class SlotDecoder:
             return StepOutput(logits[:n], None, None)
         out = self._picked[:n]
         out.copy_(picked[:n], non_blocking=True)
-        if self._event is not None:
-            self._event.record()
-            self._event.synchronize()
+        if self._events is not None:
+            event = self._events[self.sleep_while_waiting]
+            event.record()
+            event.synchronize()
         ids, finite = out.T.tolist()
         return StepOutput(logits[:n], ids, [bool(f) for f in finite])
 

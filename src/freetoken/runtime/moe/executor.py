@@ -24,6 +24,7 @@ MOE_BACKENDS: dict[str, str] = {
 }
 BACKEND_CHOICES = ("auto", *MOE_BACKENDS)
 CACHED_BACKENDS = ("offload", "cpu", "hybrid")
+HOST_COMPUTING_BACKENDS = ("cpu", "hybrid")  # the host's cores compute experts during a decode step
 
 
 @dataclass
