@@ -321,6 +321,7 @@ static int moe_run(ft_team *team, const void *gate_up, int gu_codec, const void 
                    const float *weights, int tokens, int top_k, float *scratch, float *out, int threads,
                    long unit_bytes, double *trace, const ft_expert_fn *fn) {
     const double t0 = trace ? omp_get_wtime() : 0.0;  // the call's start: the trace's times count from it
+    if (trace) memset(trace, 0, sizeof(double) * 4 * (size_t)threads);  // a tid no thread took stays zero
     const int gq8 = codec_act8(gu_codec), dq8 = codec_act8(dn_codec);  // against int8 activation blocks
     const int gb = gu_codec == FT_CODEC_BF16_ACT16, db = dn_codec == FT_CODEC_BF16_ACT16;  // against bf16
     const int gq = gu_codec != FT_CODEC_BF16, dq = dn_codec != FT_CODEC_BF16;  // activations in natural order

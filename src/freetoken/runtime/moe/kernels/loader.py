@@ -213,7 +213,7 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.ft_team_size.argtypes, lib.ft_team_size.restype = [vp], i32
     lib.ft_team_run.argtypes, lib.ft_team_run.restype = [vp, i32, vp, vp], None
     lib.ft_team_free.argtypes, lib.ft_team_free.restype = [vp], None
-    lib.ft_team_check.argtypes, lib.ft_team_check.restype = [i32, i32, ctypes.c_uint, ctypes.c_long], i32
+    lib.ft_team_check.argtypes, lib.ft_team_check.restype = [i32, i32, ctypes.c_uint, ctypes.c_long, i32], i32
     lib.ft_branch_signal.argtypes, lib.ft_branch_signal.restype = [vp], None
     lib.ft_branch_wait_done.argtypes, lib.ft_branch_wait_done.restype = [vp], i32
     lib.ft_branch_hold.argtypes, lib.ft_branch_hold.restype = [vp, ctypes.c_double], None

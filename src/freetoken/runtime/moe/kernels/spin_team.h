@@ -13,14 +13,17 @@ typedef void (*ft_team_fn)(void *arg, int tid);
 // after a call, then nap (20 µs, 1 ms once idle for 100 ms); NULL on failure.
 ft_team *ft_team_new(int size, long spin_ns);
 int ft_team_size(const ft_team *t);
-// fn(arg, tid) for tid 0 .. threads - 1 (at most the team's size), tid 0 on the calling thread; returns
-// when every one has returned. One caller at a time.
+// fn(arg, tid) for tid 0 on the calling thread and tids 1 .. k - 1 on the workers that arrive while the
+// call is open (k <= threads, at most the team's size); the caller's fn(arg, 0) closes it, so fn must hand
+// out the call's work from a shared counter (tid 0 may end up doing all of it). Returns when every
+// entered worker has returned. One caller at a time.
 void ft_team_run(ft_team *t, int threads, ft_team_fn fn, void *arg);
 // Ends and joins the workers (no call in flight).
 void ft_team_free(ft_team *t);
 
-// Tests: `calls` calls of seeded random thread counts on a fresh team; 0 when each ran exactly its threads.
-int ft_team_check(int size, int calls, unsigned seed, long spin_ns);
+// Tests: `calls` calls of seeded random thread counts on a fresh team with `held` workers that never enter;
+// 0 when each call ran tid 0 and distinct tids 0 .. k - 1 within its threads.
+int ft_team_check(int size, int calls, unsigned seed, long spin_ns, int held);
 
 // The pause hint of a spin-wait loop (x86 pause, ARM yield): the spinning threads', the coordinator's and
 // the expert kernel's own waits.
