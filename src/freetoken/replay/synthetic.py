@@ -109,6 +109,9 @@ def decode_steps(engine: Engine, warm: int, tokens: int, seed: int = 0) -> float
     sync_device(engine.device)
     t0 = time.perf_counter()
     for token in stream[warm:].tolist():
-        int(engine.decode_batch([seq], [token])[-1].argmax())  # the sampler's read-back, as in decoding
+        logits = engine.decode_batch([seq], [token])[-1]
+        if engine.decoder is not None:
+            engine.decoder.wait()  # as the sampler waits: asleep while the host computes experts
+        int(logits.argmax())  # the sampler's read-back, as in decoding
     sync_device(engine.device)
     return (time.perf_counter() - t0) / tokens

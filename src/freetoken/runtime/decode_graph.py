@@ -100,6 +100,14 @@ class SlotDecoder:
         end.synchronize()
         return start.elapsed_time(end) / n
 
+    def wait(self) -> None:
+        """Block until the device has run everything issued so far on the current stream, spinning or
+        asleep as `sleep_while_waiting` says (a no-op on the cpu device)."""
+        if self._events is not None:
+            event = self._events[self.sleep_while_waiting]
+            event.record()
+            event.synchronize()
+
     def reset(self) -> None:
         """Forget the captured graphs (the addresses they hold are about to change)."""
         self._graphs.clear()
@@ -148,10 +156,7 @@ class SlotDecoder:
             return StepOutput(logits[:n], None, None)
         out = self._picked[:n]
         out.copy_(picked[:n], non_blocking=True)
-        if self._events is not None:
-            event = self._events[self.sleep_while_waiting]
-            event.record()
-            event.synchronize()
+        self.wait()
         ids, finite = out.T.tolist()
         return StepOutput(logits[:n], ids, [bool(f) for f in finite])
 
