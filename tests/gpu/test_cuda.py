@@ -112,8 +112,10 @@ def test_cached_backends_on_cuda_equal_fused(
         {"prefill_overlap": True},
         {"prefill_overlap": False},
         {"prefill_overlap": True, "prefill_hit_d2d": True},
+        {"prefill_overlap": True, "moe_backend": "cpu", "cache_size": 0},  # a scratch bank of two layers
+        {"prefill_overlap": True, "cache_size": 12},
     ],
-    ids=["overlap", "serial", "hit-d2d"],
+    ids=["overlap", "serial", "hit-d2d", "cpu-scratch", "offload-scratch"],
 )
 def test_streamed_prefill_on_cuda_equals_fused(tmp_path: Path, options: dict) -> None:
     """Double buffering on the transfer stream with its ready/release events, against fused on the CPU."""
@@ -127,16 +129,15 @@ def test_streamed_prefill_on_cuda_equals_fused(tmp_path: Path, options: dict) ->
         tmp_path,
         device="cuda",
         dtype="float32",
-        moe_backend="offload",
-        cache_size=20,
         max_prefill_tokens=7,
         prefill_stream="on",
-        **options,
+        **{"moe_backend": "offload", "cache_size": 20, **options},
     )
     try:
         want = ref.forward(ref.new_sequence(), prompt, all_logits=True)[-1:]
         assert rel_err(gpu.prefill(gpu.new_sequence(), prompt), want) < 1e-4
         assert gpu.moe_counters.totals()["streamed"] > 0
+        assert (gpu.executor.scratch is not None) == (gpu.num_slots < 16)
         params = SamplingParams(max_tokens=12, ignore_eos=True)
         gpu.reset()
         ref.reset()

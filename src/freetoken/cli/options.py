@@ -149,8 +149,9 @@ PrefillStreamOpt = Annotated[
     str,
     typer.Option(
         "--moe-prefill-stream",
-        help="Stream whole expert layers through two slot buffers during prefill: auto (when the measured "
-        "bandwidths say it beats on-demand misses for the chunk), on, off.",
+        help="Stream whole expert layers through two slot buffers during prefill (a scratch bank of two "
+        "layers beside a smaller cache): auto (when the measured bandwidths say it beats on-demand misses "
+        "for the chunk), on, off.",
     ),
 ]
 PrefillHitD2dOpt = Annotated[

@@ -91,28 +91,56 @@ def test_streaming_under_other_cached_backends(
         engine.close()
 
 
-def test_too_few_slots_or_off_means_on_demand(model: Path, reference: tuple[torch.Tensor, list[int]]) -> None:
-    for options in ({"slots": 15}, {"slots": 20, "prefill_stream": "off"}):
-        slots = options.pop("slots")
+@pytest.mark.parametrize(
+    ("backend", "slots"), [("cpu", 0), ("offload", 15), ("hybrid", 4)], ids=["cpu", "offload-15", "hybrid-4"]
+)
+def test_a_cache_below_two_layers_streams_through_a_scratch_bank(
+    model: Path, reference: tuple[torch.Tensor, list[int]], backend: str, slots: int
+) -> None:
+    engine = streaming(model, 64, backend=backend, slots=slots)
+    try:
+        seq = engine.new_sequence()
+        engine.forward(seq, PROMPT[:3])  # a decode-sized pass first: the cache holds what it routed
+        before = engine.executor.residency.table().copy()
+        engine.reset()
+        assert rel_err(engine.prefill(engine.new_sequence(), PROMPT), reference[0]) < 1e-4
+        executor = engine.executor
+        assert executor.scratch is not None and executor.scratch.gate_up.shape[0] == 16  # two layers of 8
+        streamed = engine.moe_counters.totals()["streamed"]
+        assert streamed >= 3 * 4 * 8  # every layer of every chunk of 64 went through the buffers
+        assert np.array_equal(executor.residency.table(), before)  # the cache was neither read nor changed
+        assert_residency_true(engine)
+        engine.reset()
+        tokens = [e.token_id for e in engine.generate(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True))]
+        assert tokens == reference[1]
+    finally:
+        engine.close()
+
+
+def test_off_means_on_demand(model: Path, reference: tuple[torch.Tensor, list[int]]) -> None:
+    for slots in (0, 15, 20):
         engine = build_engine(
-            model, device="cpu", dtype="float32", moe_backend="offload", cache_size=slots, **options
-        )
+            model, device="cpu", dtype="float32", moe_backend="cpu" if slots == 0 else "offload",
+            cache_size=slots, prefill_stream="off",
+        )  # fmt: skip
         try:
             assert rel_err(engine.prefill(engine.new_sequence(), PROMPT), reference[0]) < 1e-4
             totals = engine.moe_counters.totals()
             assert totals["streamed"] == 0 and totals["misses"] > 0
+            assert engine.executor.scratch is None
         finally:
             engine.close()
 
 
 def test_auto_without_a_link_does_not_stream(model: Path) -> None:
     """The cpu device has no B_P: streaming cannot win, the plan says on demand."""
-    engine = build_engine(model, device="cpu", dtype="float32", moe_backend="offload", cache_size=20)
-    try:
-        engine.prefill(engine.new_sequence(), PROMPT)
-        assert engine.moe_counters.totals()["streamed"] == 0
-    finally:
-        engine.close()
+    for backend, slots in (("offload", 20), ("cpu", 0)):
+        engine = build_engine(model, device="cpu", dtype="float32", moe_backend=backend, cache_size=slots)
+        try:
+            engine.prefill(engine.new_sequence(), PROMPT)
+            assert engine.moe_counters.totals()["streamed"] == 0
+        finally:
+            engine.close()
 
 
 def test_buffers_come_from_the_least_recent_slots(model: Path) -> None:

@@ -16,7 +16,8 @@ that branch is unavailable, and for larger steps, the step reads the policy's an
 branch is launched first; fills run on the transfer stream (DMA) while the hits compute; the fetched
 experts compute after the fills land; partial sums are added (an exact merge: each pair counted once).
 A prefill pass where streaming whole layers wins (prefill_plan) runs every layer from a LayerStreamer's
-double buffers instead, with no routing read-back.
+double buffers instead, with no routing read-back (two layers' slots of the cache, or of a scratch bank
+beside a smaller cache).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from freetoken.runtime.moe.experts import GATHER_MAX_PAIRS, prefill_kernel_on, r
 from freetoken.runtime.moe.kernels.cpu_experts import bf16_activations, cpu_experts
 from freetoken.runtime.moe.kernels.expert_fill import fill_slots, fill_slots_reference
 from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS
-from freetoken.runtime.moe.layer_stream import LayerStreamer
+from freetoken.runtime.moe.layer_stream import LayerStreamer, scratch_bank
 from freetoken.runtime.moe.lookahead import Prefetcher
 from freetoken.runtime.moe.policy import fetch_fraction
 from freetoken.runtime.moe.prefill_plan import PrefillCosts
@@ -62,6 +63,7 @@ class CachedExecutor(ExpertExecutor):
         self.host_bw = ctx.moe.host_gbps * gb if ctx.moe.host_gbps else None
         self.probes = 0
         self.streamer: LayerStreamer | None = None
+        self.scratch: SlotBank | None = None  # two layers' buffers for streaming beside a smaller cache
         self._fill = fill_slots if ctx.device.type == "cuda" else fill_slots_reference
         prefetch = ctx.moe.prefetch and self.mode in ("offload", "hybrid") and ctx.num_slots > 0
         self.prefetcher = (
@@ -79,10 +81,11 @@ class CachedExecutor(ExpertExecutor):
         self._measure_unknown_bandwidths()
 
     def _measure_unknown_bandwidths(self) -> None:
-        """hybrid on CUDA with B_P or B_H unknown (no `bench bw` profile here, no flag): q* needs both, so
-        they are measured now through the runtime's own paths (a warm-up probe, then a counted one) rather
-        than leaving every miss to the CPU. A bandwidth given by flag stays as given."""
-        if self.mode != "hybrid" or self.bank.stream is None:
+        """On CUDA with B_P or B_H unknown (no `bench bw` profile here, no flag): hybrid's q* needs both,
+        and every mode's choice to stream a prompt's layers (prefill_plan) does, so they are measured now
+        through the runtime's own paths (a warm-up probe, then a counted one) rather than leaving every
+        miss to the CPU and every prompt unstreamed. A bandwidth given by flag stays as given."""
+        if self.bank.stream is None:
             return
         given = (self.pcie_bw, self.host_bw)
         if None not in given:
@@ -94,8 +97,8 @@ class CachedExecutor(ExpertExecutor):
         self.host_bw = given[1] or self.host_bw
         self._set_fetch()
         log.info(
-            "hybrid: no bandwidth profile; measured B_P %.1f GB/s, B_H %.1f GB/s (run `freetoken bench bw`)",
-            (self.pcie_bw or 0) / 1e9, (self.host_bw or 0) / 1e9,
+            "%s: no bandwidth profile; measured B_P %.1f GB/s, B_H %.1f GB/s (run `freetoken bench bw`)",
+            self.mode, (self.pcie_bw or 0) / 1e9, (self.host_bw or 0) / 1e9,
         )  # fmt: skip
 
     def _start_stream_branch(self) -> None:
@@ -147,6 +150,8 @@ class CachedExecutor(ExpertExecutor):
         placed = self.residency.resize(num_slots)
         self.bank.reallocate(num_slots + PROBE_SLOTS)  # the last slot is the probes' own
         self.ctx.num_slots = num_slots
+        if num_slots >= 2 * self.pool.num_experts:
+            self.scratch = None  # the cache holds the buffers now
         self._fill_placed(placed)
         self._start_stream_branch()  # fewer slots than a step's pairs: overflow goes to the CPU
 
@@ -221,13 +226,23 @@ class CachedExecutor(ExpertExecutor):
         if self.prefetcher is not None:
             self.prefetcher.begin_pass()
         moe = self.ctx.moe
-        if tokens < 2 or moe.prefill_stream == "off" or self.residency.num_slots < 2 * self.pool.num_experts:
+        if tokens < 2 or moe.prefill_stream == "off":
             return
-        if moe.prefill_stream == "auto" and not self.prefill_costs().stream_wins(
-            tokens, self.resident_per_layer()
-        ):
+        in_cache = self.residency.num_slots >= 2 * self.pool.num_experts
+        resident = self.resident_per_layer() if in_cache else 0.0  # the scratch bank copies every expert
+        if moe.prefill_stream == "auto" and not self.prefill_costs().stream_wins(tokens, resident):
             return
-        self.streamer = LayerStreamer(self.residency, self.bank, moe.prefill_hit_d2d, moe.prefill_overlap)
+        if not in_cache and self.scratch is None:
+            self.scratch = scratch_bank(self.pool, self.device)
+            if self.scratch is None:
+                return
+        self.streamer = LayerStreamer(
+            self.residency,
+            self.bank,
+            moe.prefill_hit_d2d,
+            moe.prefill_overlap,
+            None if in_cache else self.scratch,
+        )
         self.streamer.stage(self.pool.layers[0])  # behind the embedding and the first attention
 
     def end_pass(self) -> None:
@@ -258,7 +273,8 @@ class CachedExecutor(ExpertExecutor):
         assert self.streamer is not None
         stream = self._compute_stream()
         slot_ids = self.streamer.acquire(layer, stream)[topk_ids]
-        out = self._from_bank(layer, x, slot_ids, topk_weights, self.pair_bias(layer, topk_ids))
+        bias = self.pair_bias(layer, topk_ids)
+        out = self._from_bank(layer, x, slot_ids, topk_weights, bias, self.streamer.bank)
         self.streamer.release(layer, stream)
         return out
 
@@ -405,15 +421,15 @@ class CachedExecutor(ExpertExecutor):
         slot_ids: torch.Tensor,
         topk_weights: torch.Tensor,
         bias: PairBias | None = None,
+        bank: SlotBank | None = None,
     ) -> torch.Tensor:
-        """`layer`'s experts in slots `slot_ids` [T, K] (-1 = skip) for x [T, H], weighted; `bias`: their
-        gate/up biases, by expert id."""
+        """`layer`'s experts in slots `slot_ids` [T, K] (-1 = skip) of `bank` (default: the cache's) for
+        x [T, H], weighted; `bias`: their gate/up biases, by expert id."""
         if x.device.type == "cpu" or (slot_ids.numel() > GATHER_MAX_PAIRS and not prefill_kernel_on()):
             slot_ids = slot_ids.cpu()  # grouping happens on the host anyway
-        gate_up, down = self.bank.banks(layer)
-        return routed_experts(
-            x, slot_ids, topk_weights, gate_up, down, self.fn, bias, self.bank.codecs(layer)
-        )
+        bank = bank or self.bank
+        gate_up, down = bank.banks(layer)
+        return routed_experts(x, slot_ids, topk_weights, gate_up, down, self.fn, bias, bank.codecs(layer))
 
     def probe(self) -> None:
         """One layer step's worth of experts on each path, folded into B_H and B_P (moving averages)."""
@@ -449,6 +465,7 @@ class CachedExecutor(ExpertExecutor):
         self._set_fetch()
 
     def close(self) -> None:
+        self.scratch = None
         self.cpu.close()
         if self.stream_branch is not None:
             self.stream_branch.close()

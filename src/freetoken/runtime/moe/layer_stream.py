@@ -11,26 +11,64 @@ expert already resident elsewhere is not entered twice), so what prefill left be
 With `hit_d2d`, experts resident elsewhere are copied device to device and only the rest cross PCIe;
 without `overlap`, each layer's copy is issued when it is needed (copy, then compute: for comparison).
 No residency step runs during a streamed pass, so the table read at the start stays true until `finish`.
+A cache of fewer than two layers' slots (`cpu` with no slot, a small budget) streams through a scratch
+bank of two layers beside it instead (`scratch_bank`: allocated once, where the device has the room):
+the cache is left as it was and nothing is admitted at the end.
 """
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
+from freetoken.runtime.moe.pool import HostExpertPool
 from freetoken.runtime.moe.residency import EMPTY, ExpertResidency
 from freetoken.runtime.moe.slot_bank import SlotBank
 
+log = logging.getLogger(__name__)
+
+SCRATCH_MARGIN = 512 << 20  # device bytes left free beside a scratch bank (the pass's activations)
+
+
+def scratch_bank(pool: HostExpertPool, device: torch.device) -> SlotBank | None:
+    """Two layers' slots outside the cache, or None where the device lacks the room for them."""
+    need = 2 * pool.num_experts * pool.expert_nbytes
+    if device.type == "cuda" and torch.cuda.mem_get_info(device)[0] < need + SCRATCH_MARGIN:
+        log.debug("prefill does not stream: %.0f MiB for two layers' buffers are not free", need / 2**20)
+        return None
+    try:
+        bank = SlotBank(pool, 2 * pool.num_experts, device)
+    except torch.OutOfMemoryError:
+        log.debug("prefill does not stream: no room for two layers' buffers (%.0f MiB)", need / 2**20)
+        return None
+    log.info("prefill streams through two layers' buffers beside the expert cache (%.0f MiB)", need / 2**20)
+    return bank
+
 
 class LayerStreamer:
-    def __init__(self, residency: ExpertResidency, bank: SlotBank, hit_d2d: bool, overlap: bool) -> None:
-        self.residency, self.bank = residency, bank
-        self.hit_d2d, self.overlap = hit_d2d, overlap
+    def __init__(
+        self,
+        residency: ExpertResidency,
+        bank: SlotBank,
+        hit_d2d: bool,
+        overlap: bool,
+        scratch: SlotBank | None = None,
+    ) -> None:
+        """Buffers from `bank`'s least recent slots, or, given `scratch` (two layers' slots), from it."""
+        self.residency, self.bank = residency, scratch or bank
+        self.hit_d2d, self.overlap = hit_d2d and scratch is None, overlap
+        self.scratch = scratch is not None
         self.layers = residency.moe_layers
         e = residency.num_experts
-        taken = np.sort(residency.victims(2 * e))
-        residency.evict(taken)  # no table row points into the buffers any more
-        self.table = residency.table()  # [L, E] on the host, for the pass
+        if scratch is None:
+            taken = np.sort(residency.victims(2 * e))
+            residency.evict(taken)  # no table row points into the buffers any more
+            self.table = residency.table()  # [L, E] on the host, for the pass
+        else:
+            taken = np.arange(2 * e)
+            self.table = np.full((len(self.layers), e), EMPTY)  # the cache's slots are not read
         self.slots = [taken[:e], taken[e:]]  # buffer -> [E] slot of each expert
         self.slots_device = [torch.from_numpy(s.astype(np.int64)).to(bank.device) for s in self.slots]
         self.holds: list[int | None] = [None, None]  # buffer -> the layer copied into it
@@ -84,6 +122,8 @@ class LayerStreamer:
             done = torch.cuda.Event()
             done.record(stream)
             self.bank.transfer_waits(done)
+        if self.scratch:
+            return  # the next pass's copies into the scratch bank wait for these reads
         order = sorted(
             range(2), key=lambda b: self.layers.index(h) if (h := self.holds[b]) is not None else -1
         )
