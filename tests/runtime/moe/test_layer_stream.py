@@ -117,6 +117,16 @@ def test_a_cache_below_two_layers_streams_through_a_scratch_bank(
         engine.close()
 
 
+def test_no_scratch_bank_beside_slots_sized_to_a_vram_budget(model: Path) -> None:
+    engine = streaming(model, 64, slots=15, vram_budget="64GiB")
+    try:
+        assert engine.num_slots == 15
+        engine.prefill(engine.new_sequence(), PROMPT)
+        assert engine.moe_counters.totals()["streamed"] == 0 and engine.executor.scratch is None
+    finally:
+        engine.close()
+
+
 def test_off_means_on_demand(model: Path, reference: tuple[torch.Tensor, list[int]]) -> None:
     for slots in (0, 15, 20):
         engine = build_engine(

@@ -232,6 +232,8 @@ class CachedExecutor(ExpertExecutor):
         resident = self.resident_per_layer() if in_cache else 0.0  # the scratch bank copies every expert
         if moe.prefill_stream == "auto" and not self.prefill_costs().stream_wins(tokens, resident):
             return
+        if not in_cache and moe.vram_budget is not None:
+            return  # a scratch bank beside the slots would overstep the budget the slots were sized to
         if not in_cache and self.scratch is None:
             self.scratch = scratch_bank(self.pool, self.device)
             if self.scratch is None:
