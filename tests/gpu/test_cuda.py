@@ -51,14 +51,17 @@ def test_cuda_bf16_close_to_cpu_bf16(tiny_model: tuple[Path, Any], backend: str)
         assert rel_err(gpu.forward(seq, [token]), cpu.forward(cpu_seq, [token])) < 2e-2
 
 
-def test_hybrid_without_a_profile_measures_its_bandwidths(tiny_model: tuple[Path, Any]) -> None:
-    """No `bench bw` profile (the suite's home is empty) and no flags: hybrid measures B_P and B_H at
-    start, so it fetches a share of its misses instead of leaving every one to the CPU."""
-    gpu = build_engine(tiny_model[0], device="cuda", dtype="float32", moe_backend="hybrid", cache_size=4)
+@pytest.mark.parametrize("backend", ["hybrid", "cpu", "offload"])
+def test_without_a_profile_the_bandwidths_are_measured(tiny_model: tuple[Path, Any], backend: str) -> None:
+    """No `bench bw` profile (the suite's home is empty) and no flags: a cached backend measures B_P and
+    B_H at start — hybrid then fetches a share of its misses instead of leaving every one to the CPU, and
+    every backend can weigh streaming a prompt's layers."""
+    gpu = build_engine(tiny_model[0], device="cuda", dtype="float32", moe_backend=backend, cache_size=4)
     try:
         executor = gpu.executor
         assert executor.pcie_bw > 0 and executor.host_bw > 0
-        assert float(executor.residency.fetch.min()) > 0
+        if backend == "hybrid":
+            assert float(executor.residency.fetch.min()) > 0
     finally:
         gpu.close()
 
