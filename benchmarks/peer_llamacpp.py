@@ -151,6 +151,7 @@ def measure(args: argparse.Namespace, options: dict[str, Any], batch: int) -> di
         ours["batch"] = batch
         ours["batch_decode_tok_s"] = batch_decode_tok_s(engine, batch, args.gen)
     ours["miss_rate"] = engine.moe_counters.miss_rate()
+    ours["streamed_experts"] = engine.moe_counters.totals().get("streamed", 0)  # prefill's whole layers
     ours["expert_pool"] = engine.pool.describe()
     engine.close()
     del engine
