@@ -29,6 +29,7 @@ from freetoken.runtime.device_sampling import SamplingRows, greedy_rows
 from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
 from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows, decode_step
+from freetoken.runtime.moe.executor import ExpertExecutor
 from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS
 
 log = logging.getLogger("freetoken.decode")
@@ -55,7 +56,7 @@ class SlotDecoder:
     ) -> None:
         self.model, self.pool, self.device, self.sampling = model, pool, device, sampling
         self.ops = DecodeOps.for_device(device)
-        self.native: CpuDecodeStep | None = None  # the whole step in one native call (CPU), set by the engine
+        self.native: CpuDecodeStep | None = None  # the whole step in one native call (CPU): attach
         pin = device.type == "cuda"
         # row-major, so the first `size` rows are one contiguous block: a single async copy each way
         self._staged = torch.zeros(MAX_ROWS, 3, dtype=torch.int64, pin_memory=pin)  # token, position, slot
@@ -70,7 +71,7 @@ class SlotDecoder:
         # the drawn ids are back: a spinning wait, or one that sleeps (see `sleep_while_waiting`)
         cuda = device.type == "cuda"
         self._events = (torch.cuda.Event(), torch.cuda.Event(blocking=True)) if cuda else None
-        # Set by the engine when the host computes experts during a step: the waiting thread then sleeps
+        # Set by `attach` when the host computes experts during a step: the waiting thread then sleeps
         # instead of spinning, so the CPU branch's threads have every core (a spinning wait took one of
         # them: with a thread a core the branch's layers ran 6x slower)
         self.sleep_while_waiting = False
@@ -107,6 +108,13 @@ class SlotDecoder:
             event = self._events[self.sleep_while_waiting]
             event.record()
             event.synchronize()
+
+    def attach(self, executor: ExpertExecutor) -> None:
+        """A new expert executor: the graphs are forgotten (they hold the old one's banks), its native step
+        taken (CPU), and the step's wait sleeps where it leaves experts to the host's cores."""
+        self.reset()
+        self.native = CpuDecodeStep.build(self.model, self.pool, executor)
+        self.sleep_while_waiting = executor.host_computes()
 
     def reset(self) -> None:
         """Forget the captured graphs (the addresses they hold are about to change)."""

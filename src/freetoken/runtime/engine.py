@@ -39,15 +39,9 @@ from freetoken.runtime.memory import (
     probe_slot_bytes,
     slot_ceiling,
 )
-from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
 from freetoken.runtime.models.slot_decode import prepare_for_slot_decode, supports_slot_decode
 from freetoken.runtime.moe.counters import MoeCounters
-from freetoken.runtime.moe.executor import (
-    HOST_COMPUTING_BACKENDS,
-    ExecutorContext,
-    build_executor,
-    resolve_backend,
-)
+from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
 from freetoken.runtime.request import Request, Sampled, sample, sample_each
 from freetoken.runtime.request_decode import accept_drawn, sampling_mode, stage_sampling
 from freetoken.runtime.sampling import NonFiniteLogits, SamplingParams
@@ -153,9 +147,7 @@ class Engine:
         self.executor = build_executor(backend, ctx)
         self.model.attach_executor(self.executor)
         if self.decoder is not None:
-            self.decoder.reset()  # captured graphs hold the old executor's expert banks
-            self.decoder.native = CpuDecodeStep.build(self.model, self.kv_pool, self.executor)
-            self.decoder.sleep_while_waiting = backend in HOST_COMPUTING_BACKENDS or bool(cpu_layers)
+            self.decoder.attach(self.executor)
             if self.decoder.native is not None:
                 log.info("decode steps on the CPU run as one native call each")
         self.moe_counters.reset()

@@ -160,6 +160,9 @@ class CachedExecutor(ExpertExecutor):
         if self.stream_branch is not None:
             self.stream_branch.set_threads(self.cpu.threads)
 
+    def host_computes(self) -> bool:
+        return self.mode != "offload" or bool(self.ctx.cpu_layers)
+
     def fetches_all(self, layer: int) -> bool:
         """Whether every miss of `layer` is fetched (no CPU share: the step needs no read-back)."""
         return self.mode == "offload" and layer not in self.ctx.cpu_layers

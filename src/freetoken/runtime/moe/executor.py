@@ -24,7 +24,6 @@ MOE_BACKENDS: dict[str, str] = {
 }
 BACKEND_CHOICES = ("auto", *MOE_BACKENDS)
 CACHED_BACKENDS = ("offload", "cpu", "hybrid")
-HOST_COMPUTING_BACKENDS = ("cpu", "hybrid")  # the host's cores compute experts during a decode step
 
 
 @dataclass
@@ -65,6 +64,10 @@ class ExpertExecutor(ABC):
             return out
         ids = topk_ids.to(x.device)
         return (out.float() + down_bias_sum(self.down_bias[layer], ids, topk_weights)).to(out.dtype)
+
+    def host_computes(self) -> bool:
+        """Whether a decode step may leave experts to the host's cores (its waiter then sleeps)."""
+        return False
 
     def pair_bias(self, layer: int, topk_ids: torch.Tensor) -> PairBias | None:
         """The gate/up biases of `topk_ids`' experts (expert ids), for a layer whose experts have them."""
