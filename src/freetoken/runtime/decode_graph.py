@@ -73,7 +73,7 @@ class SlotDecoder:
         self._events = (torch.cuda.Event(), torch.cuda.Event(blocking=True)) if cuda else None
         # Set by `attach` when the host computes experts during a step: the waiting thread then sleeps
         # instead of spinning, so the CPU branch's threads have every core (a spinning wait took one of
-        # them: with a thread a core the branch's layers ran 6x slower)
+        # them: with a thread a core the branch's layers ran ~5x slower)
         self.sleep_while_waiting = False
         self._copied = torch.cuda.Event() if device.type == "cuda" else None  # the rows are on the device
         self.graphs_off: str | None = None if device.type == "cuda" else "no CUDA device"

@@ -235,19 +235,17 @@ class CachedExecutor(ExpertExecutor):
         resident = self.resident_per_layer() if in_cache else 0.0  # the scratch bank copies every expert
         if moe.prefill_stream == "auto" and not self.prefill_costs().stream_wins(tokens, resident):
             return
-        if not in_cache and moe.vram_budget is not None:
-            return  # a scratch bank beside the slots would overstep the budget the slots were sized to
-        if not in_cache and self.scratch is None:
-            self.scratch = scratch_bank(self.pool, self.device)
+        scratch = None
+        if not in_cache:
+            if moe.vram_budget is not None:
+                return  # a scratch bank beside the slots would overstep the budget the slots were sized to
+            if self.scratch is None:
+                self.scratch = scratch_bank(self.pool, self.device)
             if self.scratch is None:
                 return
-        self.streamer = LayerStreamer(
-            self.residency,
-            self.bank,
-            moe.prefill_hit_d2d,
-            moe.prefill_overlap,
-            None if in_cache else self.scratch,
-        )
+            scratch = self.scratch
+        hit_d2d, overlap = moe.prefill_hit_d2d, moe.prefill_overlap
+        self.streamer = LayerStreamer(self.residency, self.bank, hit_d2d, overlap, scratch)
         self.streamer.stage(self.pool.layers[0])  # behind the embedding and the first attention
 
     def end_pass(self) -> None:
