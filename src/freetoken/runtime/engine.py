@@ -182,7 +182,7 @@ class Engine:
         """At a safe point (between scheduler turns): cap the engine's device memory at `budget` (GiB or a
         share of the device, as --vram-budget; None: no cap) and re-split it: the expert slots shrink to
         what the weights and the KV pool leave (the least recently used experts leave) or grow back."""
-        self.moe = replace(self.moe, vram_budget=budget)
+        self.moe = self.executor.ctx.moe = replace(self.moe, vram_budget=budget)
         self._resplit()
 
     def _held_bytes(self, moe: MoeConfig, backend: str) -> int:

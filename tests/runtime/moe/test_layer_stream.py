@@ -125,6 +125,17 @@ def test_no_scratch_bank_beside_slots_sized_to_a_vram_budget(model: Path) -> Non
         assert engine.moe_counters.totals()["streamed"] == 0 and engine.executor.scratch is None
     finally:
         engine.close()
+    engine = streaming(model, 64, slots=15)
+    try:
+        engine.prefill(engine.new_sequence(), PROMPT)
+        assert engine.executor.scratch is not None
+        engine.set_vram_budget("64GiB")  # a budget set later: the scratch bank goes at the next pass
+        engine.moe_counters.reset()
+        engine.reset()
+        engine.prefill(engine.new_sequence(), PROMPT)
+        assert engine.moe_counters.totals()["streamed"] == 0 and engine.executor.scratch is None
+    finally:
+        engine.close()
 
 
 def test_off_means_on_demand(model: Path, reference: tuple[torch.Tensor, list[int]]) -> None:

@@ -237,8 +237,9 @@ class CachedExecutor(ExpertExecutor):
             return
         scratch = None
         if not in_cache:
-            if moe.vram_budget is not None:
-                return  # a scratch bank beside the slots would overstep the budget the slots were sized to
+            if moe.vram_budget is not None:  # a scratch bank would overstep the budget that sized the slots
+                self.scratch = None
+                return
             if self.scratch is None:
                 self.scratch = scratch_bank(self.pool, self.device)
             if self.scratch is None:
