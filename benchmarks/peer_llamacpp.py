@@ -120,15 +120,13 @@ def freetoken_options(args: argparse.Namespace, ratio: float) -> list[dict[str, 
     """The engine options with `ratio` of the expert bytes on the GPU: fused with every expert there; each
     of --backends at that share; cpu with no slot when no expert is on the GPU."""
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.int8_act]
-    if args.device == "cpu":
-        return [{"moe_backend": "cpu", "cpu_threads": args.threads, "cpu_int8_act": mode} for mode in modes]
-    if ratio == 1.0:
-        return [{"moe_backend": "fused"}]
-    if ratio == 0.0:
+    if args.device == "cpu" or ratio == 0.0:
         return [
             {"moe_backend": "cpu", "cache_size": 0, "cpu_threads": args.threads, "cpu_int8_act": mode}
             for mode in modes
         ]
+    if ratio == 1.0:
+        return [{"moe_backend": "fused"}]
     out = []
     for backend in args.backends.split(","):
         options: dict[str, Any] = {"moe_backend": backend, "cache_ratio": ratio, "cpu_threads": args.threads}
@@ -151,7 +149,7 @@ def measure(args: argparse.Namespace, options: dict[str, Any], batch: int) -> di
         ours["batch"] = batch
         ours["batch_decode_tok_s"] = batch_decode_tok_s(engine, batch, args.gen)
     ours["miss_rate"] = engine.moe_counters.miss_rate()
-    ours["streamed_experts"] = engine.moe_counters.totals().get("streamed", 0)  # prefill's whole layers
+    ours["streamed_experts"] = engine.moe_counters.totals()["streamed"]  # prefill's whole layers
     ours["expert_pool"] = engine.pool.describe()
     engine.close()
     del engine

@@ -301,9 +301,8 @@ def run_kernel(
 
     The kernel groups the pairs by expert itself. `unit_bytes`: weight bytes per unit of work that the
     threads take in turn (0: the kernel's default). `trace`: a [threads + 1, 4] float64 tensor that receives
-    each thread's (start, end, seconds waited, units) of the call, then the call's phases (every thread past
-    its units, the sum written, the threads joined, the call's end), seconds from its start. Returns the
-    number of pairs computed.
+    each thread's (start, end, seconds waited, units) of the call, then a row of the threads joined and the
+    call's end (seconds from its start) and two zeros. Returns the number of pairs computed.
     """
     _, args = _kernel_args(x, ids, weights, gate_up_bank, down_bank, out)
     gu, dn = codec_ids(codecs, int8_act, bf16_act)

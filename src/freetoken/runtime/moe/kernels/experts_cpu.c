@@ -12,8 +12,9 @@
 //   order: G(0) | G(1) D(0) | G(2) D(1) | ... | G(E-1) D(E-2) | D(E-1)
 // A thread the host slows down takes fewer units instead of holding up a barrier. A D unit waits for
 // the G units of its expert; those were all taken before it by threads that never wait, so a wait is
-// short and cannot deadlock. One barrier closes the call: out[t] = sum of y[n] over t's pairs, split
-// over h. Each weight row is read once per call whatever the number of pairs.
+// short and cannot deadlock. The D unit that ends a row chunk's last expert writes that chunk of
+// out[t] = sum of y[n] over t's pairs (SUM_AFTER_BARRIER: all of it after a barrier instead), so the
+// call's only join is its threads'. Each weight row is read once per call whatever the number of pairs.
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
