@@ -75,10 +75,11 @@ def llama_bench(
 def freetoken_bench(engine: Engine, prompt: int, gen: int) -> dict[str, Any]:
     """Through the engine's scheduler, as `ft run` does: prefill `prompt` tokens (timed to the first
     token); decode `gen` greedy tokens after a short prompt, as llama-bench's tg starts from an empty
-    context. Warmed up first (kernels compiled, the batch-1 graph captured)."""
+    context. Warmed up first on the same prompt (the prefill path it takes and its kernels compiled, the
+    batch-1 graph captured)."""
     vocab = engine.config.vocab_size
     ids = [(7 * i + 11) % vocab for i in range(prompt)]
-    list(engine.generate(ids[:32], SamplingParams(max_tokens=8, ignore_eos=True)))
+    list(engine.generate(ids, SamplingParams(max_tokens=8, ignore_eos=True)))
     engine.reset()  # nothing cached: the prompt is prefilled in full
     prefill = _last(engine.generate(ids, SamplingParams(max_tokens=1, ignore_eos=True)))
     engine.reset()

@@ -24,6 +24,7 @@ from freetoken.runtime.measure.profile import (
     this_machine,
 )
 from freetoken.runtime.moe.executor import resolve_backend
+from freetoken.runtime.moe.policy import fetch_fraction, quota
 
 runner = CliRunner()
 
@@ -172,6 +173,15 @@ def test_validation_that_disagrees_saves_the_fastest(home: Path, monkeypatch: py
     }
 
 
+@pytest.mark.parametrize(("measured", "want_q"), [(0.0, 0), (0.2, 1), (0.6, 3), (None, 2)])
+def test_the_measured_split_sets_hybrids_fetches(measured: float | None, want_q: int) -> None:
+    # m = 5 misses, B_P/B_H = 0.4 (q = 2 by the linear model); a measured best of q = 0 fetches none
+    profile = BandwidthProfile(**{**_profile_doc(), "b_p": 4e9, "b_h": 10e9, "model_fetch_fraction": 0.4})
+    profile = replace(profile, measured_fetch_fraction=measured)
+    fraction = fetch_fraction(profile.b_p, profile.b_h, profile.fetch_correction())
+    assert quota(5, fraction) == want_q
+
+
 def _profile_doc() -> dict:
     profile = BandwidthProfile(
         machine_key="k",
@@ -200,6 +210,7 @@ def _profile_doc() -> dict:
         ({"expert_shape": {"hidden": 8}}, "expert_shape.intermediate: missing"),
         ({"b_h_batch": {"four": 1e9}}, "b_h_batch.four: expected a token count as the key"),
         ({"recommended_backend": "gpu"}, "recommended_backend: expected one of fused, offload, cpu, hybrid"),
+        ({"overlap_path": "graph"}, "overlap_path: expected one of stream, read_back"),
         ({"extra": 1}, "extra: unknown key"),
         ({"version": 7}, "version: expected 1, got 7"),
     ],

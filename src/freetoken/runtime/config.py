@@ -191,7 +191,7 @@ class MoeConfig:
     cpu_int8_act: bool = False  # CPU dots of quantized experts against int8 activation blocks
     pcie_gbps: float | None = None  # B_P; None: from this machine's bandwidth profile, if any
     host_gbps: float | None = None  # B_H; likewise
-    fetch_correction: float = 1.0  # measured best q/m over B_P/B_H (from the profile)
+    fetch_correction: float = 1.0  # measured best q/m over B_P/B_H (from the profile; 0: fetch none)
     reprofile: bool = True  # probe B_P and B_H at safe points while running
     share_cores: bool = True  # CPU threads follow the cores other processes leave (at safe points)
     reprofile_interval_s: float = 30.0
@@ -213,7 +213,7 @@ class MoeConfig:
             ("--moe-pcie-gbps", self.pcie_gbps, POSITIVE),
             ("--moe-host-gbps", self.host_gbps, POSITIVE),
             ("reprofile interval", self.reprofile_interval_s, NON_NEGATIVE),
-            ("fetch correction", self.fetch_correction, POSITIVE),
+            ("fetch correction", self.fetch_correction, NON_NEGATIVE),
         )
         check_choice("--moe-prefill-stream", self.prefill_stream, PREFILL_STREAM_CHOICES)
         cpu_layers_form(self.cpu_layers)

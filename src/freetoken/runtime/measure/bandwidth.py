@@ -2,13 +2,15 @@
 
 B_P: expert fills from a pinned pool into device slots (SlotBank.fill, the transfer stream).
 B_H: the CPU expert kernel at batch 1 on real expert shapes (cpu_experts, the configured threads).
-Both at once: q fills and m − q CPU experts issued together, as hybrid does, for every q.
+Both at once: q fills and m − q CPU experts issued together, as hybrid does, for every q: through the
+path a captured decode step takes where it runs here (the gather kernel's fills, the CPU branch handed
+over in the stream), else through the read-back one (SlotBank.fill, CpuBranch).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +33,7 @@ from freetoken.runtime.moe.kernels.cpu_experts import (
 from freetoken.runtime.moe.kernels.expert_fill import fill_kernel_available, fill_slots
 from freetoken.runtime.moe.pool import HUGE_PAGES, HostExpertPool
 from freetoken.runtime.moe.slot_bank import SlotBank
+from freetoken.runtime.moe.stream_branch import StreamBranch
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,69 @@ class Bench:
             branch.close()
         return rows_out
 
+    def overlap_in_stream(self, bank: SlotBank, misses: int) -> list[dict[str, float]]:
+        """The same layer steps as a captured decode step runs them (`stream_layer`), for every q. Every
+        input is on the device before the clock starts, as the router leaves it."""
+        branch = StreamBranch(self.pool, self.device, self.shape.top_k, 1, self.threads)
+        x = torch.randn(1, self.shape.hidden, dtype=torch.bfloat16, device=self.device)
+        rows_out = []
+        try:
+            for q in range(misses + 1):
+                steps = iter([self.stream_inputs(q, misses) for _ in range(self.reps + 1)])
+
+                def step(steps: Iterator[tuple[torch.Tensor, ...]] = steps) -> None:
+                    self.stream_layer(branch, bank, x, *next(steps))
+
+                rows_out.append({"q": q, "seconds": _timed(step, self.reps, self.sync)})
+        finally:
+            branch.close()
+        return rows_out
+
+    def stream_layer(
+        self,
+        branch: StreamBranch,
+        bank: SlotBank,
+        x: torch.Tensor,
+        plan: torch.Tensor,
+        count: torch.Tensor,
+        cpu_ids: torch.Tensor,
+        slot_ids: torch.Tensor,
+        w: torch.Tensor,
+    ) -> torch.Tensor:
+        """One layer step of x [1, H] as hybrid's captured decode step: the CPU pairs handed over in the
+        stream (the native coordinator computes them), the fills by the gather kernel, the fetched
+        experts computed from their slots, the CPU's result merged."""
+        gate_up, down = bank.banks(0)
+        with torch.inference_mode():
+            branch.submit(0, x, cpu_ids, w)
+            fill_slots(plan, count, self.pool.gate_up[0], self.pool.down[0], gate_up, down)
+            return branch.merge(routed_experts(x, slot_ids, w, gate_up, down))
+
+    def stream_inputs(self, q: int, misses: int) -> tuple[torch.Tensor, ...]:
+        """A step of `misses` fresh experts, q of them fetched, on the device: plan [k, 2] int32 (into
+        slots 0..q−1, -1 after), count [1] int32, cpu_ids [1, k] (the first m − q pairs the CPU's),
+        slot_ids [1, k] (the next q pairs the fetched slots'), -1 elsewhere, weights [1, k] fp32."""
+        k, experts = self.shape.top_k, torch.from_numpy(self._experts(misses))
+        plan = torch.full((k, 2), -1, dtype=torch.int32)
+        plan[:q, 0], plan[:q, 1] = experts[:q].int(), torch.arange(q, dtype=torch.int32)
+        cpu_ids = torch.full((1, k), -1, dtype=torch.int64)
+        cpu_ids[0, : misses - q] = experts[q:]
+        slot_ids = torch.full((1, k), -1, dtype=torch.int64)
+        slot_ids[0, misses - q : misses] = torch.arange(q)
+        w = torch.full((1, k), 1.0 / misses, dtype=torch.float32)
+        count = torch.tensor([q], dtype=torch.int32)
+        return tuple(t.to(self.device) for t in (plan, count, cpu_ids, slot_ids, w))
+
+    def decode_overlap(self, bank: SlotBank, misses: int) -> tuple[list[dict[str, float]], str]:
+        """The overlap rows of the path decode steps take here, and its name: in the stream where the
+        gather kernel and the native CPU branch run, else the read-back one."""
+        if fill_kernel_available(self.device):
+            try:
+                return self.overlap_in_stream(bank, misses), "stream"
+            except RuntimeError:  # no native CPU kernel: decode steps read routing back
+                pass
+        return self.overlap(bank, misses), "read_back"
+
     def cpu_fixed_cost(self) -> float:
         """One CPU-branch launch with no expert work: staging copies, the thread hand-off, the merge."""
         branch = CpuBranch(self.pool, self.device, self.threads)
@@ -259,13 +325,14 @@ def measure(
     b_h_batch = {str(n): bench.host_bw(n) for n in HOST_BATCHES}
     b_p = b_p_gather = h2d = d2h = device_pairs = None
     overlap: list[dict[str, float]] = []
+    overlap_path = "read_back"
     misses = max(1, round(shape.top_k * miss_rate))
     if bench.cuda:
         bank = SlotBank(bench.pool, shape.top_k, bench.device)
         b_p = bench.fill_bw(bank)
         b_p_gather = bench.gather_bw(bank) if fill_kernel_available(bench.device) else None
         h2d, d2h = bench.linear()
-        overlap = bench.overlap(bank, misses)
+        overlap, overlap_path = bench.decode_overlap(bank, misses)
         device_pairs = bench.device_pairs(bank)
     fixed = bench.cpu_fixed_cost()
     backend, fraction = recommend(overlap, misses)
@@ -297,6 +364,7 @@ def measure(
         cpu_fixed_s=fixed,
         kernel="compiled" if kernel_available() else "torch",
         overlap=overlap,
+        overlap_path=overlap_path,
         measured_fetch_fraction=fraction if overlap else None,
         model_fetch_fraction=min(1.0, b_p / b_h) if b_p else None,
         recommended_backend=backend,

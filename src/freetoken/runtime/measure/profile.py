@@ -87,6 +87,7 @@ class BandwidthProfile:
     b_p_gather: float | None = None  # bytes/s, the same fills by the graph's gather kernel over UVA
     overlap: list[dict[str, float]] = field(default_factory=list)  # [{q, seconds}]: one layer step of m
     # misses (expert_shape.overlap_misses), q fetched and m − q through the CPU branch, at once
+    overlap_path: str = "read_back"  # stream: as a captured decode step (gather fills, native branch)
     measured_fetch_fraction: float | None = None  # best q/m from the overlapped runs
     model_fetch_fraction: float | None = None  # min(1, B_P/B_H)
     recommended_backend: str = "cpu"
@@ -96,13 +97,11 @@ class BandwidthProfile:
     version: int = PROFILE_VERSION
 
     def fetch_correction(self) -> float:
-        """Measured best q/m over the linear model's B_P/B_H (1 when nothing was measured)."""
-        if not self.measured_fetch_fraction or not self.model_fetch_fraction:
+        """Measured best q/m over the linear model's B_P/B_H (1 when nothing was measured; 0 where the
+        best was to fetch nothing, so hybrid leaves every miss to the CPU as cpu does)."""
+        if self.measured_fetch_fraction is None or not self.model_fetch_fraction:
             return 1.0
-        return (
-            max(self.measured_fetch_fraction, 1.0 / (2 * self.expert_shape["top_k"]))
-            / self.model_fetch_fraction
-        )
+        return self.measured_fetch_fraction / self.model_fetch_fraction
 
     def age_s(self) -> float:
         return time.time() - self.created
@@ -152,6 +151,7 @@ PROFILE_KEYS: dict[str, tuple[Kind, Any]] = {
     "b_h_batch": (OBJECT, {}),
     "device_pairs_s": (POSITIVE, None),
     "overlap": (OVERLAP_ROWS, []),
+    "overlap_path": (TEXT, "read_back"),
     "measured_fetch_fraction": (SHARE, None),
     "model_fetch_fraction": (FRACTION, None),
     "recommended_backend": (TEXT, "cpu"),
@@ -170,6 +170,7 @@ def read_profile(path: Path) -> BandwidthProfile:
             raise profile.error(key, "unknown key")
     values = {key: profile.get(key, kind, default) for key, (kind, default) in PROFILE_KEYS.items()}
     profile.choice("recommended_backend", tuple(n for n in MOE_BACKEND_NAMES if n != "auto"), "cpu")
+    profile.choice("overlap_path", ("stream", "read_back"), "read_back")
     shape = profile.child("expert_shape")
     for key in SHAPE_KEYS:
         shape.get(key, POSITIVE_INT)
