@@ -40,6 +40,7 @@ import torch
 from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import Engine, build_engine
 from freetoken.runtime.kv.prefix_cache import PrefixCache
+from freetoken.runtime.moe.kernels.cpu_experts import read_bandwidth
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 from freetoken.runtime.sequence import GenerationStats, TokenEvent
@@ -70,6 +71,14 @@ def llama_bench(
         kind = "prefill_tok_s" if row.get("n_prompt", 0) > 0 and row.get("n_gen", 0) == 0 else "decode_tok_s"
         out[kind] = float(row["avg_ts"])
     return out
+
+
+def host_read_floor(engine: Engine, threads: int) -> float:
+    """Decode tokens/s if reading each token's routed experts (top-k of every MoE layer, as stored) at
+    this host's read ceiling were all a step cost: the floor of a row with every expert on the CPU."""
+    pool, k = engine.pool, engine.config.num_experts_per_tok
+    per_token = pool.nbytes * k / pool.num_experts  # bytes: k experts of every MoE layer
+    return read_bandwidth(threads=threads) / per_token
 
 
 def freetoken_bench(engine: Engine, prompt: int, gen: int) -> dict[str, Any]:
@@ -152,6 +161,8 @@ def measure(args: argparse.Namespace, options: dict[str, Any], batch: int) -> di
     ours["miss_rate"] = engine.moe_counters.miss_rate()
     ours["streamed_experts"] = engine.moe_counters.totals()["streamed"]  # prefill's whole layers
     ours["expert_pool"] = engine.pool.describe()
+    if options.get("cache_size") == 0:  # every routed expert read by the CPU: the host read bounds decode
+        ours["floor_decode_tok_s"] = host_read_floor(engine, args.threads)
     engine.close()
     del engine
     if args.device.startswith("cuda"):
@@ -318,6 +329,12 @@ def main() -> None:
         ratio = row["ratio"]
         print(f"{'':>7} {'ours/peer':>10} {ratio['prefill_tok_s']:>14.2f} {ratio['decode_tok_s']:>13.2f}")
         ours = row["freetoken"]
+        if "floor_decode_tok_s" in ours:
+            floor, peer_tok_s = ours["floor_decode_tok_s"], row["llama_cpp"]["decode_tok_s"]
+            print(
+                f"{'':>7} {'read floor':>10} {'':>14} {floor:>13.1f}  (ours "
+                f"{ours['decode_tok_s'] / floor:.2f}, llama.cpp {peer_tok_s / floor:.2f} of it)"
+            )
         if "cpu_branch_us" in ours:
             t = ours["cpu_branch_us"]
             print(

@@ -5,8 +5,8 @@ Per MoE layer step of at most `max_rows` rows (kernels/branch_coordinator.c hold
           stage and raises the submit flag; a layer with no CPU pair raises the done flag instead and the
           coordinator never hears of it (kernels/hand_over.py) — all stream work
   (the GPU computes its own pairs meanwhile; the coordinator thread runs the C kernel on the pool)
-  merge   the stream waits for the done flag, copies the result [T, H] fp32 back and adds it where the
-          layer had a CPU pair
+  merge   the stream waits for the done flag, then one kernel adds the result [T, H] fp32, read in the
+          pinned region through unified addressing, where the layer had a CPU pair
 On CUDA these are stream operations (kernels/stream_ops.py), so the decode step is captured in a CUDA graph
 with its CPU branch; on the cpu device the calling thread does them, which runs this same path in CI.
 A dead or stuck branch answers every hand-over at once (the GPU never hangs) and
@@ -72,7 +72,6 @@ class StreamBranch:
         self.row_of = {layer: row for row, layer in enumerate(layers)}
         self.hidden, self.top_k, self.max_rows, self.stall_s = pool.hidden_size, top_k, max_rows, stall_s
         size = stage_bytes(max_rows, self.hidden, top_k)
-        self.result = torch.zeros(max_rows, self.hidden, dtype=torch.float32, device=device)
         self.bf16_act = bf16_activations(pool.dtype)
         ids = [codec_ids(names, int8_act, self.bf16_act) for names in codecs]
         n = len(layers)
@@ -129,7 +128,7 @@ class StreamBranch:
         assert self._ids is not None, "merge follows a submit"
         ids, self._ids = self._ids, None
         self.ops.wait(self._done_flag)
-        return self.ops.merge(out, self.result, self.out_host[: out.shape[0]], ids)
+        return self.ops.merge(out, self.out_host[: out.shape[0]], ids)
 
     def check(self, timeout_s: float = 2.0) -> None:
         """One hand-over for real before the branch is trusted: eagerly and, on CUDA, replayed from a

@@ -8,7 +8,8 @@ tens of microseconds a layer. So the stage is written by a kernel that looks at 
            coordinator serves it); none: done = 1 at once (the stream's wait passes, the coordinator never
            hears of it). One program; its stores reach host memory through unified addressing, ordered
            before the flag by a barrier and a system-scope release.
-  merge    out + the copied-back result where the hand-over had a CPU pair, else out.
+  merge    out + the CPU's result (read where the coordinator wrote it) where the hand-over had a CPU
+           pair, else out.
 
 `stage_reference` / `merge_reference` do the same in torch: the cpu device standing in runs them (with
 the coordinator's own signal and answer), and the tests compare the kernels with them (Triton's
@@ -67,7 +68,8 @@ def stage_hand_over(
 
 
 def merge_hand_over(out: torch.Tensor, result: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """out [T, H] + result [>= T, H] fp32 (rounded to out's dtype) where `ids` [T, K] has a CPU pair."""
+    """out [T, H] + result [>= T, H] fp32 (rounded to out's dtype) where `ids` [T, K] has a CPU pair;
+    `result` on the device or page-locked host memory the device maps."""
     body, _ = _body()
     t, h = out.shape
     out = out.contiguous()

@@ -3,9 +3,9 @@
   DriverStreamOps  (CUDA) on the current stream: the hand-over kernel (kernels/hand_over.py: the stage
                    written through unified addressing, then the submit word, or the done word when the
                    layer has no CPU pair), the wait through the driver (cuStreamWaitValue32 on mapped pinned
-                   memory, then cuStreamWriteValue32 back to 0), the result copied back (cuMemcpyHtoDAsync)
-                   and the merge kernel; a captured graph replays them all as nodes and no host thread takes
-                   part in the step.
+                   memory, then cuStreamWriteValue32 back to 0) and the merge kernel, which reads the result
+                   where the coordinator wrote it (unified addressing, no copy back); a captured graph
+                   replays them all as nodes and no host thread takes part in the step.
   HostStreamOps    (the cpu device standing in) the same, done by the calling thread with the torch
                    references: the stage and the result are memory the thread reads and writes, the submit
                    a release store, the wait blocks (interpreter lock released) until the coordinator answers.
@@ -53,15 +53,13 @@ class DriverStreamOps:
         if lib is None:
             raise RuntimeError("the CUDA driver library (libcuda.so.1) cannot be loaded")
         self.device = device
-        vp, u32, u64, size = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_size_t
+        vp, u32, u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
         self._write = _entry(lib, "cuStreamWriteValue32_v2", "cuStreamWriteValue32")
         self._wait = _entry(lib, "cuStreamWaitValue32_v2", "cuStreamWaitValue32")
-        self._h2d = _entry(lib, "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync")
         self._mapped = _entry(lib, "cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
         self._write.argtypes = self._wait.argtypes = [vp, u64, u32, ctypes.c_uint]
-        self._h2d.argtypes = [u64, vp, size, vp]
         self._mapped.argtypes = [ctypes.POINTER(u64), vp, ctypes.c_uint]
-        for fn in (self._write, self._wait, self._h2d, self._mapped):
+        for fn in (self._write, self._wait, self._mapped):
             fn.restype = ctypes.c_int
 
     def _stream(self) -> int:
@@ -85,13 +83,9 @@ class DriverStreamOps:
     ) -> None:  # fmt: skip
         stage_hand_over(x, ids, weights, stage, flags, row)
 
-    def merge(
-        self, out: torch.Tensor, result: torch.Tensor, out_host: torch.Tensor, ids: torch.Tensor
-    ) -> torch.Tensor:
-        """out + the CPU's result (copied back into `result` first) where `ids` had a CPU pair."""
-        copy = self._h2d(result.data_ptr(), out_host.data_ptr(), 4 * out.numel(), self._stream())
-        self._check("cuMemcpyHtoDAsync", copy)
-        return merge_hand_over(out, result, ids)
+    def merge(self, out: torch.Tensor, out_host: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """out + the CPU's result, read from the page-locked `out_host`, where `ids` had a CPU pair."""
+        return merge_hand_over(out, out_host, ids)
 
     def wait(self, flag: int) -> None:
         stream = self._stream()
@@ -117,9 +111,7 @@ class HostStreamOps:
         else:
             flags[1] = 1  # answered here: the wait below is this thread's own
 
-    def merge(
-        self, out: torch.Tensor, result: torch.Tensor, out_host: torch.Tensor, ids: torch.Tensor
-    ) -> torch.Tensor:
+    def merge(self, out: torch.Tensor, out_host: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return merge_reference(out, out_host, ids)
 
     def wait(self, flag: int) -> None:
