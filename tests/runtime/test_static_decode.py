@@ -13,6 +13,7 @@ from freetoken.errors import FreeTokenError
 from freetoken.runtime.decode_graph import MAX_ROWS
 from freetoken.runtime.engine import Engine, build_engine
 from freetoken.runtime.kv.prefix_cache import PrefixCache
+from freetoken.runtime.measure.cpu_share import allowed_cores
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 
@@ -71,18 +72,30 @@ def test_the_context_limit_is_a_clear_error(tiny_model: tuple[Path, Any]) -> Non
         engine.decode_batch([seq], [5])
 
 
-def test_the_decode_wait_sleeps_only_while_the_host_computes_experts(tiny_model: tuple[Path, Any]) -> None:
-    # a spinning wait for the step's tokens would hold a core the CPU expert branch's threads need
+def test_the_decode_wait_sleeps_only_where_the_host_computes_experts_on_every_core(
+    tiny_model: tuple[Path, Any],
+) -> None:
+    # a spinning wait for the step's tokens beside CPU expert threads on every core would hold a core they
+    # need; beside a core left over it spins (a sleeping wait costs wake-ups)
+    cores = len(allowed_cores())
     engine = build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused")
     try:
         assert engine.decoder is not None and not engine.decoder.sleep_while_waiting
-        for backend, options, sleeps in [
-            ("cpu", {}, True),
-            ("hybrid", {"cache_size": 2}, True),
-            ("offload", {"cache_size": 2}, False),
-            ("offload", {"cache_size": 2, "cpu_layers": "0,"}, True),
-        ]:
+        cases = [
+            ("cpu", {"cpu_threads": cores}, cores, True),
+            ("hybrid", {"cache_size": 2, "cpu_threads": cores}, cores, True),
+            ("offload", {"cache_size": 2, "cpu_threads": cores}, 0, False),
+            ("offload", {"cache_size": 2, "cpu_layers": "0,", "cpu_threads": cores}, cores, True),
+        ]
+        if cores > 1:
+            fewer = {"cpu_threads": cores - 1}
+            cases += [
+                ("cpu", fewer, cores - 1, False),
+                ("offload", {"cache_size": 2, "cpu_layers": "0,", **fewer}, cores - 1, False),
+            ]
+        for backend, options, threads, sleeps in cases:
             engine.configure_moe(replace(engine.moe, backend=backend, **options))
+            assert engine.executor.host_threads() == threads, (backend, options)
             assert engine.decoder.sleep_while_waiting is sleeps, (backend, options)
     finally:
         engine.close()

@@ -27,6 +27,7 @@ from torch import nn
 
 from freetoken.runtime.device_sampling import SamplingRows, greedy_rows
 from freetoken.runtime.kv.slot_pool import KVSlotPool
+from freetoken.runtime.measure.cpu_share import allowed_cores
 from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
 from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows, decode_step
 from freetoken.runtime.moe.executor import ExpertExecutor
@@ -71,9 +72,7 @@ class SlotDecoder:
         # the drawn ids are back: a spinning wait, or one that sleeps (see `sleep_while_waiting`)
         cuda = device.type == "cuda"
         self._events = (torch.cuda.Event(), torch.cuda.Event(blocking=True)) if cuda else None
-        # Set by `attach` when the host computes experts during a step: the waiting thread then sleeps
-        # instead of spinning, so the CPU branch's threads have every core (a spinning wait took one of
-        # them: with a thread a core the branch's layers ran ~5x slower)
+        # Set by `follow_host_threads` (see there)
         self.sleep_while_waiting = False
         self._copied = torch.cuda.Event() if device.type == "cuda" else None  # the rows are on the device
         self.graphs_off: str | None = None if device.type == "cuda" else "no CUDA device"
@@ -111,10 +110,17 @@ class SlotDecoder:
 
     def attach(self, executor: ExpertExecutor) -> None:
         """A new expert executor: the graphs are forgotten (they hold the old one's banks), its native step
-        taken (CPU), and the step's wait sleeps where it leaves experts to the host's cores."""
+        taken (CPU), and the step's wait follows the threads it keeps busy on the host."""
         self.reset()
         self.native = CpuDecodeStep.build(self.model, self.pool, executor)
-        self.sleep_while_waiting = executor.host_computes()
+        self.follow_host_threads(executor.host_threads())
+
+    def follow_host_threads(self, threads: int) -> None:
+        """`threads` of the host compute experts during a step (0: none). The wait for the drawn ids spins
+        where a core is left over for it, and sleeps where those threads take every core: spinning beside
+        them held a core the branch's layers needed (~5x slower layers at a thread a core), and sleeping
+        beside a free core cost 6-15 % of decode speed in wake-ups (16 cores: 14 or 15 branch threads)."""
+        self.sleep_while_waiting = threads > 0 and threads + 1 > len(allowed_cores())
 
     def reset(self) -> None:
         """Forget the captured graphs (the addresses they hold are about to change)."""

@@ -366,6 +366,8 @@ class Engine:
         if threads is not None:
             log.info("CPU threads follow the free cores: %d", threads)
             self.executor.set_cpu_threads(threads)
+            if self.decoder is not None:
+                self.decoder.follow_host_threads(self.executor.host_threads())
         if not self.moe.reprofile:
             return
         now = time.monotonic()

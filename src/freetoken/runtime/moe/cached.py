@@ -160,8 +160,8 @@ class CachedExecutor(ExpertExecutor):
         if self.stream_branch is not None:
             self.stream_branch.set_threads(self.cpu.threads)
 
-    def host_computes(self) -> bool:
-        return self.mode != "offload" or bool(self.ctx.cpu_layers)
+    def host_threads(self) -> int:
+        return self.cpu.threads if self.mode != "offload" or self.ctx.cpu_layers else 0
 
     def fetches_all(self, layer: int) -> bool:
         """Whether every miss of `layer` is fetched (no CPU share: the step needs no read-back)."""

@@ -65,9 +65,9 @@ class ExpertExecutor(ABC):
         ids = topk_ids.to(x.device)
         return (out.float() + down_bias_sum(self.down_bias[layer], ids, topk_weights)).to(out.dtype)
 
-    def host_computes(self) -> bool:
-        """Whether a decode step may leave experts to the host's cores (its waiter then sleeps)."""
-        return False
+    def host_threads(self) -> int:
+        """Threads a decode step may keep busy on the host's cores computing experts (0: none)."""
+        return 0
 
     def pair_bias(self, layer: int, topk_ids: torch.Tensor) -> PairBias | None:
         """The gate/up biases of `topk_ids`' experts (expert ids), for a layer whose experts have them."""

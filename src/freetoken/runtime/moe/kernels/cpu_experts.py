@@ -59,10 +59,11 @@ def kernel_available() -> bool:
     return load_library() is not None
 
 
-# Cores left to the thread that launches GPU work and drives the transfers while the CPU branch runs.
-# Measured on a 16-core host (48-layer decode, cache 37%): the cpu backend took 74 ms/token with 16
-# kernel threads and 67 with 15 or 14; hybrid 81 with 16 and 51 with 14.
-RESERVED_CORES = 2
+# Cores left to the thread that launches GPU work and waits for each step's tokens while the CPU branch
+# runs (it spins there when it has a core: decode_graph.SlotDecoder.follow_host_threads). Measured on a
+# 16-core host (24-layer Q4_K decode, no expert on the GPU, spinning wait): 15 branch threads 124 tok/s,
+# 14 threads 114; 16 threads leave the waiter no core (it then sleeps; 0.9-0.95x of 14 threads).
+RESERVED_CORES = 1
 
 
 def branch_threads() -> int:
