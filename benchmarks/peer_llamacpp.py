@@ -26,6 +26,7 @@ give 0 or 20 %). FreeToken's cache ratio is the GPU's share of the expert bytes 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -126,20 +127,20 @@ def batch_decode_tok_s(engine: Engine, batch: int, gen: int) -> float:
     return tokens / seconds
 
 
-def freetoken_options(args: argparse.Namespace, ratio: float) -> list[dict[str, Any]]:
+def freetoken_options(args: argparse.Namespace, ratio: float, threads: int) -> list[dict[str, Any]]:
     """The engine options with `ratio` of the expert bytes on the GPU: fused with every expert there; each
     of --backends at that share; cpu with no slot when no expert is on the GPU."""
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.int8_act]
     if args.device == "cpu" or ratio == 0.0:
         return [
-            {"moe_backend": "cpu", "cache_size": 0, "cpu_threads": args.threads, "cpu_int8_act": mode}
+            {"moe_backend": "cpu", "cache_size": 0, "cpu_threads": threads, "cpu_int8_act": mode}
             for mode in modes
         ]
     if ratio == 1.0:
         return [{"moe_backend": "fused"}]
     out = []
     for backend in args.backends.split(","):
-        options: dict[str, Any] = {"moe_backend": backend, "cache_ratio": ratio, "cpu_threads": args.threads}
+        options: dict[str, Any] = {"moe_backend": backend, "cache_ratio": ratio, "cpu_threads": threads}
         if backend == "hybrid":
             options.update(
                 {k: v for k, v in (("pcie_gbps", args.pcie_gbps), ("host_gbps", args.host_gbps)) if v}
@@ -162,12 +163,38 @@ def measure(args: argparse.Namespace, options: dict[str, Any], batch: int) -> di
     ours["streamed_experts"] = engine.moe_counters.totals()["streamed"]  # prefill's whole layers
     ours["expert_pool"] = engine.pool.describe()
     if options.get("cache_size") == 0:  # every routed expert read by the CPU: the host read bounds decode
-        ours["floor_decode_tok_s"] = host_read_floor(engine, args.threads)
+        ours["floor_decode_tok_s"] = host_read_floor(engine, options["cpu_threads"])
     engine.close()
     del engine
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     return ours
+
+
+def engine_label(engine: dict[str, Any]) -> str:
+    """A row's engine as the table names it: FreeToken's backend, llama.cpp's placement; +i8 with int8
+    activations."""
+    label = engine["moe_backend"] if "moe_backend" in engine else f"ncmoe {engine['ncmoe']}"
+    if engine.get("host_tensors"):
+        label = f"ot {engine['host_tensors']}"
+    return label + ("+i8" if engine.get("cpu_int8_act") else "")
+
+
+def best_against_best(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per budget and FreeToken engine: its fastest decode over the thread counts run against llama.cpp's
+    fastest at that budget (each engine at its own best thread count)."""
+    out: dict[tuple[float, str], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["budget"], engine_label(row["freetoken"]))
+        best = out.setdefault(key, {"budget": key[0], "engine": key[1], "ours": 0.0})
+        if row["freetoken"]["decode_tok_s"] > best["ours"]:
+            best.update(ours=row["freetoken"]["decode_tok_s"], ours_threads=row["threads"])
+    for best in out.values():
+        at_budget = [r for r in rows if r["budget"] == best["budget"]]
+        peer = max(at_budget, key=lambda r: r["llama_cpp"]["decode_tok_s"])
+        best.update(peer=peer["llama_cpp"]["decode_tok_s"], peer_threads=peer["threads"])
+        best["ratio"] = best["ours"] / best["peer"] if best["peer"] else None
+    return list(out.values())
 
 
 def earlier_peer(path: Path, placement: dict[str, int]) -> dict[str, float]:
@@ -259,7 +286,11 @@ def main() -> None:
         "--pcie-gbps", type=float, help="B_P for hybrid (default: this machine's bench bw profile)"
     )
     ap.add_argument("--host-gbps", type=float, help="B_H for hybrid (likewise)")
-    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument(
+        "--threads",
+        default=str(max(1, (os.cpu_count() or 2) - 2)),
+        help="CPU threads of both engines; a comma list runs each (and reports each engine's best)",
+    )
     ap.add_argument(
         "--int8-act",
         choices=("off", "on", "both"),
@@ -276,7 +307,8 @@ def main() -> None:
     by_tensor = expert_tensors(args.gguf) if args.split == "tensors" else []
     rows: list[dict[str, Any]] = []
     budgets = [1.0] if args.device == "cpu" else [float(b) for b in args.budgets.split(",")]
-    for budget in budgets:
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    for budget, threads in itertools.product(budgets, thread_counts):
         host_tensors: tuple[str, ...] = ()
         if by_tensor and 0.0 < budget < 1.0:
             ncmoe, (host_tensors, ratio) = 0, tensor_split(budget, by_tensor)
@@ -287,28 +319,23 @@ def main() -> None:
             earlier_peer(args.peer_from, placement)
             if args.peer_from
             else llama_bench(
-                args.llama_bench,
-                args.gguf,
-                args.device,
-                ncmoe,
-                args.threads,
-                args.prompt,
-                args.gen,
-                host_tensors,
+                args.llama_bench, args.gguf, args.device, ncmoe, threads, args.prompt, args.gen, host_tensors
             )
         )
-        for options in freetoken_options(args, ratio):
+        for options in freetoken_options(args, ratio, threads):
             ours = measure(args, options, batch=args.batch if ratio == 1.0 else 1)
             rows.append(
                 {
                     "budget": ratio,
+                    "threads": threads,
                     "llama_cpp": {**placement, **peer},
                     "freetoken": {**options, **ours},
                     "ratio": {k: ours[k] / peer[k] for k in ("prefill_tok_s", "decode_tok_s") if peer.get(k)},
                 }
             )
     doc = {"gguf": str(args.gguf), "layers": layers, "dense_layers": dense, "device": args.device,
-           "threads": args.threads, "prompt": args.prompt, "gen": args.gen, "rows": rows}  # fmt: skip
+           "threads": thread_counts, "prompt": args.prompt, "gen": args.gen, "rows": rows,
+           "best": best_against_best(rows)}  # fmt: skip
     if args.peer_from:
         doc["llama_cpp_from"] = str(args.peer_from)
     if args.json:
@@ -317,36 +344,40 @@ def main() -> None:
     print(f"{args.gguf.name} · {layers} layers · {args.device} · pp{args.prompt} / tg{args.gen}")
     if args.peer_from:
         print(f"llama.cpp's rows from an earlier run: {args.peer_from}")
-    print(f"{'budget':>7} {'engine':>10} {'prefill tok/s':>14} {'decode tok/s':>13}")
+    print(f"{'budget':>7} {'threads':>7} {'engine':>10} {'prefill tok/s':>14} {'decode tok/s':>13}")
     for row in rows:
         for name in ("llama_cpp", "freetoken"):
             r = row[name]
-            label = r["moe_backend"] if name == "freetoken" else f"ncmoe {r['ncmoe']}"
-            if name == "llama_cpp" and r.get("host_tensors"):
-                label = f"ot {r['host_tensors']}"
-            label += "+i8" if r.get("cpu_int8_act") else ""
-            print(f"{row['budget']:>7.3f} {label:>10} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.1f}")
+            head = f"{row['budget']:>7.3f} {row['threads']:>7} {engine_label(r):>10}"
+            print(f"{head} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.1f}")
         ratio = row["ratio"]
-        print(f"{'':>7} {'ours/peer':>10} {ratio['prefill_tok_s']:>14.2f} {ratio['decode_tok_s']:>13.2f}")
+        print(f"{'':>15} {'ours/peer':>10} {ratio['prefill_tok_s']:>14.2f} {ratio['decode_tok_s']:>13.2f}")
         ours = row["freetoken"]
         if "floor_decode_tok_s" in ours:
             floor, peer_tok_s = ours["floor_decode_tok_s"], row["llama_cpp"]["decode_tok_s"]
             print(
-                f"{'':>7} {'read floor':>10} {'':>14} {floor:>13.1f}  (ours "
+                f"{'':>15} {'read floor':>10} {'':>14} {floor:>13.1f}  (ours "
                 f"{ours['decode_tok_s'] / floor:.2f}, llama.cpp {peer_tok_s / floor:.2f} of it)"
             )
         if "cpu_branch_us" in ours:
             t = ours["cpu_branch_us"]
             print(
-                f"{'':>7} {'cpu side':>10}  µs a layer: busy {t['busy']:.0f} (kernel call {t['call']:.0f}, "
+                f"{'':>15} {'cpu side':>10}  µs a layer: busy {t['busy']:.0f} (kernel call {t['call']:.0f}, "
                 f"threads started by {t['team_start']:.0f}, done by {t['work_end']:.0f}, joined "
                 f"{t['joined']:.0f}), gap {t['gap']:.0f}"
             )
         if "batch_decode_tok_s" in ours:
             scale = ours["batch_decode_tok_s"] / ours["decode_tok_s"]
             print(
-                f"{'':>7} {'ours b' + str(ours['batch']):>10} {'':>14} {ours['batch_decode_tok_s']:>13.1f}"
+                f"{'':>15} {'ours b' + str(ours['batch']):>10} {'':>14} {ours['batch_decode_tok_s']:>13.1f}"
                 f"  ({scale:.2f}x batch 1)"
+            )
+    if len(thread_counts) > 1:
+        for best in doc["best"]:
+            print(
+                f"best against best, budget {best['budget']:.3f}: {best['engine']} {best['ours']:.1f} tok/s "
+                f"at {best['ours_threads']} threads, llama.cpp {best['peer']:.1f} at {best['peer_threads']}: "
+                f"{best['ratio']:.2f} x"
             )
 
 

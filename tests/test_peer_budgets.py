@@ -34,3 +34,27 @@ def test_tensor_split_takes_the_nearest_share_from_the_first_tensors() -> None:
     mixed = [("gate", 100), ("up", 100), ("down", 150)]  # Q4_K_M-like: a larger down tensor
     assert tensor_split(0.4, mixed) == (("gate", "up"), 150 / 350)
     assert tensor_split(1.0, mixed) == ((), 1.0) and tensor_split(0.0, mixed)[1] == 0.0
+
+
+def test_best_against_best_takes_each_engines_fastest_thread_count() -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from peer_llamacpp import best_against_best
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+    def row(budget: float, threads: int, peer: float, ours: float, backend: str = "cpu") -> dict:
+        return {
+            "budget": budget,
+            "threads": threads,
+            "llama_cpp": {"ncmoe": 24, "decode_tok_s": peer},
+            "freetoken": {"moe_backend": backend, "cpu_int8_act": True, "decode_tok_s": ours},
+        }
+
+    rows = [row(0.0, 14, 118.0, 162.0), row(0.0, 16, 130.0, 157.0), row(0.375, 14, 176.0, 336.0, "hybrid")]
+    best = {(b["budget"], b["engine"]): b for b in best_against_best(rows)}
+    cpu = best[(0.0, "cpu+i8")]  # ours at 14 against llama.cpp at 16, not row by row
+    assert (cpu["ours"], cpu["ours_threads"], cpu["peer"], cpu["peer_threads"]) == (162.0, 14, 130.0, 16)
+    assert abs(cpu["ratio"] - 162.0 / 130.0) < 1e-12
+    hybrid = best[(0.375, "hybrid+i8")]  # another budget's llama.cpp rows are not its peer
+    assert (hybrid["peer"], hybrid["peer_threads"], hybrid["ours"]) == (176.0, 14, 336.0)
