@@ -33,6 +33,7 @@ from freetoken.runtime.engine import Engine
 from freetoken.runtime.loading.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC
 from freetoken.runtime.measure.bandwidth import Bench, ExpertShape
 from freetoken.runtime.measure.profile import load_profile
+from freetoken.runtime.moe.kernels.loader import cpu_description
 from freetoken.runtime.moe.slot_bank import SlotBank
 
 
@@ -161,6 +162,7 @@ def main() -> None:
         "B_H_GBps": b_h / 1e9,
         "fetch_correction": correction,
         "from_profile": profile is not None,
+        "cpu": cpu_description(),
         "q_over_m_model": min(1.0, (b_p or 0.0) / b_h),
         "gpu_ms": gpu_ms,
         "rows": rows,

@@ -42,6 +42,7 @@ from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import Engine, build_engine
 from freetoken.runtime.kv.prefix_cache import PrefixCache
 from freetoken.runtime.moe.kernels.cpu_experts import read_bandwidth
+from freetoken.runtime.moe.kernels.loader import cpu_description
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 from freetoken.runtime.sequence import GenerationStats, TokenEvent
@@ -334,14 +335,16 @@ def main() -> None:
                 }
             )
     doc = {"gguf": str(args.gguf), "layers": layers, "dense_layers": dense, "device": args.device,
-           "threads": thread_counts, "prompt": args.prompt, "gen": args.gen, "rows": rows,
-           "best": best_against_best(rows)}  # fmt: skip
+           "threads": thread_counts, "prompt": args.prompt, "gen": args.gen, "cpu": cpu_description(),
+           "rows": rows, "best": best_against_best(rows)}  # fmt: skip
     if args.peer_from:
         doc["llama_cpp_from"] = str(args.peer_from)
     if args.json:
         print(json.dumps(doc, indent=1))
         return
+    cpu = doc["cpu"]
     print(f"{args.gguf.name} · {layers} layers · {args.device} · pp{args.prompt} / tg{args.gen}")
+    print(f"{cpu['model']} · {cpu['cores']} cores · {' '.join(cpu['isa']) or 'no listed ISA'}")
     if args.peer_from:
         print(f"llama.cpp's rows from an earlier run: {args.peer_from}")
     print(f"{'budget':>7} {'threads':>7} {'engine':>10} {'prefill tok/s':>14} {'decode tok/s':>13}")

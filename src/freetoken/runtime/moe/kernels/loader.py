@@ -108,6 +108,19 @@ def cpu_model() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
+# The instruction sets the expert kernels' dots choose between (row_dots.h, the int8 and bf16 paths)
+KERNEL_ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+
+
+def cpu_description() -> dict[str, object]:
+    """What benchmark reports say of the host: its model, the kernel-relevant instruction sets it has,
+    and the cores this process may use."""
+    from freetoken.runtime.measure.cpu_share import allowed_cores
+
+    flags = cpu_flags()
+    return {"model": cpu_model(), "isa": [f for f in KERNEL_ISA if f in flags], "cores": len(allowed_cores())}
+
+
 def find_compiler() -> str | None:
     for name in (c_compiler(), "cc", "gcc", "clang"):
         if name and shutil.which(name):
