@@ -59,7 +59,7 @@ class LayerStreamer:
         """Buffers from `bank`'s least recent slots, or, given `scratch` (two layers' slots), from it."""
         self.residency, self.bank = residency, scratch or bank
         self.hit_d2d, self.overlap = hit_d2d and scratch is None, overlap
-        self.scratch = scratch is not None
+        self.in_scratch = scratch is not None  # the buffers are the scratch bank, not the cache's slots
         self.layers = residency.moe_layers
         e = residency.num_experts
         if scratch is None:
@@ -122,7 +122,7 @@ class LayerStreamer:
             done = torch.cuda.Event()
             done.record(stream)
             self.bank.transfer_waits(done)
-        if self.scratch:
+        if self.in_scratch:
             return  # the next pass's copies into the scratch bank wait for these reads
         order = sorted(
             range(2), key=lambda b: self.layers.index(h) if (h := self.holds[b]) is not None else -1
