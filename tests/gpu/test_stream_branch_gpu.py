@@ -121,6 +121,25 @@ def test_a_step_with_a_cpu_branch_issues_no_host_sync(tiny_model: tuple[Path, An
         engine.close()
 
 
+def test_with_no_slot_the_hand_over_counts_each_steps_distinct_experts(tiny_model: tuple[Path, Any]) -> None:
+    """The stage kernel adds a layer step's distinct experts to misses and cpu: one request, top-2, so
+    each decode step of each MoE layer adds exactly 2; three requests (a graph of four rows) 2 to 8."""
+    for prompts, low, high in ((PROMPTS[:1], 2, 2), (PROMPTS[:3], 2, 8)):
+        engine = cached(tiny_model[0], "cpu", 0, dtype="bfloat16")
+        try:
+            requests = running_requests(engine, prompts)
+            decode_steps_without_sync(engine, requests, 1)  # the graph captured
+            engine.moe_counters.reset()
+            decode_steps_without_sync(engine, requests, 8)
+            by_layer = engine.moe_counters.by_layer
+            assert engine.decoder is not None and engine.decoder.replays >= 8
+            assert (by_layer["hits"] == 0).all() and (by_layer["fills"] == 0).all()
+            assert (by_layer["cpu"] == by_layer["misses"]).all()
+            assert ((by_layer["misses"] >= 8 * low) & (by_layer["misses"] <= 8 * high)).all(), by_layer
+        finally:
+            engine.close()
+
+
 def test_a_dead_branch_surfaces_within_a_second_and_decoding_goes_on(tiny_model: tuple[Path, Any]) -> None:
     reference = build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused")
     want = greedy(reference, PROMPTS[:1], 20)

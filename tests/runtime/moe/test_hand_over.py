@@ -8,6 +8,7 @@ import torch
 
 from freetoken.runtime.moe.kernels import hand_over
 from freetoken.runtime.moe.kernels.hand_over import (
+    DistinctCount,
     merge_hand_over,
     merge_reference,
     stage_bytes,
@@ -67,3 +68,33 @@ def test_the_merge_adds_the_result_only_after_cpu_pairs(cpu_pairs: bool, dtype: 
     atol = 0.0 if dtype == torch.float32 else 2 * 2.0**-5  # values of |x| < 8: ulp <= 2**-5
     torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=atol)
     assert torch.equal(got, out) != cpu_pairs
+
+
+@pytest.mark.parametrize("t,k", [(1, 8), (3, 8), (8, 8), (40, 8)])  # 40 x 8 pairs: counted by torch
+@pytest.mark.parametrize("cpu_pairs", [True, False])
+def test_a_hand_over_counts_its_distinct_experts_into_two_counter_words(t, k, cpu_pairs) -> None:
+    x, ids, w = case(t, 32, k, cpu_pairs)
+    ids[0, :2] = 5  # a repeat within a row; case() also repeats ids across rows
+    if not cpu_pairs:
+        ids[0, :2] = -1
+    want = len({int(i) for i in ids.flatten() if i >= 0})
+    stage = torch.zeros(-(-stage_bytes(t, 32, k) // 8) * 8, dtype=torch.uint8)
+    for run in (stage_hand_over, stage_reference):
+        row = torch.tensor([10, 20, 30, 40, 50], dtype=torch.int64)
+        count = DistinctCount(row, (1, 4), num_experts=7)
+        if run is stage_hand_over:
+            run(x, ids, w, stage, torch.zeros(2, dtype=torch.int32), 0, count)
+        else:
+            run(x, ids, w, stage.clone(), 0, count)
+        assert row.tolist() == [10, 20 + want, 30, 40, 50 + want], run.__name__
+
+
+@pytest.mark.parametrize("cpu_pairs", [True, False])
+def test_a_merge_with_no_device_part_reads_nothing_of_out(cpu_pairs: bool) -> None:
+    out, ids, _ = case(2, 300, 4, cpu_pairs)
+    garbage = torch.full_like(out, float("nan"))
+    result = torch.randn(4, 300)
+    got = merge_hand_over(garbage, result, ids, out_is_zero=True)
+    want = merge_reference(torch.zeros_like(out), result, ids)
+    assert torch.equal(got, want)
+    assert torch.equal(merge_reference(garbage, result, ids, out_is_zero=True), want)

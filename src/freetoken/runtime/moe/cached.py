@@ -35,6 +35,7 @@ from freetoken.runtime.moe.expert_fn import PairBias
 from freetoken.runtime.moe.experts import GATHER_MAX_PAIRS, prefill_kernel_on, routed_experts
 from freetoken.runtime.moe.kernels.cpu_experts import bf16_activations, cpu_experts
 from freetoken.runtime.moe.kernels.expert_fill import fill_slots, fill_slots_reference
+from freetoken.runtime.moe.kernels.hand_over import DistinctCount
 from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS
 from freetoken.runtime.moe.layer_stream import LayerStreamer, scratch_bank
 from freetoken.runtime.moe.lookahead import Prefetcher
@@ -332,15 +333,11 @@ class CachedExecutor(ExpertExecutor):
     ) -> torch.Tensor:
         """No slot: every pair handed over to the CPU inside the stream; misses counted on the device."""
         assert self.stream_branch is not None
-        self.stream_branch.submit(layer, x, topk_ids, topk_weights)
-        e = self.pool.num_experts
-        seen = torch.zeros(e + 1, dtype=torch.int64, device=x.device)  # [E + 1]: slot 0 for "no pair"
-        seen.scatter_(0, (topk_ids.reshape(-1) + 1).clamp(0, e), 1)
-        distinct = seen[1:].sum()
         row = self.residency.counters[self.residency.row_of[layer]]
-        row[COUNTER_NAMES.index("misses")] += distinct
-        row[COUNTER_NAMES.index("cpu")] += distinct
-        return self.stream_branch.merge(torch.zeros_like(x))
+        cols = (COUNTER_NAMES.index("misses"), COUNTER_NAMES.index("cpu"))
+        count = DistinctCount(row, cols, self.pool.num_experts)
+        self.stream_branch.submit(layer, x, topk_ids, topk_weights, count)
+        return self.stream_branch.merge(torch.empty_like(x), out_is_zero=True)
 
     def _forward_from_pool(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor

@@ -29,7 +29,7 @@ from freetoken.runtime.moe.kernels.cpu_experts import (
     expert_fn_c,
     kernel_takes,
 )
-from freetoken.runtime.moe.kernels.hand_over import stage_bytes
+from freetoken.runtime.moe.kernels.hand_over import DistinctCount, stage_bytes
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.moe.kernels.stream_ops import DriverStreamOps, HostStreamOps
 from freetoken.runtime.moe.pool import HostExpertPool
@@ -116,19 +116,27 @@ class StreamBranch:
     def set_threads(self, threads: int) -> None:
         self.lib.ft_branch_set_threads(self.handle, threads)
 
-    def submit(self, layer: int, x: torch.Tensor, cpu_ids: torch.Tensor, weights: torch.Tensor) -> None:
-        """Hand over x [T, H]'s pairs `cpu_ids` [T, K] (-1: not the CPU's) with `weights` [T, K]."""
+    def submit(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        cpu_ids: torch.Tensor,
+        weights: torch.Tensor,
+        count: DistinctCount | None = None,
+    ) -> None:
+        """Hand over x [T, H]'s pairs `cpu_ids` [T, K] (-1: not the CPU's) with `weights` [T, K]; `count`
+        where the hand-over adds its distinct expert ids."""
         assert x.shape[0] <= self.max_rows, f"a hand-over takes at most {self.max_rows} rows"
         self._ids = cpu_ids.contiguous()
-        self.ops.hand_over(x, self._ids, weights, self.stage, self.flags, self.row_of[layer])
+        self.ops.hand_over(x, self._ids, weights, self.stage, self.flags, self.row_of[layer], count)
 
-    def merge(self, out: torch.Tensor) -> torch.Tensor:
+    def merge(self, out: torch.Tensor, out_is_zero: bool = False) -> torch.Tensor:
         """out [T, H] + the CPU's result for the layer handed over last (out itself when it had no CPU
-        pair)."""
+        pair); `out_is_zero`: the device had no part, out (uninitialised) gives only shape and dtype."""
         assert self._ids is not None, "merge follows a submit"
         ids, self._ids = self._ids, None
         self.ops.wait(self._done_flag)
-        return self.ops.merge(out, self.out_host[: out.shape[0]], ids)
+        return self.ops.merge(out, self.out_host[: out.shape[0]], ids, out_is_zero)
 
     def check(self, timeout_s: float = 2.0) -> None:
         """One hand-over for real before the branch is trusted: eagerly and, on CUDA, replayed from a

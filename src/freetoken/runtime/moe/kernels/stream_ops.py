@@ -21,6 +21,7 @@ import functools
 import torch
 
 from freetoken.runtime.moe.kernels.hand_over import (
+    DistinctCount,
     merge_hand_over,
     merge_reference,
     stage_hand_over,
@@ -79,13 +80,15 @@ class DriverStreamOps:
 
     def hand_over(
         self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stage: torch.Tensor,
-        flags: torch.Tensor, row: int,
+        flags: torch.Tensor, row: int, count: DistinctCount | None = None,
     ) -> None:  # fmt: skip
-        stage_hand_over(x, ids, weights, stage, flags, row)
+        stage_hand_over(x, ids, weights, stage, flags, row, count)
 
-    def merge(self, out: torch.Tensor, out_host: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def merge(
+        self, out: torch.Tensor, out_host: torch.Tensor, ids: torch.Tensor, out_is_zero: bool = False
+    ) -> torch.Tensor:
         """out + the CPU's result, read from the page-locked `out_host`, where `ids` had a CPU pair."""
-        return merge_hand_over(out, out_host, ids)
+        return merge_hand_over(out, out_host, ids, out_is_zero)
 
     def wait(self, flag: int) -> None:
         stream = self._stream()
@@ -104,15 +107,17 @@ class HostStreamOps:
 
     def hand_over(
         self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stage: torch.Tensor,
-        flags: torch.Tensor, row: int,
+        flags: torch.Tensor, row: int, count: DistinctCount | None = None,
     ) -> None:  # fmt: skip
-        if stage_reference(x, ids, weights, stage, row):
+        if stage_reference(x, ids, weights, stage, row, count):
             self.lib.ft_branch_signal(self.branch)  # the branch's own submit word
         else:
             flags[1] = 1  # answered here: the wait below is this thread's own
 
-    def merge(self, out: torch.Tensor, out_host: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return merge_reference(out, out_host, ids)
+    def merge(
+        self, out: torch.Tensor, out_host: torch.Tensor, ids: torch.Tensor, out_is_zero: bool = False
+    ) -> torch.Tensor:
+        return merge_reference(out, out_host, ids, out_is_zero)
 
     def wait(self, flag: int) -> None:
         self.lib.ft_branch_wait_done(self.branch)  # the branch's own done word
