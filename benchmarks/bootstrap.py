@@ -2,10 +2,13 @@
 
     python benchmarks/bootstrap.py --layers 4            # Qwen3-30B-A3B shape, 4 layers (~6 GB bf16)
     python benchmarks/bootstrap.py --spec demo --json
+    python benchmarks/bootstrap.py --gguf model.gguf --device cuda   # one GGUF file as it is
+
 
 Before each cold run the page cache is dropped: through /proc/sys/vm/drop_caches where permitted, else
 per file with posix_fadvise(DONTNEED) (clean pages only; the report says which). The floor is one
-sequential read of the FTW shards right after a drop. Time to first token = load + a one-token answer.
+sequential read of the FTW shards (or of the GGUF) right after a drop; a file in tmpfs stays in memory, so
+its floor is a read from memory. Time to first token = load + a one-token answer.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -56,7 +60,7 @@ def sequential_read(files: list[Path], block: int = 64 << 20) -> float:
     return total / (time.perf_counter() - t0)
 
 
-def cold_load(folder: Path, files: list[Path], device: str) -> dict[str, float]:
+def cold_load(folder: Path, files: list[Path], device: str) -> dict[str, Any]:
     method = drop_cache(files)
     t0 = time.perf_counter()
     engine = build_engine(
@@ -79,9 +83,22 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dir", type=Path, help="work folder (default: a temporary one on the current disk)")
+    ap.add_argument("--gguf", type=Path, help="time this GGUF file alone (no model is written)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    spec = replace(SPECS[args.spec], num_layers=args.layers)
+    if args.gguf is not None:
+        nbytes = args.gguf.stat().st_size
+        drop_cache([args.gguf])
+        floor = sequential_read([args.gguf])
+        rows = {"gguf": cold_load(args.gguf, [args.gguf], args.device)}
+        args.spec, args.layers = args.gguf.name, None
+    else:
+        nbytes, floor, rows = written_models(replace(SPECS[args.spec], num_layers=args.layers), args)
+    report(rows, nbytes, floor, args)
+
+
+def written_models(spec: Any, args: argparse.Namespace) -> tuple[int, float, dict[str, dict[str, Any]]]:
+    """The spec written as safetensors and converted to FTW, each loaded cold; (FTW bytes, floor, rows)."""
     with tempfile.TemporaryDirectory(prefix="ft-bootstrap-", dir=args.dir or Path.cwd()) as tmp:
         hf = write_random_model(Path(tmp) / "hf", spec)
         ftw = Path(tmp) / "ftw"
@@ -95,6 +112,10 @@ def main() -> None:
             "safetensors": cold_load(hf, hf_files, args.device),
             "ftw": cold_load(ftw, ftw_files, args.device),
         }
+    return nbytes, floor, rows
+
+
+def report(rows: dict[str, dict[str, Any]], nbytes: int, floor: float, args: argparse.Namespace) -> None:
     for row in rows.values():
         row["GBps"] = nbytes / row["load_s"] / 1e9
         row["over_floor"] = row["load_s"] / (nbytes / floor)
@@ -110,8 +131,8 @@ def main() -> None:
         print(json.dumps(doc, indent=2))
         return
     table = Table(
-        title=f"cold load, {args.spec} shape, {args.layers} layers, {nbytes / 2**30:.2f} GiB · disk floor "
-        f"{floor / 1e9:.2f} GB/s ({nbytes / floor:.2f} s) · cache: {rows['ftw']['cache']}"
+        title=f"cold load, {args.spec}, {args.layers or 'all'} layers, {nbytes / 2**30:.2f} GiB · read floor "
+        f"{floor / 1e9:.2f} GB/s ({nbytes / floor:.2f} s) · cache: {next(iter(rows.values()))['cache']}"
     )
     for col in ("format", "load s", "GB/s", "x floor", "first token s"):
         table.add_column(col, justify="right")

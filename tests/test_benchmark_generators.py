@@ -3,6 +3,7 @@ Q4_K_M's per-layer expert types, gpt-oss with MXFP4 experts, DeepSeek-V3 with la
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,17 @@ def test_deepseek_generator_writes_latent_attention_and_grouped_routing(tmp_path
     assert len({size for _, size in tensors}) == 1
     assert tensor_split(0.11, tensors) == (tuple(name for name, _ in tensors[:5]), 1 / 6)
     assert tensor_split(0.5, tensors)[1] == 0.5 and tensor_split(0.0, tensors)[1] == 0.0
+
+
+def test_bootstrap_times_a_gguf_file_against_its_read(tmp_path: Path) -> None:
+    path = tmp_path / "b.gguf"
+    generate("make_qwen3moe_gguf.py", path, "--layers", "2", *SMALL, "--moe-inter", "256", "--head-dim", "64",
+             "--expert-type", "Q8_0")  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bootstrap.py"), "--gguf", str(path), "--json"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    doc = json.loads(run.stdout)
+    row = doc["rows"]["gguf"]
+    assert doc["bytes"] == path.stat().st_size and doc["floor_s"] > 0
+    assert 0 < row["load_s"] <= row["ttft_s"] and row["over_floor"] == row["load_s"] / doc["floor_s"]
