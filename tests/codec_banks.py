@@ -19,15 +19,17 @@ from freetoken.runtime.moe.kernels.moe_decode_int8 import (
     quantize_dequantize_blocks,
 )
 
+# Rows per program of 32-64 where a case is about chunks along K: Triton's interpreter runs each program
+# apart, so a few wide programs cost a quarter of the time of many narrow ones.
 CODEC_CASES = [  # (gate_up codec, down codec), H, I, tiles, the experts' function
     (("Q8_0", "Q8_0"), 96, 64, DecodeBlocks(16, 64, 16, 64), "clamped"),
     (("Q4_K", "Q4_K"), 256, 256, DecodeBlocks(16, 64, 16, 64), "clamped_silu"),
     (("MXFP4", "MXFP4"), 64, 96, DecodeBlocks(16, 64, 16, 64), "clamped"),
     (("Q4_K", "Q8_0"), 256, 96, DecodeBlocks(16, 64, 16, 64), "clamped_silu"),
-    (("Q4_K", "MXFP4"), 768, 160, DecodeBlocks(8, 512, 8, 128), "clamped"),
-    (("Q8_0", "Q4_K"), 96, 512, DecodeBlocks(8, 64, 8, 1024, split_choices=1), "clamped_silu"),
-    (("Q6_K", "Q6_K"), 768, 256, DecodeBlocks(8, 512, 8, 256), "clamped"),
-    (("Q4_K", "Q6_K"), 256, 512, DecodeBlocks(16, 256, 16, 1024, split_choices=1), "clamped_silu"),
+    (("Q4_K", "MXFP4"), 768, 160, DecodeBlocks(32, 512, 32, 128), "clamped"),
+    (("Q8_0", "Q4_K"), 96, 512, DecodeBlocks(32, 64, 32, 1024, split_choices=1), "clamped_silu"),
+    (("Q6_K", "Q6_K"), 768, 256, DecodeBlocks(32, 512, 32, 256), "clamped"),
+    (("Q4_K", "Q6_K"), 256, 512, DecodeBlocks(32, 256, 32, 1024, split_choices=1), "clamped_silu"),
 ]
 SCALES = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}  # block scales giving values about 1
 
@@ -57,11 +59,11 @@ def check_codec_banks(
 
 INT8_CASES = [  # (gate_up codec, down codec), H, I, tiles: both sides int8, one side, chunks past the row;
     # down split over choices or not; gate_up programs of whole blocks of 32 rows quantize the activations
-    (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(16, 256, 16, 256)),
-    (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(32, 512, 16, 1024, split_choices=1)),
+    (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(64, 256, 64, 256)),
+    (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(64, 512, 64, 1024, split_choices=1)),
     # a chunk's super-blocks as one tile: 768 = 3 of a chunk of 4, the fourth read nothing
-    (("Q4_K", "Q4_K"), 768, 512, DecodeBlocks(8, 1024, 8, 1024, split_choices=1, chunk_tile=1)),
-    (("Q4_K", "Q4_K"), 512, 768, DecodeBlocks(32, 512, 16, 512, num_warps=2, chunk_tile=1)),
+    (("Q4_K", "Q4_K"), 768, 512, DecodeBlocks(32, 1024, 32, 1024, split_choices=1, chunk_tile=1)),
+    (("Q4_K", "Q4_K"), 512, 768, DecodeBlocks(32, 512, 64, 512, num_warps=2, chunk_tile=1)),
     (("Q8_0", "Q8_0"), 128, 192, DecodeBlocks(128, 64, 8, 256)),  # the second program's rows past I
     (
         ("Q8_0", "Q8_0"),
@@ -70,8 +72,8 @@ INT8_CASES = [  # (gate_up codec, down codec), H, I, tiles: both sides int8, one
         DecodeBlocks(8, 128, 16, 64, split_choices=1, max_registers=128),
     ),  # 1.5 chunks
     (("Q8_0", "Q4_K"), 96, 256, DecodeBlocks(16, 64, 8, 256)),  # x's 3 blocks: gate_up stays float
-    (("Q4_K", "Q6_K"), 256, 512, DecodeBlocks(16, 512, 16, 256)),  # Q6_K down stays float; 0.5 chunk
-    (("Q4_K", "Q8_0"), 768, 96, DecodeBlocks(8, 512, 8, 64)),  # down of 3 blocks stays float
+    (("Q4_K", "Q6_K"), 256, 512, DecodeBlocks(64, 512, 64, 256)),  # Q6_K down stays float; 0.5 chunk
+    (("Q4_K", "Q8_0"), 768, 96, DecodeBlocks(32, 512, 32, 64)),  # down of 3 blocks stays float
     # gate_up rows cut along H, the parts added by a second launch that quantizes for down: a part of 3
     # super-blocks read in chunks of 2 (the second's half past the part's end), one of 1, Q8_0 parts of one
     # pair of blocks, one tile a chunk; down float (the second launch writes fp32 activations)

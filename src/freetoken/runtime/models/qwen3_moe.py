@@ -190,7 +190,7 @@ class SparseMoeBlock(nn.Module):
         assert self.executor is not None, "attach an expert executor before the forward pass"
         ids, weights = self.route(x)
         if rows is not None:
-            ids = torch.where(rows[:, None], ids, torch.full_like(ids, -1))
+            ids = torch.where(rows[:, None], ids, -1)  # one kernel: the scalar needs no tensor of its own
         if self.recorder is not None:
             self.recorder.add(self.layer, ids)
         out = self.executor.forward(self.layer, x, ids, weights)

@@ -320,7 +320,7 @@ class CachedExecutor(ExpertExecutor):
             return self._from_bank(layer, x, slot_ids, topk_weights, bias)
         if in_stream:  # CPU pairs handed over, fills and the slots' pairs meanwhile, then the merge
             assert self.stream_branch is not None
-            cpu_ids = torch.where(slot_ids < 0, topk_ids, torch.full_like(topk_ids, -1))
+            cpu_ids = torch.where(slot_ids < 0, topk_ids, -1)
             self.stream_branch.submit(layer, x, cpu_ids, topk_weights)
             self._fill(plan, count, pool.gate_up[layer], pool.down[layer], *bank.banks(layer))
             return self.stream_branch.merge(self._from_bank(layer, x, slot_ids, topk_weights, bias))
@@ -413,7 +413,7 @@ class CachedExecutor(ExpertExecutor):
     def _only(slot_ids: torch.Tensor, pairs: np.ndarray) -> torch.Tensor:
         """slot_ids [T, K] with the pairs outside `pairs` [T, K] bool set to -1 (skipped)."""
         keep = torch.from_numpy(pairs).to(slot_ids.device)
-        return torch.where(keep, slot_ids, torch.full_like(slot_ids, -1))
+        return torch.where(keep, slot_ids, -1)
 
     def _from_bank(
         self,

@@ -52,7 +52,7 @@ class CoRouting:
         score = (self.follow[row] * present[:, None]).sum(0, dtype=torch.int64)  # [E], over distinct experts
         top = torch.topk(score * e + self._tiebreak, self.width).indices  # [W], best first
         best = score[top]
-        experts = torch.where(best > 0, top, torch.full_like(top, -1))
+        experts = torch.where(best > 0, top, -1)
         return experts[None], best.to(torch.float32)[None]
 
 
