@@ -156,3 +156,28 @@ def test_out_is_kept_without_force(tiny_model: tuple[Path, Any], tmp_path: Path)
 def test_unreadable_input_is_one_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["convert", str(tmp_path / "nope"), str(tmp_path / "out")])
     assert result.exit_code == 1 and "not a model folder or a .gguf file" in result.stderr
+
+
+def test_populating_a_mapping_in_chunks_maps_every_chunk(tmp_path: Path) -> None:
+    """A range of several chunks from an unaligned start, up to the mapping's last byte: every thread's call
+    covers pages of the mapping (a chunk cut wrong runs past its end, and the call then fails)."""
+    import mmap
+    import sys
+
+    import numpy as np
+
+    from freetoken.formats.ftw import POPULATE_CHUNK, populate_mapping
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("madvise(MADV_POPULATE_READ) is Linux's")
+    path = tmp_path / "f.bin"
+    size = 3 * POPULATE_CHUNK + 12345
+    with open(path, "wb") as handle:
+        handle.truncate(size)
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ) as mapped:
+        view = np.frombuffer(mapped, dtype=np.uint8)
+        address = view.ctypes.data
+        if not populate_mapping(address, 4096):
+            pytest.skip("this kernel refuses MADV_POPULATE_READ (before 5.14)")
+        assert populate_mapping(address + 100, size - 100)
+        del view

@@ -35,9 +35,11 @@ from freetoken.runtime.moe.kernels.stream_ops import DriverStreamOps, HostStream
 from freetoken.runtime.moe.pool import HostExpertPool
 
 # How long the kernel's threads spin after a layer before they nap (kernels/spin_team.h): on CUDA longer than
-# a decode step's gap between two layers' hand-overs (~0.1 ms), so they start together; on the cpu device
-# the calling thread's own work between layers needs the cores, so they nap at once.
-TEAM_SPIN_S = 1e-3
+# a decode step's gap between two layers that have CPU pairs — ~0.1 ms under cpu, up to a few ms under a
+# well-cached hybrid, where most layers have none (5 ms against 1: team start 90-105 against 172-175 µs,
+# 374 against 362 tok/s) — so they start together; on the cpu device the calling thread's own work between
+# layers needs the cores, so they nap at once.
+TEAM_SPIN_S = 5e-3
 # ft_branch_timings' counters in its order (kernels/branch_coordinator.c): nanoseconds, but for the counts
 TIMINGS = ("layers", "busy", "call", "team_start", "work_end", "gaps", "gap", "joined")
 FAILURES = {
