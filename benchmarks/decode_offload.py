@@ -33,6 +33,7 @@ from freetoken.runtime.engine import Engine
 from freetoken.runtime.loading.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC
 from freetoken.runtime.measure.bandwidth import Bench, ExpertShape
 from freetoken.runtime.measure.profile import load_profile
+from freetoken.runtime.moe.kernels.cpu_experts import branch_threads
 from freetoken.runtime.moe.kernels.loader import cpu_description
 from freetoken.runtime.moe.slot_bank import SlotBank
 
@@ -77,7 +78,7 @@ def main() -> None:
         "--cpu-threads",
         default="",
         help="CPU-branch threads, a list runs each (e.g. 16,15): the thread that launches GPU work "
-        "needs a core too",
+        "needs a core too (default: the engine's, all cores less one beside a GPU)",
     )
     ap.add_argument("--device", default="cuda", help="cuda; cpu stands in for a smoke test with --small")
     ap.add_argument("--small", action="store_true", help="the demo shape instead of Qwen3-30B-A3B")
@@ -104,7 +105,7 @@ def main() -> None:
         trace_routing(engine, load_trace(args.routing_trace))
     elif args.routing == "uniform":
         uniform_routing(engine)
-    thread_counts = [int(t) for t in args.cpu_threads.split(",") if t] or [torch.get_num_threads()]
+    thread_counts = [int(t) for t in args.cpu_threads.split(",") if t] or [branch_threads()]
     profile = load_profile()
     if profile is not None:  # what `freetoken bench bw` measured here, its measured split included
         b_p, b_h, correction = profile.b_p, profile.b_h, profile.fetch_correction()
