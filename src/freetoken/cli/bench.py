@@ -47,7 +47,7 @@ def bw(
             "--threads",
             min=1,
             max=MAX_CPU_THREADS,
-            help="CPU kernel threads (default: all cores, less 2 beside a GPU).",
+            help="CPU kernel threads (default: all cores, less 1 beside a GPU).",
         ),
     ] = None,
     reps: Annotated[

@@ -123,7 +123,7 @@ CpuThreadsOpt = Annotated[
     int | None,
     typer.Option(
         "--moe-cpu-threads",
-        help="Most threads for CPU compute (default: the cores this process may use, less 2 beside a GPU "
+        help="Most threads for CPU compute (default: the cores this process may use, less 1 beside a GPU "
         "for the launcher); fewer while other processes keep some of the cores busy.",
     ),
 ]
