@@ -4,7 +4,6 @@
     python benchmarks/bootstrap.py --spec demo --json
     python benchmarks/bootstrap.py --gguf model.gguf --device cuda   # one GGUF file as it is
 
-
 Before each cold run the page cache is dropped: through /proc/sys/vm/drop_caches where permitted, else
 per file with posix_fadvise(DONTNEED) (clean pages only; the report says which). The floor is one
 sequential read of the FTW shards (or of the GGUF) right after a drop; a file in tmpfs stays in memory, so
@@ -27,7 +26,12 @@ from rich.table import Table
 
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.loading.convert import convert_to_ftw
-from freetoken.runtime.loading.demo import DEMO_SPEC, QWEN3_30B_A3B_SPEC, write_random_model
+from freetoken.runtime.loading.demo import (
+    DEMO_SPEC,
+    QWEN3_30B_A3B_SPEC,
+    RandomModelSpec,
+    write_random_model,
+)
 from freetoken.runtime.sampling import SamplingParams
 
 SPECS = {"demo": DEMO_SPEC, "qwen3-30b-a3b": QWEN3_30B_A3B_SPEC}
@@ -91,13 +95,17 @@ def main() -> None:
         drop_cache([args.gguf])
         floor = sequential_read([args.gguf])
         rows = {"gguf": cold_load(args.gguf, [args.gguf], args.device)}
-        args.spec, args.layers = args.gguf.name, None
+        source, layers = args.gguf.name, None
     else:
         nbytes, floor, rows = written_models(replace(SPECS[args.spec], num_layers=args.layers), args)
-    report(rows, nbytes, floor, args)
+        source, layers = args.spec, args.layers
+    report(rows, nbytes, floor, source, layers, args.json)
 
 
-def written_models(spec: Any, args: argparse.Namespace) -> tuple[int, float, dict[str, dict[str, Any]]]:
+Rows = dict[str, dict[str, Any]]
+
+
+def written_models(spec: RandomModelSpec, args: argparse.Namespace) -> tuple[int, float, Rows]:
     """The spec written as safetensors and converted to FTW, each loaded cold; (FTW bytes, floor, rows)."""
     with tempfile.TemporaryDirectory(prefix="ft-bootstrap-", dir=args.dir or Path.cwd()) as tmp:
         hf = write_random_model(Path(tmp) / "hf", spec)
@@ -115,23 +123,24 @@ def written_models(spec: Any, args: argparse.Namespace) -> tuple[int, float, dic
     return nbytes, floor, rows
 
 
-def report(rows: dict[str, dict[str, Any]], nbytes: int, floor: float, args: argparse.Namespace) -> None:
+def report(rows: Rows, nbytes: int, floor: float, source: str, layers: int | None, as_json: bool) -> None:
+    """source: the spec's name or the GGUF file's; layers None: the file's own."""
     for row in rows.values():
         row["GBps"] = nbytes / row["load_s"] / 1e9
         row["over_floor"] = row["load_s"] / (nbytes / floor)
     doc = {
-        "spec": args.spec,
-        "layers": args.layers,
+        "spec": source,
+        "layers": layers,
         "bytes": nbytes,
         "disk_floor_GBps": floor / 1e9,
         "floor_s": nbytes / floor,
         "rows": rows,
     }
-    if args.json:
+    if as_json:
         print(json.dumps(doc, indent=2))
         return
     table = Table(
-        title=f"cold load, {args.spec}, {args.layers or 'all'} layers, {nbytes / 2**30:.2f} GiB · read floor "
+        title=f"cold load, {source}, {layers or 'all'} layers, {nbytes / 2**30:.2f} GiB · read floor "
         f"{floor / 1e9:.2f} GB/s ({nbytes / floor:.2f} s) · cache: {next(iter(rows.values()))['cache']}"
     )
     for col in ("format", "load s", "GB/s", "x floor", "first token s"):
