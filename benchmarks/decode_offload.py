@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -48,8 +49,11 @@ def bandwidths(engine: Engine, threads: int) -> tuple[float | None, float]:
     return b_p, b_h
 
 
-def decode(engine: Engine, warm: int, tokens: int) -> dict[str, float]:
-    step = decode_steps(engine, warm, tokens)
+def decode(engine: Engine, warm: int, tokens: int) -> dict[str, Any]:
+    branch = getattr(engine.executor, "stream_branch", None)
+    reset = None if branch is None else (lambda: branch.timings(reset=True))
+    step = decode_steps(engine, warm, tokens, before_measure=reset)
+    timings = None if branch is None else branch.timings()  # µs a layer that had CPU pairs
     c = engine.moe_counters
     per_token = c.per_token()
     q = c.by_layer["fills"] / max(c.steps, 1)  # fetched experts per layer step
@@ -64,6 +68,7 @@ def decode(engine: Engine, warm: int, tokens: int) -> dict[str, float]:
         "q_mean": float(q.mean()),
         "q_min": float(q.min()),
         "q_max": float(q.max()),
+        "cpu_branch_us": timings,
     }
 
 
@@ -193,6 +198,7 @@ def main() -> None:
         "measured/floor",
         "own floor ms",
         "measured/own",
+        "CPU µs busy/start/gap",
     ):
         table.add_column(col, justify="right")
     for r in rows:
@@ -211,8 +217,14 @@ def main() -> None:
             f"{r['measured_over_floor']:.2f}",
             f"{r['own_floor_ms']:.2f}",
             f"{r['measured_over_own_floor']:.2f}",
+            _branch_cell(r["cpu_branch_us"]),
         )
     Console(width=200).print(table)
+
+
+def _branch_cell(t: dict[str, float] | None) -> str:
+    """The CPU branch's µs a layer: busy, its team's start after the call, the gap between layers."""
+    return "—" if t is None else f"{t['busy']:.0f} / {t['team_start']:.0f} / {t['gap']:.0f}"
 
 
 if __name__ == "__main__":

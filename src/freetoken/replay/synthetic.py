@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -95,9 +96,12 @@ def trace_routing(engine: Engine, trace: RoutingTrace) -> None:
         block.route = route
 
 
-def decode_steps(engine: Engine, warm: int, tokens: int, seed: int = 0) -> float:
+def decode_steps(
+    engine: Engine, warm: int, tokens: int, seed: int = 0, before_measure: Callable[[], object] | None = None
+) -> float:
     """Seconds per decode step over a fixed pseudo-random token stream (the same for every backend):
-    `warm` steps to settle the cache, then `tokens` measured. Expert counters cover the measured ones."""
+    `warm` steps to settle the cache, then `tokens` measured. Expert counters cover the measured ones;
+    `before_measure` is called between the two (to reset other counters)."""
     stream = torch.randint(
         0, engine.config.vocab_size, (warm + tokens,), generator=torch.Generator().manual_seed(seed)
     )
@@ -107,6 +111,8 @@ def decode_steps(engine: Engine, warm: int, tokens: int, seed: int = 0) -> float
         engine.decode_batch([seq], [token])
     engine.moe_counters.reset()
     sync_device(engine.device)
+    if before_measure is not None:
+        before_measure()
     t0 = time.perf_counter()
     for token in stream[warm:].tolist():
         logits = engine.decode_batch([seq], [token])[-1]
