@@ -8,7 +8,8 @@ runtime's own fill path (expert copies from the pinned pool into slots); B_H thr
 path at batch 1. The floor of one token is sum over MoE layers of misses·S/B_H plus the GPU's own time
 (the fused backend's step, every expert resident); measured/floor says how far each backend is from it.
 Each backend's own floor counts its misses at the rate its path allows: offload at B_P, cpu at B_H,
-hybrid at B_P + B_H (both paths at once, split by q*) — the lower of the two for hybrid.
+hybrid at B_P + B_H (both paths at once, split by q*), capped by the host's read bandwidth where
+`freetoken bench bw` measured it (the fills and the CPU branch read the same memory).
 Routing of random weights has no locality, so miss rates here are the worst case for an LRU.
 """
 
@@ -114,8 +115,9 @@ def main() -> None:
     profile = load_profile()
     if profile is not None:  # what `freetoken bench bw` measured here, its measured split included
         b_p, b_h, correction = profile.b_p, profile.b_h, profile.fetch_correction()
+        host_read: float | None = profile.host_read
     else:
-        (b_p, b_h), correction = bandwidths(engine, torch.get_num_threads()), 1.0
+        (b_p, b_h), correction, host_read = bandwidths(engine, torch.get_num_threads()), 1.0, None
     size = engine.pool.expert_nbytes
     rows = []
     gpu_ms = None
@@ -142,7 +144,9 @@ def main() -> None:
         if backend == "fused":
             gpu_ms = result["step_ms"]
         floor_ms = result["misses_per_token"] * size / b_h * 1000 + (gpu_ms or 0.0)
-        path_bw = {"offload": b_p or b_h, "hybrid": (b_p or 0.0) + b_h}.get(backend, b_h)
+        # hybrid's fills and CPU branch read the same host memory: together no faster than its read
+        both = min((b_p or 0.0) + b_h, host_read) if host_read else (b_p or 0.0) + b_h
+        path_bw = {"offload": b_p or b_h, "hybrid": both}.get(backend, b_h)
         own_ms = result["misses_per_token"] * size / path_bw * 1000 + (gpu_ms or 0.0)
         rows.append(
             {
@@ -166,6 +170,7 @@ def main() -> None:
         "build_s": build_s,
         "B_P_GBps": (b_p or 0.0) / 1e9,
         "B_H_GBps": b_h / 1e9,
+        "host_read_GBps": (host_read or 0.0) / 1e9,
         "fetch_correction": correction,
         "from_profile": profile is not None,
         "cpu": cpu_description(),
