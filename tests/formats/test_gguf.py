@@ -72,6 +72,11 @@ def test_dequantisation_equals_the_gguf_package(tiny_model: tuple[Path, Any], tm
     want = dequantize(tensor.data, tensor.tensor_type)
     ours = ckpt.read("model.layers.0.mlp.experts.down_proj")
     assert ours.shape == (8, 64, 32)  # [E, H, I], the pool's down layout
+    assert ckpt.plain_form("model.layers.0.mlp.experts.down_proj", as_stored=False) is None  # dequantised
+    assert ckpt.plain_form("model.layers.0.mlp.experts.down_proj", as_stored=True) == (
+        (8, 64, 34),
+        torch.uint8,
+    )
     assert np.array_equal(ours.numpy().reshape(want.shape), want)
 
 
@@ -274,3 +279,23 @@ def test_deepseek_v3_pre_tokenizer_splits_in_turn() -> None:
     ]
     pieces = [piece for piece, _ in pre_tokenizers.Sequence(splits).pre_tokenize_str("Hi, 1234567 你好world")]
     assert pieces == ["Hi", ",", " ", "123", "456", "7", " ", "你好", "world"]
+
+
+def test_bf16_experts_are_read_from_the_file_straight_into_a_bf16_pool(
+    tiny_model: tuple[Path, Any], tmp_path: Path
+) -> None:
+    """No conversion: the expert tensors go from the file into their halves of the banks by parallel
+    reads; every weight equals the package's reading of the file."""
+    hf = tiny_model[1]
+    path = write_gguf(hf, tiny_model[0], tmp_path / "bf16.gguf", "BF16")
+    ckpt = GgufCheckpoint(path)
+    gate = "model.layers.0.mlp.experts.gate_proj"
+    names = [n for n in ckpt.names() if ".mlp.experts." in n]
+    assert gate in names and ckpt.plain_form(gate, as_stored=False) == ((8, 32, 64), torch.bfloat16)
+    sd = dequantised_state_dict(path, hf)
+    engine = build_engine(path, device="cpu", dtype="bfloat16", moe_backend="cpu")
+    for layer in (0, 2):
+        assert torch.equal(
+            engine.pool.gate_up[layer].float(), sd[f"model.layers.{layer}.mlp.experts.gate_up_proj"]
+        )
+        assert torch.equal(engine.pool.down[layer].float(), sd[f"model.layers.{layer}.mlp.experts.down_proj"])

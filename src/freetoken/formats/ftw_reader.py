@@ -4,24 +4,20 @@ destination buffers with parallel direct I/O (buffered reads where O_DIRECT is r
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from freetoken.errors import FreeTokenError
-from freetoken.formats.ftw import ALIGNMENT, MANIFEST, TensorEntry, check_manifest
-
-_CHUNK = 32 << 20  # bytes per read request; requests of one tensor run in parallel
+from freetoken.formats.ftw import MANIFEST, TensorEntry, check_manifest
+from freetoken.formats.range_read import Piece, RangeReader, byte_views
 
 
 class FtwCheckpoint:
-    def __init__(self, folder: Path, threads: int = 8) -> None:
+    def __init__(self, folder: Path, threads: int | None = None) -> None:
         self.folder = Path(folder)
         path = self.folder / MANIFEST
         try:
@@ -34,9 +30,7 @@ class FtwCheckpoint:
         self.by_name = {e.name: e for e in self.entries}
         self.shards = [self.folder / s["file"] for s in raw["shards"]]
         self._check_sizes()
-        self.threads = threads
-        self.direct_reads = 0
-        self.buffered_reads = 0
+        self.reader = RangeReader(threads)
 
     def _check_sizes(self) -> None:
         sizes = []
@@ -56,50 +50,19 @@ class FtwCheckpoint:
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self.entries)
 
-    def _read_range(self, path: Path, offset: int, view: memoryview) -> None:
-        """Fill `view` from `path` at `offset`: O_DIRECT for the aligned body when allowed."""
-        length = len(view)
-        body = length - length % ALIGNMENT
-        address = np.frombuffer(view, dtype=np.uint8).ctypes.data if length else 0
-        done = 0
-        if body and offset % ALIGNMENT == 0 and address % ALIGNMENT == 0 and hasattr(os, "O_DIRECT"):
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-            except OSError:
-                fd = -1
-            if fd >= 0:
-                try:
-                    while done < body:
-                        got = os.preadv(fd, [view[done:body]], offset + done)
-                        if got <= 0:
-                            break
-                        done += got
-                    self.direct_reads += 1
-                except OSError:
-                    done = 0  # the filesystem refused direct I/O for this request: read it buffered
-                finally:
-                    os.close(fd)
-        if done < length:
-            with open(path, "rb", buffering=0) as handle:
-                while done < length:
-                    got = os.preadv(handle.fileno(), [view[done:]], offset + done)
-                    if got <= 0:
-                        raise FreeTokenError(f"{path}: unexpected end of file")
-                    done += got
-            self.buffered_reads += 1
+    @property
+    def direct_reads(self) -> int:
+        return self.reader.direct_reads
+
+    @property
+    def buffered_reads(self) -> int:
+        return self.reader.buffered_reads
 
     def read_into(self, entry: TensorEntry, dest: torch.Tensor) -> None:
         """Read one tensor into `dest` (a contiguous host tensor of the entry's size)."""
         if not dest.is_contiguous() or dest.numel() * dest.element_size() != entry.nbytes:
             raise ValueError(f"destination for {entry.name} does not match its {entry.nbytes} bytes")
-        view = memoryview(dest.view(torch.uint8).reshape(-1).numpy())
-        path = self.shards[entry.shard]
-        starts = range(0, entry.nbytes, _CHUNK)
-        if len(starts) == 1:
-            self._read_range(path, entry.offset, view)
-            return
-        with ThreadPoolExecutor(self.threads) as pool:
-            list(pool.map(lambda s: self._read_range(path, entry.offset + s, view[s : s + _CHUNK]), starts))
+        self.reader.read([Piece(self.shards[entry.shard], entry.offset, view) for view in byte_views(dest)])
 
     def read(self, entry: TensorEntry) -> torch.Tensor:
         from freetoken.formats.ftw import aligned_empty

@@ -19,8 +19,10 @@ from freetoken.codecs import Codec, codec_for_ggml
 from freetoken.errors import FreeTokenError
 from freetoken.formats.ftw import populate_mapping
 from freetoken.formats.gguf_header import TensorInfo, read_header
+from freetoken.formats.range_read import Piece, RangeReader, byte_views
 
 SHARD = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf$")
+PLAIN_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}  # read as they are
 
 # GGUF name -> HF name, per layer ({i}); experts are whole-layer banks ([E, I, H] / [E, H, I]).
 LAYER_NAMES = {
@@ -126,10 +128,10 @@ class GgufTensor:
     """One tensor of a mapped GGUF file: its GGUF name, type, bytes, and `data`, a read-only uint8 view
     [*numpy shape[:-1], row bytes] of the file (what gguf.quants.dequantize takes for every type)."""
 
-    def __init__(self, info: TensorInfo, file: np.memmap) -> None:
+    def __init__(self, info: TensorInfo, file: np.memmap, path: Path) -> None:
         from gguf.constants import GGMLQuantizationType
 
-        self.info, self._file = info, file
+        self.info, self._file, self.path = info, file, path
         self.name, self.n_bytes = info.name, info.n_bytes
         self.tensor_type = GGMLQuantizationType(info.ggml_type)
 
@@ -155,6 +157,8 @@ class GgufCheckpoint:
         self.tensors: dict[str, GgufTensor] = {}
         self.unknown: list[str] = []
         self._files: list[np.memmap] = []
+        # buffered: a file read again comes from the page cache; tensor offsets are 32-byte aligned at best
+        self.reader = RangeReader(direct=False)
         for shard in shard_paths(self.path):
             try:
                 header = read_header(shard)
@@ -170,7 +174,7 @@ class GgufCheckpoint:
                 if name is None:
                     self.unknown.append(info.name)
                 else:
-                    self.tensors[name] = GgufTensor(info, file)
+                    self.tensors[name] = GgufTensor(info, file, shard)
         if self.unknown:
             raise FreeTokenError(f"{self.path}: unknown tensors {self.unknown[:5]}")
         # latent attention's kv_b_proj from its two halves: name -> (k_b name, v_b name)
@@ -214,18 +218,48 @@ class GgufCheckpoint:
         tensor = self.tensors[name]
         return codec_for_ggml(int(tensor.tensor_type), f"{self.path}: tensor {tensor.name}")
 
-    def read_stored(self, name: str) -> np.ndarray:
-        """The tensor's blocks as stored, uint8 [*HF shape[:-1], row bytes]: a read-only view of the file
-        (the pool copies it once); a row of the wrong size names the tensor (a truncated block array)."""
+    def _stored_shape(self, name: str) -> tuple[int, ...]:
+        """[*HF shape[:-1], row bytes] of a tensor kept as codec blocks; a row of the wrong size names the
+        tensor (a truncated block array)."""
         tensor, shape = self.tensors[name], self.shape(name)
         width = self.codec(name).row_bytes(shape[-1])
-        raw = np.asarray(tensor.data).view(np.uint8)
-        if raw.size != int(np.prod(shape[:-1])) * width:
+        if tensor.n_bytes != int(np.prod(shape[:-1])) * width:
             raise FreeTokenError(
-                f"{self.path}: tensor {tensor.name} holds {raw.size} bytes, expected "
+                f"{self.path}: tensor {tensor.name} holds {tensor.n_bytes} bytes, expected "
                 f"{int(np.prod(shape[:-1])) * width} for {list(shape)} in {self.codec(name).name}"
             )
-        return raw.reshape(*shape[:-1], width)
+        return (*shape[:-1], width)
+
+    def read_stored(self, name: str) -> np.ndarray:
+        """The tensor's blocks as stored, uint8 [*HF shape[:-1], row bytes]: a read-only view of the file
+        (the pool copies it once)."""
+        shape = self._stored_shape(name)
+        return np.asarray(self.tensors[name].data).view(np.uint8).reshape(shape)
+
+    def plain_form(self, name: str, as_stored: bool) -> tuple[tuple[int, ...], torch.dtype] | None:
+        """The shape and dtype of the tensor's bytes where reading them needs no conversion: codec blocks
+        kept as stored (`as_stored`: [*HF shape[:-1], row bytes] uint8), or a BF16 / F16 tensor whose rows
+        the file does not permute (its HF shape and dtype); None where reading converts them."""
+        if name in self.joined:
+            return None
+        if as_stored:
+            return self._stored_shape(name), torch.uint8
+        dtype = PLAIN_DTYPES.get(self.tensors[name].tensor_type.name)
+        if dtype is None or self._permuted_heads(name):
+            return None
+        return self.shape(name), dtype
+
+    def read_into(self, name: str, dest: torch.Tensor) -> None:
+        """The tensor's bytes, as the file holds them, into `dest`: a host tensor of plain_form's shape and
+        dtype, contiguous or a strided view (each contiguous block in turn), read by parallel requests."""
+        tensor = self.tensors[name]
+        if dest.numel() * dest.element_size() != tensor.n_bytes:
+            raise ValueError(f"destination for {tensor.name} does not match its {tensor.n_bytes} bytes")
+        offset, pieces = tensor.info.offset, []
+        for view in byte_views(dest):
+            pieces.append(Piece(tensor.path, offset, view))
+            offset += len(view)
+        self.reader.read(pieces)
 
     def read(self, name: str) -> torch.Tensor:
         """In the HF shape: BF16 and F16 tensors as they are stored (a read-only view of the file where no

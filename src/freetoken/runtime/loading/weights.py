@@ -11,6 +11,7 @@ from torch import nn
 
 from freetoken.codecs import Codec
 from freetoken.errors import FreeTokenError
+from freetoken.formats.gguf_checkpoint import GgufCheckpoint
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
 from freetoken.formats.tensor_names import BIAS_PARTS, ExpertNaming, ExpertTensor
 from freetoken.runtime.config import ModelConfig
@@ -131,14 +132,21 @@ def fill_experts(
     pool: HostExpertPool, ckpt: SafetensorsCheckpoint, items: list[tuple[str, ExpertTensor]]
 ) -> int:
     """Copy expert tensors into the pool's banks (as stored for the pool's `stored` layers); returns the
-    checkpoint bytes read."""
+    checkpoint bytes read. A GGUF tensor that needs no conversion is read from the file straight into its
+    place (parallel reads, no mapping of the file); the others are read, converted, then copied."""
     read = 0
     for name, target in items:
         as_stored = target.layer in pool.stored and target.part not in BIAS_PARTS
-        tensor = ckpt.read_stored(name) if as_stored else ckpt.read(name)  # type: ignore[attr-defined]
-        pool.write(target, name, tensor)
+        form = ckpt.plain_form(name, as_stored) if isinstance(ckpt, GgufCheckpoint) else None
+        dest = pool.plain_destination(target, name, *form) if form is not None else None
+        if dest is not None:
+            ckpt.read_into(name, dest)  # type: ignore[attr-defined]
+            pool.mark_written(target)
+        else:
+            tensor = ckpt.read_stored(name) if as_stored else ckpt.read(name)  # type: ignore[attr-defined]
+            pool.write(target, name, tensor)
+            del tensor
         read += ckpt.nbytes(name)
-        del tensor
     return read
 
 

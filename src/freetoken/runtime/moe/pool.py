@@ -204,15 +204,41 @@ class HostExpertPool:
         rows = slice(0, i) if target.part == "gate" else slice(i, 2 * i)
         return self.gate_up[target.layer][target.expert, rows]
 
-    def write(self, target: ExpertTensor, name: str, tensor: torch.Tensor | np.ndarray) -> None:
-        """Copy one checkpoint tensor into its place in the banks (converting dtype on the way); codec
-        blocks may come as a numpy array (a read-only view of a file)."""
+    def _check_target(self, target: ExpertTensor, name: str) -> None:
         if target.layer not in self.gate_up:
             raise FreeTokenError(f"unexpected tensor {name}: layer {target.layer} has no experts")
         if target.part in BIAS_PARTS and not self.biased:
             raise FreeTokenError(f"unexpected tensor {name}: this model's experts have no biases")
         if target.expert is not None and not 0 <= target.expert < self.num_experts:
             raise FreeTokenError(f"unexpected tensor {name}: expert {target.expert} >= {self.num_experts}")
+
+    def _block_shape(self, target: ExpertTensor, expected: tuple[int, ...]) -> tuple[int, ...]:
+        """`expected` (values, the pool's layout) as codec blocks of the layer's codec: the last dim bytes."""
+        gu, dn = self.stored[target.layer]
+        codec = dn if target.part == "down" else gu
+        return (*expected[:-1], codec.row_bytes(expected[-1]))
+
+    def plain_destination(
+        self, target: ExpertTensor, name: str, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        """Where a checkpoint tensor of `shape` and `dtype` lands with no conversion (already in the pool's
+        layout and dtype, or codec blocks of a layer kept as stored): its view of the banks, which the
+        caller fills in place and then marks (mark_written); None where write() has to convert it."""
+        self._check_target(target, name)
+        blocks = target.layer in self.stored and target.part not in BIAS_PARTS
+        if target.layout != "rows" or dtype != (torch.uint8 if blocks else self.dtype):
+            return None
+        expected = self.expected_shape(target)
+        if blocks:
+            expected = self._block_shape(target, expected)
+        if tuple(shape) != expected:
+            raise FreeTokenError(f"tensor {name} has shape {list(shape)}, expected {list(expected)}")
+        return self._destination(target)
+
+    def write(self, target: ExpertTensor, name: str, tensor: torch.Tensor | np.ndarray) -> None:
+        """Copy one checkpoint tensor into its place in the banks (converting dtype on the way); codec
+        blocks may come as a numpy array (a read-only view of a file)."""
+        self._check_target(target, name)
         expected = self.expected_shape(target)
         blocks = target.layer in self.stored and target.part not in BIAS_PARTS
         if target.layout != "rows" and blocks:  # codec rows come [E, out, bytes]: gate/up rows alternate
@@ -226,11 +252,10 @@ class HostExpertPool:
             tensor = to_pool_layout(target, tensor)
             expected = tuple(tensor.shape)
         if blocks:  # codec blocks: the last dim is bytes
-            gu, dn = self.stored[target.layer]
-            codec = dn if target.part == "down" else gu
-            expected = (*expected[:-1], codec.row_bytes(expected[-1]))
+            expected = self._block_shape(target, expected)
             if tensor.dtype not in (torch.uint8, np.uint8):
-                kept = f"layer {target.layer} keeps {codec.name} blocks"
+                gu, dn = self.codec_names(target.layer)
+                kept = f"layer {target.layer} keeps {dn if target.part == 'down' else gu} blocks"
                 raise FreeTokenError(f"tensor {name}: {kept}, got {tensor.dtype}")
         if tuple(tensor.shape) != expected:
             raise FreeTokenError(f"tensor {name} has shape {list(tensor.shape)}, expected {list(expected)}")
@@ -238,6 +263,10 @@ class HostExpertPool:
             np.copyto(self._destination(target).numpy(), tensor)
         else:
             self._destination(target).copy_(tensor)
+        self.mark_written(target)
+
+    def mark_written(self, target: ExpertTensor) -> None:
+        """Record `target`'s experts and parts as written."""
         fused = {"gate_up": ("gate", "up"), "gate_up_bias": ("gate_bias", "up_bias")}
         parts = fused.get(target.part, (target.part,))
         for part in parts:
