@@ -238,8 +238,8 @@ class GgufCheckpoint:
 
     def plain_form(self, name: str, as_stored: bool) -> tuple[tuple[int, ...], torch.dtype] | None:
         """The shape and dtype of the tensor's bytes where reading them needs no conversion: codec blocks
-        kept as stored (`as_stored`: [*HF shape[:-1], row bytes] uint8), or a BF16 / F16 tensor whose rows
-        the file does not permute (its HF shape and dtype); None where reading converts them."""
+        kept as stored (`as_stored`: [*HF shape[:-1], row bytes] uint8), or a BF16 / F16 / F32 tensor whose
+        rows the file does not permute (its HF shape and dtype); None where reading converts them."""
         if name in self.joined:
             return None
         if as_stored:

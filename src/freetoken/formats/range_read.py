@@ -1,5 +1,5 @@
 """Byte ranges of files read straight into host buffers by several threads at once (FTW shards, GGUF
-tensors kept as stored): direct I/O for the aligned body of a range where the filesystem allows it,
+tensors that need no conversion): direct I/O for the aligned body of a range where the filesystem allows it,
 buffered reads elsewhere. No file mapping is involved, so nothing pays for page tables of the source:
 the kernel copies from its cache (or the disk) into the buffer, and each request leaves the interpreter
 lock, so the requests run in parallel.
