@@ -212,11 +212,16 @@ class HostExpertPool:
         if target.expert is not None and not 0 <= target.expert < self.num_experts:
             raise FreeTokenError(f"unexpected tensor {name}: expert {target.expert} >= {self.num_experts}")
 
+    def _holds_blocks(self, target: ExpertTensor) -> bool:
+        return target.layer in self.stored and target.part not in BIAS_PARTS
+
+    def _stored_codec(self, target: ExpertTensor) -> Codec:
+        gu, dn = self.stored[target.layer]
+        return dn if target.part == "down" else gu
+
     def _block_shape(self, target: ExpertTensor, expected: tuple[int, ...]) -> tuple[int, ...]:
         """`expected` (values, the pool's layout) as codec blocks of the layer's codec: the last dim bytes."""
-        gu, dn = self.stored[target.layer]
-        codec = dn if target.part == "down" else gu
-        return (*expected[:-1], codec.row_bytes(expected[-1]))
+        return (*expected[:-1], self._stored_codec(target).row_bytes(expected[-1]))
 
     def plain_destination(
         self, target: ExpertTensor, name: str, shape: tuple[int, ...], dtype: torch.dtype
@@ -225,7 +230,7 @@ class HostExpertPool:
         layout and dtype, or codec blocks of a layer kept as stored): its view of the banks, which the
         caller fills in place and then marks (mark_written); None where write() has to convert it."""
         self._check_target(target, name)
-        blocks = target.layer in self.stored and target.part not in BIAS_PARTS
+        blocks = self._holds_blocks(target)
         if target.layout != "rows" or dtype != (torch.uint8 if blocks else self.dtype):
             return None
         expected = self.expected_shape(target)
@@ -240,7 +245,7 @@ class HostExpertPool:
         blocks may come as a numpy array (a read-only view of a file)."""
         self._check_target(target, name)
         expected = self.expected_shape(target)
-        blocks = target.layer in self.stored and target.part not in BIAS_PARTS
+        blocks = self._holds_blocks(target)
         if target.layout != "rows" and blocks:  # codec rows come [E, out, bytes]: gate/up rows alternate
             tensor = stored_rows_in_pool_layout(target, tensor)
             expected = self.expected_shape(replace(target, layout="rows"))
@@ -254,8 +259,7 @@ class HostExpertPool:
         if blocks:  # codec blocks: the last dim is bytes
             expected = self._block_shape(target, expected)
             if tensor.dtype not in (torch.uint8, np.uint8):
-                gu, dn = self.codec_names(target.layer)
-                kept = f"layer {target.layer} keeps {dn if target.part == 'down' else gu} blocks"
+                kept = f"layer {target.layer} keeps {self._stored_codec(target).name} blocks"
                 raise FreeTokenError(f"tensor {name}: {kept}, got {tensor.dtype}")
         if tuple(tensor.shape) != expected:
             raise FreeTokenError(f"tensor {name} has shape {list(tensor.shape)}, expected {list(expected)}")
