@@ -64,6 +64,10 @@ INT8_CASES = [  # (gate_up codec, down codec), H, I, tiles: both sides int8, one
     # a chunk's super-blocks as one tile: 768 = 3 of a chunk of 4, the fourth read nothing
     (("Q4_K", "Q4_K"), 768, 512, DecodeBlocks(32, 1024, 32, 1024, split_choices=1, chunk_tile=1)),
     (("Q4_K", "Q4_K"), 512, 768, DecodeBlocks(32, 512, 64, 512, num_warps=2, chunk_tile=1)),
+    # a gate_up program streams through groups of whole-row tiles: 8 groups of 32 rows (quantizing the
+    # activations) in 3 programs, the last one's third group past the end; 16 groups of 16 in 8
+    (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(32, 512, 64, 256, chunk_tile=1, gate_up_rounds=3)),
+    (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(16, 512, 64, 256, chunk_tile=2, gate_up_rounds=2)),
     (("Q8_0", "Q8_0"), 128, 192, DecodeBlocks(128, 64, 8, 256)),  # the second program's rows past I
     (
         ("Q8_0", "Q8_0"),

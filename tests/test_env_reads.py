@@ -24,7 +24,8 @@ def test_only_env_py_reads_the_environment() -> None:
 
 def test_decode_tiles_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Six tiles, then optionally a split flag, the down kernel's warps, a register cap, the chunk tile,
-    pdl and the gate_up's splits, per kind of bank; anything else is refused, naming the variable."""
+    pdl and the gate_up's splits and rounds, per kind of bank; anything else is refused, naming the
+    variable."""
     from freetoken.env import moe_decode_blocks
 
     monkeypatch.setenv("FREETOKEN_MOE_DECODE_CODEC_BLOCKS", "8,512,8,1024,4,1,1")
@@ -38,15 +39,18 @@ def test_decode_tiles_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     assert moe_decode_blocks(codec=True, int8=True)[9:] == (1, 1)
     monkeypatch.setenv("FREETOKEN_MOE_DECODE_INT8_BLOCKS", "8,2048,8,1024,1,1,1,1,0,0,1,4")
     assert moe_decode_blocks(codec=True, int8=True)[9:] == (0, 1, 4)
+    monkeypatch.setenv("FREETOKEN_MOE_DECODE_INT8_BLOCKS", "1,2048,8,1024,1,1,1,1,0,2,1,1,3")
+    assert moe_decode_blocks(codec=True, int8=True)[9:] == (2, 1, 1, 3)
     bad_values = ["8,512,8,1024,4", "8,512,8,1024,4,1,2", "0,512,8,1024,4,1"]
     bad_values += [
         "8,512,8,1024,4,1,1,-1",
         "8,512,8,1024,4,1,1,1,-8",
-        "1,1,1,1,1,1,1,1,1,2",
+        "1,1,1,1,1,1,1,1,1,3",
         "1,1,1,1,1,1,1,1,1,1,2",
         "1,1,1,1,1,1,1,1,1,1,1,0",
-        "1,1,1,1,1,1,1,1,1,1,1,1,1",
-    ]  # warps; cap; chunk tile; pdl; no splits; a thirteenth
+        "1,1,1,1,1,1,1,1,1,1,1,1,0",
+        "1,1,1,1,1,1,1,1,1,1,1,1,1,1",
+    ]  # warps; cap; chunk tile; pdl; no splits; no rounds; a fourteenth
     for bad in bad_values:
         monkeypatch.setenv("FREETOKEN_MOE_DECODE_BLOCKS", bad)
         with pytest.raises(ValueError, match="FREETOKEN_MOE_DECODE_BLOCKS"):

@@ -61,21 +61,25 @@ def moe_decode_blocks(codec: bool = False, int8: bool = False) -> tuple[int, ...
     decode kernel's tiles as six integers `gate_up_n,gate_up_k,down_n,
     down_k,num_warps,num_stages` (what `benchmarks/moe_decode_kernel.py --sweep` found best on this
     GPU), optionally a seventh, `split_choices` (0 or 1), an eighth, the down kernel's warps (0: the
-    same), a ninth, a cap on registers a thread (0: none), a tenth, `chunk_tile` (0 or 1: the int8
-    Q4_K kernels' chunk as one tile), an eleventh, `pdl` (0 or 1: programmatic dependent launch of
-    the step's kernels after its first), and a twelfth, `gate_up_splits` (1 or more: the int8 gate_up's
-    rows cut in that many parts along H, each a program); unset: the built-in defaults."""
+    same), a ninth, a cap on registers a thread (0: none), a tenth, `chunk_tile` (0, 1 or 2: the int8
+    Q4_K kernels' chunk as one tile in neither, both or gate_up only), an eleventh, `pdl` (0 or 1:
+    programmatic dependent launch of the step's kernels after its first), a twelfth, `gate_up_splits` (1
+    or more: the int8 gate_up's rows cut in that many parts along H, each a program), and a thirteenth,
+    `gate_up_rounds` (1 or more: groups of rows an int8 Q4_K gate_up program of whole-row tiles streams
+    through); unset: the built-in defaults."""
     kind = "INT8_" if int8 else "CODEC_" if codec else ""
     name = f"FREETOKEN_MOE_DECODE_{kind}BLOCKS"
     raw = os.environ.get(name)
     if not raw:
         return None
     values = tuple(int(v) for v in raw.split(","))
-    flags_ok = all(v in (0, 1) for v in values[6:7] + values[9:11])
-    if len(values) not in range(6, 13) or min(values[:6] + values[11:]) < 1 or not flags_ok:
+    tile_ok = all(v in (0, 1, 2) for v in values[9:10])
+    flags_ok = all(v in (0, 1) for v in values[6:7] + values[10:11]) and tile_ok
+    if len(values) not in range(6, 14) or min(values[:6] + values[11:]) < 1 or not flags_ok:
         raise ValueError(
             f"{name}: expected six positive integers, then optionally split (0/1), the down kernel's warps, "
-            f"a register cap, the chunk tile (0/1), pdl (0/1) and the gate_up's splits (1 or more), "
+            f"a register cap, the chunk tile (0/1/2), pdl (0/1), the gate_up's splits and rounds (1 or "
+            f"more), "
             f"got {raw!r}"
         )
     if min(values[7:], default=0) < 0:

@@ -47,9 +47,12 @@ class DecodeBlocks:
     split_choices: int = 0  # 1: the down kernel runs a program per (token, rows, choice), then a sum
     down_warps: int = 0  # the down kernel's warps (0: num_warps)
     max_registers: int = 0  # a cap on registers a thread (more warps an SM; ptxas spills past it); 0: none
-    chunk_tile: int = 0  # int8 Q4_K: 1 a chunk's super-blocks as one tile (its loads at once); 0 one by one
+    # int8 Q4_K: a chunk's super-blocks as one tile (its loads at once) in both kernels (1), in gate_up only
+    # (2); 0: one by one
+    chunk_tile: int = 0
     pdl: int = 0  # 1: each kernel after the step's first launches as a programmatic dependent (sm_90)
     gate_up_splits: int = 1  # int8 gate_up: its rows cut in that many parts along H, a program each
+    gate_up_rounds: int = 1  # int8 Q4_K gate_up of whole-row tiles: groups of rows a program streams through
 
     def launch(self, down: bool = False) -> dict[str, int]:
         """The Triton launch options of the gate_up (or the down) kernel."""
@@ -181,7 +184,8 @@ def fused_moe_decode(
     if gu_int8:
         gate_up_int8(
             x, ids, gate_up_bank, act, bias_bank, bias_ids, bias is not None, fn, gu_int8, k, b.gate_up_n,
-            b.gate_up_k, b.launch(), interpreted, act_quantized, bool(b.chunk_tile), pdl, splits,
+            b.gate_up_k, b.launch(), interpreted, act_quantized, b.chunk_tile > 0, pdl, splits,
+            b.gate_up_rounds,
         )  # fmt: skip
     else:
         gate_up_act[(pairs, -(-i // b.gate_up_n))](
@@ -195,7 +199,7 @@ def fused_moe_decode(
     if dn_int8:
         down_int8(
             act if act_quantized is None else act_quantized, ids, weights, down_bank, target, dn_int8, k,
-            b.down_n, b.down_k, b.launch(down=True), interpreted, split, bool(b.chunk_tile), pdl,
+            b.down_n, b.down_k, b.launch(down=True), interpreted, split, b.chunk_tile == 1, pdl,
         )  # fmt: skip
     else:
         down[(t, -(-h // b.down_n), k if split else 1)](

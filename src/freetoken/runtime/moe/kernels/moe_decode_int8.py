@@ -59,7 +59,7 @@ def gate_up_int8(
     x: torch.Tensor, ids: torch.Tensor, bank: torch.Tensor, act: torch.Tensor, bias_bank: torch.Tensor,
     bias_ids: torch.Tensor, has_bias: bool, fn: ExpertFn, code: int, k: int, rows: int, block_k: int,
     launch: dict[str, int], interpreted: bool, act_quantized: Quantized | None = None, tile: bool = False,
-    pdl: bool = False, splits: int = 1,
+    pdl: bool = False, splits: int = 1, rounds: int = 1,
 ) -> None:  # fmt: skip
     """act [T·K, I] fp32 <- glu(W_gu · x̃ + b) for every pair (x quantized here), `rows` rows a program
     (`launch`: Triton's launch options, DecodeBlocks.launch; `tile`: DecodeBlocks.chunk_tile; `pdl`:
@@ -67,7 +67,9 @@ def gate_up_int8(
     with `act_quantized` (`rows` a multiple of 32, or `splits` > 1 and I a multiple of 32) the
     activations go there quantized instead. `splits` (gate_up_splits(), DecodeBlocks.gate_up_splits):
     each row cut in that many parts along H, a program each, their partial sums added, the bias and
-    the activation applied by a second launch (glu_parts_kernel)."""
+    the activation applied by a second launch (glu_parts_kernel). `rounds` (DecodeBlocks.gate_up_rounds):
+    Q4_K rows as whole-row tiles, that many groups of `rows` a program, the next group's weights asked for
+    before the current one's dots (used where streamed_rounds() allows it, else 1)."""
     h, i, pairs = x.shape[1], act.shape[1], ids.numel()
     body = _kernels()[0]
     xq, xd, xs = quantize_blocks(x, pdl)
@@ -76,18 +78,26 @@ def gate_up_int8(
     step = chunk(block_k, code)  # the reduction chunk, a power of two
     if splits > 1:  # one within a part (a chunk past a part's end is masked: it reads none of the next)
         step = min(step, 1 << ((h // splits).bit_length() - 1))
-    body.gate_up_int8_kernel[(pairs, -(-i // rows), splits)](
+    rounds = streamed_rounds(rounds, code, tile, splits, block_k, h)
+    groups = -(-i // rows)
+    body.gate_up_int8_kernel[(pairs, -(-groups // rounds), splits)](
         xq, xd, xs, ids, bank, *((parts,) * 3 if parts is not None else outs), bias_bank, bias_ids,
         bank.stride(0), bank.stride(1), fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=step,
         ACT=fn.code, HAS_BIAS=has_bias, CODEC=code, EMULATE=interpreted,
         QUANT_ACT=act_quantized is not None and parts is None, TILE=tile, PDL=pdl, SPLITS=splits,
-        **pdl_launch(pdl), **launch,
+        ROUNDS=rounds, **pdl_launch(pdl), **launch,
     )  # fmt: skip
     if parts is not None:
         body.glu_parts_kernel[(pairs, -(-i // (32 * QUANTIZE_BLOCKS)))](
             parts, *outs, bias_bank, bias_ids, fn.alpha, fn.limit, INTER=i, SPLITS=splits, NB=QUANTIZE_BLOCKS,
             ACT=fn.code, HAS_BIAS=has_bias, QUANT=act_quantized is not None, PDL=pdl, **pdl_launch(pdl),
         )  # fmt: skip
+
+
+def streamed_rounds(rounds: int, code: int, tile: bool, splits: int, block_k: int, h: int) -> int:
+    """The groups of rows an int8 gate_up program streams through: `rounds` for Q4_K rows read as one tile
+    each (a chunk tile of the whole row, unsplit), else 1."""
+    return rounds if rounds > 1 and code == 3 and tile and splits == 1 and chunk(block_k, code) >= h else 1
 
 
 def gate_up_splits(splits: int, h: int, code: int) -> int:

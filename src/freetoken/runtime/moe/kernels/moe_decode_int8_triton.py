@@ -16,7 +16,13 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from freetoken.runtime.moe.kernels.glu_triton import glu
-from freetoken.runtime.moe.kernels.quant_dot_int8_triton import int8_row_part, int8_row_sums, store_quantized
+from freetoken.runtime.moe.kernels.quant_dot_int8_triton import (
+    int8_row_part,
+    int8_row_sums,
+    q4k_tile_dot,
+    q4k_tile_load,
+    store_quantized,
+)
 
 
 @triton.jit
@@ -65,10 +71,20 @@ def gate_up_int8_kernel(
     TILE: tl.constexpr,  # Q4_K: a chunk's super-blocks as one tile (quant_dot_int8_triton._q4k_int8_tile)
     PDL: tl.constexpr,  # a programmatic dependent of the quantize kernel: ids and weights read before its end
     SPLITS: tl.constexpr,  # the rows cut in SPLITS parts of H / SPLITS weights, a program (axis 2) each
+    ROUNDS: tl.constexpr,  # > 1: Q4_K whole-row tiles, ROUNDS row groups a program (_streamed_q4k_gate_up)
 ):
     if PDL:
         gdc_launch_dependents()
     pair = tl.program_id(0)
+    if ROUNDS > 1:
+        token = pair // K
+        _streamed_q4k_gate_up(
+            w_ptr, tl.load(ids_ptr + pair), xq_ptr + token * (H // 4), xd_ptr + token * (H // 32),
+            xs_ptr + token * (H // 32), act_ptr, act_d_ptr, act_s_ptr, bias_ptr, bias_ids_ptr, pair,
+            stride_we, stride_wn, alpha, limit, H, INTER, BLOCK_N, BLOCK_K, ACT, HAS_BIAS, EMULATE, QUANT_ACT,
+            PDL, ROUNDS,
+        )  # fmt: skip
+        return
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < INTER
     expert = tl.load(ids_ptr + pair)
@@ -86,11 +102,22 @@ def gate_up_int8_kernel(
         tl.store(at + offs_n, gate, mask=mask_n)
         tl.store(at + INTER + offs_n, up, mask=mask_n)
         return
+    _store_act(gate, up, tl.program_id(1), offs_n, pair, act_ptr, act_d_ptr, act_s_ptr, bias_ptr,
+               bias_ids_ptr, alpha, limit, INTER, BLOCK_N, ACT, HAS_BIAS, QUANT_ACT)  # fmt: skip
+
+
+@triton.jit
+def _store_act(gate, up, group, offs_n, pair, act_ptr, act_d_ptr, act_s_ptr, bias_ptr, bias_ids_ptr, alpha,
+               limit, INTER: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+               QUANT_ACT: tl.constexpr):  # fmt: skip
+    """The activations of rows offs_n (group `group` of BLOCK_N) of `pair` from their gate and up sums:
+    fp32, or quantized where the group is whole blocks of 32 (QUANT_ACT)."""
+    mask_n = offs_n < INTER
     act = _biased_glu(gate, up, bias_ptr, bias_ids_ptr, pair, offs_n, mask_n, alpha, limit, INTER, ACT,
                       HAS_BIAS)  # fmt: skip
     if QUANT_ACT:  # no quantize launch between the kernels
         nb: tl.constexpr = BLOCK_N // 32
-        block = tl.program_id(1) * nb + tl.arange(0, nb)
+        block = group * nb + tl.arange(0, nb)
         at = pair * (INTER // 32)
         store_quantized(
             tl.reshape(act, [nb, 32]),
@@ -102,6 +129,43 @@ def gate_up_int8_kernel(
         )
     else:
         tl.store(act_ptr + pair * INTER + offs_n, act, mask=mask_n)
+
+
+@triton.jit
+def _streamed_q4k_gate_up(w_ptr, expert, q, d, s, act_ptr, act_d_ptr, act_s_ptr, bias_ptr, bias_ids_ptr, pair,
+                          stride_we, stride_wn, alpha, limit, H: tl.constexpr, INTER: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, EMULATE: tl.constexpr, QUANT_ACT: tl.constexpr,
+                          PDL: tl.constexpr, ROUNDS: tl.constexpr):  # fmt: skip
+    """A program's ROUNDS groups of BLOCK_N Q4_K rows (groups g, g + G, ..., G the programs along axis 1),
+    each row one tile of whole super-blocks (BLOCK_K >= H): the next group's weights are asked for before
+    the current group's dots, so a program waits on memory once, not once a group."""
+    S: tl.constexpr = BLOCK_K // 256
+    groups = tl.num_programs(1)
+    group = tl.program_id(1)
+    rows_here = tl.where(expert >= 0, INTER, 0)  # a skipped pair reads nothing
+    base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
+    offs_n = group * BLOCK_N + tl.arange(0, BLOCK_N)
+    live = offs_n < rows_here
+    g0, g1, g2, g3, g4, g5 = q4k_tile_load(base + offs_n * stride_wn, live, 0, H, S)
+    u0, u1, u2, u3, u4, u5 = q4k_tile_load(base + (offs_n + INTER) * stride_wn, live, 0, H, S)
+    if PDL:  # the first group's weights are in flight; the vector is the kernel before's output
+        gdc_wait()
+    for _ in range(ROUNDS):
+        after = offs_n + groups * BLOCK_N
+        live = after < rows_here  # past the last group: nothing read
+        n0, n1, n2, n3, n4, n5 = q4k_tile_load(base + after * stride_wn, live, 0, H, S)
+        m0, m1, m2, m3, m4, m5 = q4k_tile_load(base + (after + INTER) * stride_wn, live, 0, H, S)
+        part, mins = q4k_tile_dot(g0, g1, g2, g3, g4, g5, q, d, s, 0, H, S, EMULATE)
+        gate = int8_row_sums(part, mins)
+        part, mins = q4k_tile_dot(u0, u1, u2, u3, u4, u5, q, d, s, 0, H, S, EMULATE)
+        up = int8_row_sums(part, mins)
+        _store_act(gate, up, group, offs_n, pair, act_ptr, act_d_ptr, act_s_ptr, bias_ptr, bias_ids_ptr,
+                   alpha, limit, INTER, BLOCK_N, ACT, HAS_BIAS, QUANT_ACT)  # fmt: skip
+        g0, g1, g2, g3, g4, g5 = n0, n1, n2, n3, n4, n5
+        u0, u1, u2, u3, u4, u5 = m0, m1, m2, m3, m4, m5
+        offs_n = after
+        group += groups
 
 
 @triton.jit

@@ -115,14 +115,10 @@ def quantize_blocks_kernel(
 
 
 @triton.jit
-def _q4k_int8_tile(rows, live, q_ptr, d_ptr, s_ptr, sb0, limit, S: tl.constexpr, EMULATE: tl.constexpr,
-                   WAIT: tl.constexpr):  # fmt: skip
-    """Super-blocks sb0 .. sb0 + S − 1 of rows `rows` ([N] byte pointers; `live` [N]) against the quantized
-    vector, as one tile [N, S, 4, 4] (super-blocks at or past `limit` read nothing) -> [N, 4] fp32
-    partial products (chunk c: sub-blocks 2c and 2c + 1, summed over the super-blocks) and [N] fp32 min
-    terms to subtract. A sub-block's eight words meet the vector in int32 and are scaled once; a chunk
-    is two 16-byte loads one thread holds whole, and every load of the tile is one tensor load, so a
-    thread issues all of its loads before it waits on any."""
+def q4k_tile_load(rows, live, sb0, limit, S: tl.constexpr):
+    """The words of super-blocks sb0 .. sb0 + S − 1 of rows `rows` ([N] byte pointers; `live` [N]; at or
+    past `limit` nothing is read) as one tile, every load issued at once -> (first, second [N, S, 4, 4]:
+    a chunk's two 16-byte halves; head [N, S]: d | dmin << 16; s0, s1, s2 [N, S]: the scale bytes)."""
     sb = sb0 + tl.arange(0, S)  # [S]
     here = sb * 256 < limit  # [S]: rows are whole super-blocks
     base = (rows[:, None] + sb[None, :] * 144).to(tl.pointer_type(tl.int32))  # [N, S]
@@ -137,8 +133,19 @@ def _q4k_int8_tile(rows, live, q_ptr, d_ptr, s_ptr, sb0, limit, S: tl.constexpr,
     s0 = tl.load(base + 1, mask=row_here, other=0)
     s1 = tl.load(base + 2, mask=row_here, other=0)
     s2 = tl.load(base + 3, mask=row_here, other=0)
-    if WAIT:  # the weights are in flight; the vector is the kernel before's output
-        gdc_wait()
+    return first, second, head, s0, s1, s2
+
+
+@triton.jit
+def q4k_tile_dot(first, second, head, s0, s1, s2, q_ptr, d_ptr, s_ptr, sb0, limit, S: tl.constexpr,
+                 EMULATE: tl.constexpr):  # fmt: skip
+    """A q4k_tile_load tile against the quantized vector -> [N, 4] fp32 partial products (chunk c:
+    sub-blocks 2c and 2c + 1, summed over the super-blocks) and [N] fp32 min terms to subtract. A
+    sub-block's eight words meet the vector in int32 and are scaled once."""
+    sb = sb0 + tl.arange(0, S)
+    here = sb * 256 < limit
+    c = tl.arange(0, 4)
+    w = tl.arange(0, 4)
     v_at = q_ptr + (sb * 64)[:, None, None] + (16 * c[:, None] + w[None, :])[None]  # [S, 4, 4]: low nibbles'
     v_here = here[:, None, None]
     lo = tl.sum(
@@ -166,6 +173,19 @@ def _q4k_int8_tile(rows, live, q_ptr, d_ptr, s_ptr, sb0, limit, S: tl.constexpr,
         axis=2,
     )  # [N, S]
     return tl.sum(part, axis=1), tl.sum(fp16_low(head >> 16) * mins, axis=1)
+
+
+@triton.jit
+def _q4k_int8_tile(rows, live, q_ptr, d_ptr, s_ptr, sb0, limit, S: tl.constexpr, EMULATE: tl.constexpr,
+                   WAIT: tl.constexpr):  # fmt: skip
+    """Super-blocks sb0 .. sb0 + S − 1 of rows `rows` ([N] byte pointers; `live` [N]) against the quantized
+    vector, as one tile [N, S, 4, 4] (q4k_tile_load, then q4k_tile_dot): a chunk is two 16-byte loads one
+    thread holds whole, and every load of the tile is one tensor load, so a thread issues all of its loads
+    before it waits on any."""
+    first, second, head, s0, s1, s2 = q4k_tile_load(rows, live, sb0, limit, S)
+    if WAIT:  # the weights are in flight; the vector is the kernel before's output
+        gdc_wait()
+    return q4k_tile_dot(first, second, head, s0, s1, s2, q_ptr, d_ptr, s_ptr, sb0, limit, S, EMULATE)
 
 
 @triton.jit
