@@ -89,7 +89,10 @@ DEFAULT_CODEC_BLOCKS = _default_blocks(
 # same on an H100: Q4_K 19.0 us (float 28.2). With pdl, one sweep on an H100 (2026-12-06): Q4_K 17.9 ->
 # 17.0 us, Q8_0 30.3 -> 29.6; a Q4_K chunk as one tile (chunk_tile) 18.0 at best, with or without it.
 # Q8_0's gate_up rows (2,176 bytes, twice Q4_K's) cut in two parts, a program each: 29.6 -> 26.5 us on that
-# H100 (Q4_K 16.7 -> 17.1: not for it). FREETOKEN_MOE_DECODE_INT8_BLOCKS sets every codec's.
+# H100 (Q4_K 16.7 -> 17.1: not for it). Then a row a program (a thread holds one block pair of it), unsplit,
+# and down of 4 rows, one call on an H100 (2026-12-06): Q8_0's gate_up alone 14.5 -> 13.0 us (0.59 -> 0.66 x
+# the read), the layer 29.2 -> 26.8 us; Q4_K's gate_up of 1, 2 or 4 rows (whole-row tiles) 8.8-10.3 us
+# against 8.55. FREETOKEN_MOE_DECODE_INT8_BLOCKS sets every codec's.
 INT8_BLOCKS = _default_blocks(
     True,
     DecodeBlocks(
@@ -97,7 +100,7 @@ INT8_BLOCKS = _default_blocks(
     ),
     int8=True,
 )
-INT8_CODEC_BLOCKS = {"Q8_0": replace(INT8_BLOCKS, gate_up_splits=2)}
+INT8_CODEC_BLOCKS = {"Q8_0": replace(INT8_BLOCKS, gate_up_n=1, down_n=4)}
 
 
 def int8_blocks(gate_up_codec: str) -> DecodeBlocks:
