@@ -76,23 +76,21 @@ def gate_up_int8_kernel(
     if PDL:
         gdc_launch_dependents()
     pair = tl.program_id(0)
+    expert = tl.load(ids_ptr + pair)
+    token = pair // K
+    q, d, s = xq_ptr + token * (H // 4), xd_ptr + token * (H // 32), xs_ptr + token * (H // 32)
     if ROUNDS > 1:
-        token = pair // K
         _streamed_q4k_gate_up(
-            w_ptr, tl.load(ids_ptr + pair), xq_ptr + token * (H // 4), xd_ptr + token * (H // 32),
-            xs_ptr + token * (H // 32), act_ptr, act_d_ptr, act_s_ptr, bias_ptr, bias_ids_ptr, pair,
-            stride_we, stride_wn, alpha, limit, H, INTER, BLOCK_N, BLOCK_K, ACT, HAS_BIAS, EMULATE, QUANT_ACT,
-            PDL, ROUNDS,
+            w_ptr, expert, q, d, s, act_ptr, act_d_ptr, act_s_ptr, bias_ptr, bias_ids_ptr, pair, stride_we,
+            stride_wn, alpha, limit, H, INTER, BLOCK_N, BLOCK_K, ACT, HAS_BIAS, EMULATE, QUANT_ACT, PDL,
+            ROUNDS,
         )  # fmt: skip
         return
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < INTER
-    expert = tl.load(ids_ptr + pair)
     live = offs_n < tl.where(expert >= 0, INTER, 0)  # a skipped pair reads nothing
     gate_rows = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we + offs_n * stride_wn
     up_rows = gate_rows + INTER * stride_wn
-    token = pair // K
-    q, d, s = xq_ptr + token * (H // 4), xd_ptr + token * (H // 32), xs_ptr + token * (H // 32)
     span: tl.constexpr = H // SPLITS
     start = tl.program_id(2) * span
     gate = _row_dot(gate_rows, live, q, d, s, start, start + span, span, CODEC, BLOCK_K, EMULATE, TILE, PDL)
