@@ -100,7 +100,13 @@ INT8_FEW_ROWS = [
     DecodeBlocks(1, 2048, 8, 1024, 1, split_choices=1, down_warps=1, chunk_tile=2, pdl=1, gate_up_rounds=r)
     for r in (2, 3, 4)
 ]
-SWEEP_INT8 = INT8_ROWS + INT8_WARPS + INT8_PDL + INT8_TILES + INT8_SPLITS + INT8_FEW_ROWS
+# a program's gate and up rows as one tile (gate_up_joint): sm_90 SASS of Q8_0's one-row program asks for
+# 57 of its 59 loads before its first dp4a (31 with gate, then up), in 66 registers
+INT8_JOINT = [
+    DecodeBlocks(n1, 2048, n2, 1024, num_warps=1, split_choices=1, down_warps=1, pdl=1, gate_up_joint=1)
+    for n1, n2 in ((1, 4), (2, 4), (4, 8))
+]
+SWEEP_INT8 = INT8_ROWS + INT8_WARPS + INT8_PDL + INT8_TILES + INT8_SPLITS + INT8_FEW_ROWS + INT8_JOINT
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets
 
 
@@ -405,6 +411,7 @@ def main() -> None:
                 f"{' tile' if r['chunk_tile'] else ''}{' pdl' if r['pdl'] else ''}"
                 f"{' parts ' + str(r['gate_up_splits']) if r['gate_up_splits'] > 1 else ''}"
                 f"{' rounds ' + str(r['gate_up_rounds']) if r['gate_up_rounds'] > 1 else ''}"
+                f"{' joint' if r['gate_up_joint'] else ''}"
                 f"{' split' if r['split_choices'] else ''}: "
                 f"{r['us']:.1f} us ({r['x_read']:.2f} x read)"
             )

@@ -86,6 +86,12 @@ INT8_CASES = [  # (gate_up codec, down codec), H, I, tiles: both sides int8, one
     (("Q8_0", "Q8_0"), 192, 128, DecodeBlocks(32, 128, 64, 64, split_choices=1, gate_up_splits=3)),
     (("Q4_K", "Q4_K"), 1024, 256, DecodeBlocks(32, 1024, 64, 256, chunk_tile=1, gate_up_splits=2)),
     (("Q4_K", "Q6_K"), 512, 256, DecodeBlocks(32, 512, 64, 256, gate_up_splits=2)),
+    # a program's gate and up rows as one tile: Q8_0 rows past I in the second program (quantizing the
+    # activations); Q4_K chunk by chunk and as one tile; with the rows cut along H
+    (("Q8_0", "Q8_0"), 128, 192, DecodeBlocks(128, 64, 8, 256, gate_up_joint=1)),
+    (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(32, 256, 64, 256, gate_up_joint=1)),
+    (("Q4_K", "Q4_K"), 768, 256, DecodeBlocks(32, 1024, 64, 256, chunk_tile=1, gate_up_joint=1)),
+    (("Q8_0", "Q8_0"), 192, 128, DecodeBlocks(32, 128, 64, 64, gate_up_splits=3, gate_up_joint=1)),
 ]
 
 

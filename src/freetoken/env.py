@@ -66,7 +66,8 @@ def moe_decode_blocks(codec: bool = False, int8: bool = False) -> tuple[int, ...
     programmatic dependent launch of the step's kernels after its first), a twelfth, `gate_up_splits` (1
     or more: the int8 gate_up's rows cut in that many parts along H, each a program), and a thirteenth,
     `gate_up_rounds` (1 or more: groups of rows an int8 Q4_K gate_up program of whole-row tiles streams
-    through); unset: the built-in defaults."""
+    through), and a fourteenth, `gate_up_joint` (0 or 1: an int8 gate_up program's gate and up rows as one
+    tile); unset: the built-in defaults."""
     kind = "INT8_" if int8 else "CODEC_" if codec else ""
     name = f"FREETOKEN_MOE_DECODE_{kind}BLOCKS"
     raw = os.environ.get(name)
@@ -74,13 +75,12 @@ def moe_decode_blocks(codec: bool = False, int8: bool = False) -> tuple[int, ...
         return None
     values = tuple(int(v) for v in raw.split(","))
     tile_ok = all(v in (0, 1, 2) for v in values[9:10])
-    flags_ok = all(v in (0, 1) for v in values[6:7] + values[10:11]) and tile_ok
-    if len(values) not in range(6, 14) or min(values[:6] + values[11:]) < 1 or not flags_ok:
+    flags_ok = all(v in (0, 1) for v in values[6:7] + values[10:11] + values[13:14]) and tile_ok
+    if len(values) not in range(6, 15) or min(values[:6] + values[11:13]) < 1 or not flags_ok:
         raise ValueError(
             f"{name}: expected six positive integers, then optionally split (0/1), the down kernel's warps, "
             f"a register cap, the chunk tile (0/1/2), pdl (0/1), the gate_up's splits and rounds (1 or "
-            f"more), "
-            f"got {raw!r}"
+            f"more), joint (0/1), got {raw!r}"
         )
     if min(values[7:], default=0) < 0:
         raise ValueError(

@@ -53,6 +53,7 @@ class DecodeBlocks:
     pdl: int = 0  # 1: each kernel after the step's first launches as a programmatic dependent (sm_90)
     gate_up_splits: int = 1  # int8 gate_up: its rows cut in that many parts along H, a program each
     gate_up_rounds: int = 1  # int8 Q4_K gate_up of whole-row tiles: groups of rows a program streams through
+    gate_up_joint: int = 0  # 1: an int8 gate_up program's gate and up rows as one tile (loads asked at once)
 
     def launch(self, down: bool = False) -> dict[str, int]:
         """The Triton launch options of the gate_up (or the down) kernel."""
@@ -188,7 +189,7 @@ def fused_moe_decode(
         gate_up_int8(
             x, ids, gate_up_bank, act, bias_bank, bias_ids, bias is not None, fn, gu_int8, k, b.gate_up_n,
             b.gate_up_k, b.launch(), interpreted, act_quantized, b.chunk_tile > 0, pdl, splits,
-            b.gate_up_rounds,
+            b.gate_up_rounds, bool(b.gate_up_joint),
         )  # fmt: skip
     else:
         gate_up_act[(pairs, -(-i // b.gate_up_n))](

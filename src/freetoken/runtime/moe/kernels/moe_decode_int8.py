@@ -59,7 +59,7 @@ def gate_up_int8(
     x: torch.Tensor, ids: torch.Tensor, bank: torch.Tensor, act: torch.Tensor, bias_bank: torch.Tensor,
     bias_ids: torch.Tensor, has_bias: bool, fn: ExpertFn, code: int, k: int, rows: int, block_k: int,
     launch: dict[str, int], interpreted: bool, act_quantized: Quantized | None = None, tile: bool = False,
-    pdl: bool = False, splits: int = 1, rounds: int = 1,
+    pdl: bool = False, splits: int = 1, rounds: int = 1, joint: bool = False,
 ) -> None:  # fmt: skip
     """act [T·K, I] fp32 <- glu(W_gu · x̃ + b) for every pair (x quantized here), `rows` rows a program
     (`launch`: Triton's launch options, DecodeBlocks.launch; `tile`: DecodeBlocks.chunk_tile; `pdl`:
@@ -69,7 +69,9 @@ def gate_up_int8(
     each row cut in that many parts along H, a program each, their partial sums added, the bias and
     the activation applied by a second launch (glu_parts_kernel). `rounds` (DecodeBlocks.gate_up_rounds):
     Q4_K rows as whole-row tiles, that many groups of `rows` a program, the next group's weights asked for
-    before the current one's dots (used where streamed_rounds() allows it, else 1)."""
+    before the current one's dots (used where streamed_rounds() allows it, else 1). `joint`
+    (DecodeBlocks.gate_up_joint): a program's gate and up rows met as one tile of twice the rows, so its
+    loads of both are asked for before either's dots (not with `rounds`)."""
     h, i, pairs = x.shape[1], act.shape[1], ids.numel()
     body = _kernels()[0]
     xq, xd, xs = quantize_blocks(x, pdl)
@@ -85,7 +87,7 @@ def gate_up_int8(
         bank.stride(0), bank.stride(1), fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=rows, BLOCK_K=step,
         ACT=fn.code, HAS_BIAS=has_bias, CODEC=code, EMULATE=interpreted,
         QUANT_ACT=act_quantized is not None and parts is None, TILE=tile, PDL=pdl, SPLITS=splits,
-        ROUNDS=rounds, **pdl_launch(pdl), **launch,
+        ROUNDS=rounds, JOINT=joint, **pdl_launch(pdl), **launch,
     )  # fmt: skip
     if parts is not None:
         body.glu_parts_kernel[(pairs, -(-i // (32 * QUANTIZE_BLOCKS)))](

@@ -4,7 +4,9 @@ program multiplies is the quantized one (quant_dot_int8_triton.quantize_blocks_k
 the activation before down), met by dp4a. A gate_up program whose rows are whole blocks of 32 quantizes its
 activations itself (no launch between the two kernels); with SPLITS > 1 a gate_up program takes a part of
 its rows' length, and glu_parts_kernel adds the parts, applies the activation and quantizes it for down
-(more programs, fewer bytes each: Q8_0's rows). The down kernel runs a program per (token, rows,
+(more programs, fewer bytes each: Q8_0's rows). With JOINT a program's gate and up rows are one tile of
+twice the rows (interleaved, split after the dots), so the loads of both are asked for before either's
+dots, where gate's dots would otherwise come before up's loads. The down kernel runs a program per (token, rows,
 choice) writing weighted fp32 partials that sum_choices_kernel adds in one fixed order (SPLIT), or a
 program per (token, rows) over every choice, unrolled, in the same order.
 """
@@ -72,6 +74,7 @@ def gate_up_int8_kernel(
     PDL: tl.constexpr,  # a programmatic dependent of the quantize kernel: ids and weights read before its end
     SPLITS: tl.constexpr,  # the rows cut in SPLITS parts of H / SPLITS weights, a program (axis 2) each
     ROUNDS: tl.constexpr,  # > 1: Q4_K whole-row tiles, ROUNDS row groups a program (_streamed_q4k_gate_up)
+    JOINT: tl.constexpr,  # a row's gate and up as one tile of 2 · BLOCK_N rows: their loads asked for at once
 ):
     if PDL:
         gdc_launch_dependents()
@@ -88,13 +91,23 @@ def gate_up_int8_kernel(
         return
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < INTER
-    live = offs_n < tl.where(expert >= 0, INTER, 0)  # a skipped pair reads nothing
-    gate_rows = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we + offs_n * stride_wn
-    up_rows = gate_rows + INTER * stride_wn
+    rows_here = tl.where(expert >= 0, INTER, 0)  # a skipped pair reads nothing
+    base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
     span: tl.constexpr = H // SPLITS
     start = tl.program_id(2) * span
-    gate = _row_dot(gate_rows, live, q, d, s, start, start + span, span, CODEC, BLOCK_K, EMULATE, TILE, PDL)
-    up = _row_dot(up_rows, live, q, d, s, start, start + span, span, CODEC, BLOCK_K, EMULATE, TILE, False)
+    if JOINT:  # [2N] rows: gate row n at 2n, up row n at 2n + 1
+        r = tl.arange(0, 2 * BLOCK_N)
+        n = tl.program_id(1) * BLOCK_N + r // 2
+        both = _row_dot(base + (n + (r % 2) * INTER) * stride_wn, n < rows_here, q, d, s, start, start + span,
+                        span, CODEC, BLOCK_K, EMULATE, TILE, PDL)  # fmt: skip
+        gate, up = tl.split(tl.reshape(both, [BLOCK_N, 2]))
+    else:
+        live = offs_n < rows_here
+        gate_rows = base + offs_n * stride_wn
+        up_rows = gate_rows + INTER * stride_wn
+        gate = _row_dot(gate_rows, live, q, d, s, start, start + span, span, CODEC, BLOCK_K, EMULATE, TILE,
+                        PDL)  # fmt: skip
+        up = _row_dot(up_rows, live, q, d, s, start, start + span, span, CODEC, BLOCK_K, EMULATE, TILE, False)
     if SPLITS > 1:  # partial sums; the bias and the activation where they are added (glu_parts_kernel)
         at = part_ptr(act_ptr, tl.program_id(2), pair, tl.num_programs(0), INTER)
         tl.store(at + offs_n, gate, mask=mask_n)
