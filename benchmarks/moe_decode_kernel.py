@@ -101,10 +101,15 @@ INT8_FEW_ROWS = [
     for r in (2, 3, 4)
 ]
 # a program's gate and up rows as one tile (gate_up_joint): sm_90 SASS of Q8_0's one-row program asks for
-# 57 of its 59 loads before its first dp4a (31 with gate, then up), in 66 registers
+# 57 of its 59 loads before its first dp4a (31 with gate, then up), in 66 registers; Q4_K's rows as chunk
+# tiles too (chunk_tile 2): every 16-byte load of 1 / 2 / 4 rows' gate and up before the first dp4a in
+# 62 / 69 / 125 registers, where the shipped 8-row program asks for 31 of its 64 first
 INT8_JOINT = [
     DecodeBlocks(n1, 2048, n2, 1024, num_warps=1, split_choices=1, down_warps=1, pdl=1, gate_up_joint=1)
     for n1, n2 in ((1, 4), (2, 4), (4, 8))
+] + [
+    DecodeBlocks(n1, 2048, 8, 1024, 1, split_choices=1, down_warps=1, chunk_tile=2, pdl=1, gate_up_joint=1)
+    for n1 in (1, 2, 4)
 ]
 SWEEP_INT8 = INT8_ROWS + INT8_WARPS + INT8_PDL + INT8_TILES + INT8_SPLITS + INT8_FEW_ROWS + INT8_JOINT
 HBM_PEAK = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes/s, the data sheets

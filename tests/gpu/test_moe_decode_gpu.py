@@ -85,6 +85,12 @@ INT8_GPU_CASES = [
     # a program's gate and up rows as one tile, at the sizes the sweep tries
     (("Q8_0", "Q8_0"), 256, 192, DecodeBlocks(1, 256, 4, 256, num_warps=1, down_warps=1, gate_up_joint=1)),
     (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(4, 512, 8, 512, num_warps=1, down_warps=1, gate_up_joint=1)),
+    (
+        ("Q4_K", "Q4_K"),
+        512,
+        256,
+        DecodeBlocks(2, 512, 8, 512, 1, down_warps=1, chunk_tile=2, gate_up_joint=1),
+    ),
 ]
 
 

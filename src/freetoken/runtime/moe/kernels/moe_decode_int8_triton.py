@@ -6,9 +6,9 @@ activations itself (no launch between the two kernels); with SPLITS > 1 a gate_u
 its rows' length, and glu_parts_kernel adds the parts, applies the activation and quantizes it for down
 (more programs, fewer bytes each: Q8_0's rows). With JOINT a program's gate and up rows are one tile of
 twice the rows (interleaved, split after the dots), so the loads of both are asked for before either's
-dots, where gate's dots would otherwise come before up's loads. The down kernel runs a program per (token, rows,
-choice) writing weighted fp32 partials that sum_choices_kernel adds in one fixed order (SPLIT), or a
-program per (token, rows) over every choice, unrolled, in the same order.
+dots, where gate's dots would otherwise come before up's loads. The down kernel runs a program per
+(token, rows, choice) writing weighted fp32 partials that sum_choices_kernel adds in one fixed order
+(SPLIT), or a program per (token, rows) over every choice, unrolled, in the same order.
 """
 
 from __future__ import annotations
