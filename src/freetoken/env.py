@@ -64,7 +64,7 @@ def moe_decode_blocks(codec: bool = False, int8: bool = False) -> tuple[int, ...
     same), a ninth, a cap on registers a thread (0: none), a tenth, `chunk_tile` (0, 1 or 2: the int8
     Q4_K kernels' chunk as one tile in neither, both or gate_up only), an eleventh, `pdl` (0 or 1:
     programmatic dependent launch of the step's kernels after its first), a twelfth, `gate_up_splits` (1
-    or more: the int8 gate_up's rows cut in that many parts along H, each a program), and a thirteenth,
+    or more: the int8 gate_up's rows cut in that many parts along H, each a program), a thirteenth,
     `gate_up_rounds` (1 or more: groups of rows an int8 Q4_K gate_up program of whole-row tiles streams
     through), and a fourteenth, `gate_up_joint` (0 or 1: an int8 gate_up program's gate and up rows as one
     tile); unset: the built-in defaults."""
