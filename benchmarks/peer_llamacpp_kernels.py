@@ -77,9 +77,9 @@ def moe_gemvs(launches: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def llama_kernels(binary: Path, gguf: Path, ncu: str) -> dict[str, dict[str, float]]:
     """llama.cpp's MoE GEMVs of a batch-1 decode of `gguf`, every expert on the GPU, under ncu."""
     env = {**os.environ, "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
-    args = [ncu, "--clock-control", "none", "--kernel-name", "regex:mul_mat_vec_q", "--launch-skip", "200"]
+    args = [ncu, "--clock-control", "none", "--kernel-name", "regex:mul_mat_vec_q", "--launch-skip", "128"]
     args += ["--launch-count", "64", "--metrics", ",".join(METRICS), "--csv"]
-    args += [str(binary), "-m", str(gguf), "-ngl", "99", "-fa", "1", "-p", "0", "-n", "32", "-r", "1"]
+    args += [str(binary), "-m", str(gguf), "-ngl", "99", "-fa", "1", "-p", "0", "-n", "64", "-r", "1"]
     done = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise SystemExit(f"ncu failed ({done.returncode}): {done.stderr.strip()[-400:]}")
