@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # moe_decode_kernel, imported with torch where the GPU side runs
 UNITS = {
     "ns": 1e-9, "nsecond": 1e-9, "us": 1e-6, "usecond": 1e-6, "ms": 1e-3, "msecond": 1e-3,
     "byte": 1.0, "B": 1.0, "KB": 1e3, "Kbyte": 1e3, "MB": 1e6, "Mbyte": 1e6, "GB": 1e9, "Gbyte": 1e9,
@@ -89,8 +90,6 @@ def llama_kernels(binary: Path, gguf: Path, ncu: str) -> dict[str, dict[str, flo
 def our_kernels(codec: str, hidden: int, inter: int, experts: int, top_k: int) -> dict[str, dict[str, float]]:
     """Our int8 gate_up and down kernels at batch 1 (shipped tiles): device seconds and expert bytes."""
     import torch
-
-    sys.path.insert(0, str(HERE))
     from moe_decode_kernel import cycling, kernel_times, random_banks
 
     from freetoken.codecs import get_codec
@@ -135,7 +134,6 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA GPU")
-    sys.path.insert(0, str(HERE))
     from moe_decode_kernel import read_bandwidth
 
     shape = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8}  # make_qwen3moe_gguf.py's defaults

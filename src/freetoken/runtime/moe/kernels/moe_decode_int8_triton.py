@@ -82,17 +82,16 @@ def gate_up_int8_kernel(
     expert = tl.load(ids_ptr + pair)
     token = pair // K
     q, d, s = xq_ptr + token * (H // 4), xd_ptr + token * (H // 32), xs_ptr + token * (H // 32)
+    rows_here = tl.where(expert >= 0, INTER, 0)  # a skipped pair reads nothing
+    base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we  # the pair's expert
     if ROUNDS > 1:
         _streamed_q4k_gate_up(
-            w_ptr, expert, q, d, s, act_ptr, act_d_ptr, act_s_ptr, bias_ptr, bias_ids_ptr, pair, stride_we,
-            stride_wn, alpha, limit, H, INTER, BLOCK_N, BLOCK_K, ACT, HAS_BIAS, EMULATE, QUANT_ACT, PDL,
-            ROUNDS,
+            base, rows_here, q, d, s, act_ptr, act_d_ptr, act_s_ptr, bias_ptr, bias_ids_ptr, pair, stride_wn,
+            alpha, limit, H, INTER, BLOCK_N, BLOCK_K, ACT, HAS_BIAS, EMULATE, QUANT_ACT, PDL, ROUNDS,
         )  # fmt: skip
         return
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < INTER
-    rows_here = tl.where(expert >= 0, INTER, 0)  # a skipped pair reads nothing
-    base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
     span: tl.constexpr = H // SPLITS
     start = tl.program_id(2) * span
     if JOINT:  # [2N] rows: gate row n at 2n, up row n at 2n + 1
@@ -143,19 +142,18 @@ def _store_act(gate, up, group, offs_n, pair, act_ptr, act_d_ptr, act_s_ptr, bia
 
 
 @triton.jit
-def _streamed_q4k_gate_up(w_ptr, expert, q, d, s, act_ptr, act_d_ptr, act_s_ptr, bias_ptr, bias_ids_ptr, pair,
-                          stride_we, stride_wn, alpha, limit, H: tl.constexpr, INTER: tl.constexpr,
+def _streamed_q4k_gate_up(base, rows_here, q, d, s, act_ptr, act_d_ptr, act_s_ptr, bias_ptr, bias_ids_ptr,
+                          pair, stride_wn, alpha, limit, H: tl.constexpr, INTER: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr,
                           HAS_BIAS: tl.constexpr, EMULATE: tl.constexpr, QUANT_ACT: tl.constexpr,
                           PDL: tl.constexpr, ROUNDS: tl.constexpr):  # fmt: skip
     """A program's ROUNDS groups of BLOCK_N Q4_K rows (groups g, g + G, ..., G the programs along axis 1),
     each row one tile of whole super-blocks (BLOCK_K >= H): the next group's weights are asked for before
-    the current group's dots, so a program waits on memory once, not once a group."""
+    the current group's dots, so a program waits on memory once, not once a group. `base`: the pair's
+    expert; `rows_here`: INTER, or 0 for a skipped pair."""
     S: tl.constexpr = BLOCK_K // 256
     groups = tl.num_programs(1)
     group = tl.program_id(1)
-    rows_here = tl.where(expert >= 0, INTER, 0)  # a skipped pair reads nothing
-    base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
     offs_n = group * BLOCK_N + tl.arange(0, BLOCK_N)
     live = offs_n < rows_here
     g0, g1, g2, g3, g4, g5 = q4k_tile_load(base + offs_n * stride_wn, live, 0, H, S)
