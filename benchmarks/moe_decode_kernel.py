@@ -260,7 +260,7 @@ def main() -> None:
     copy = read_bandwidth()
     blocks, sweep_rows = DEFAULT_BLOCKS if codecs is None else codec_blocks(codecs[0]), []
     int8 = codecs is not None and int8_side(args.codec, h) > 0
-    int8_tiles = int8_blocks(args.codec) if int8 else None
+    int8_tiles = int8_blocks(args.codec, args.hidden) if int8 else None
     if args.sweep:  # batch 1, each captured call routed to other experts, as the rows below
         x = torch.randn(1, h, device="cuda").bfloat16()
         sets = [torch.randperm(e, device="cuda", generator=g)[:k][None] for _ in range(16)]

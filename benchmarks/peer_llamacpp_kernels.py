@@ -100,7 +100,7 @@ def our_kernels(codec: str, hidden: int, inter: int, experts: int, top_k: int) -
     x = torch.randn(1, hidden, device="cuda").bfloat16()
     w = torch.rand(1, top_k, device="cuda")
     sets = [torch.randperm(experts, device="cuda", generator=g)[:top_k][None] for _ in range(16)]
-    blocks, codecs = int8_blocks(codec), (codec, codec)
+    blocks, codecs = int8_blocks(codec, hidden), (codec, codec)
     times = kernel_times(
         cycling(
             lambda ids: fused_moe_decode(x, ids, w, gate_up, down, blocks, codecs=codecs, int8_act=True), sets

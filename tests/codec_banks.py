@@ -12,7 +12,7 @@ import torch
 from freetoken.codecs import get_codec
 from freetoken.runtime.moe.expert_fn import ExpertFn, PairBias
 from freetoken.runtime.moe.experts import grouped_experts
-from freetoken.runtime.moe.kernels.moe_decode import DecodeBlocks, fused_moe_decode
+from freetoken.runtime.moe.kernels.moe_decode import INT8_WIDE_BLOCKS, DecodeBlocks, fused_moe_decode
 from freetoken.runtime.moe.kernels.moe_decode_int8 import (
     int8_decode_reference,
     int8_side,
@@ -92,6 +92,10 @@ INT8_CASES = [  # (gate_up codec, down codec), H, I, tiles: both sides int8, one
     (("Q4_K", "Q4_K"), 512, 256, DecodeBlocks(32, 256, 64, 256, gate_up_joint=1)),
     (("Q4_K", "Q4_K"), 768, 256, DecodeBlocks(32, 1024, 64, 256, chunk_tile=1, gate_up_joint=1)),
     (("Q8_0", "Q8_0"), 192, 128, DecodeBlocks(32, 128, 64, 64, gate_up_splits=3, gate_up_joint=1)),
+    # the shipped tiles of rows past a chunk (H > 2048), in chunks of 2 super-blocks (of 8 on a GPU) and more
+    # rows a program (the interpreter takes minutes at their size): 3 super-blocks, the second chunk's last
+    # past H
+    (("Q4_K", "Q4_K"), 768, 256, replace(INT8_WIDE_BLOCKS["Q4_K"], gate_up_n=32, gate_up_k=512, down_n=64)),
 ]
 
 

@@ -12,7 +12,7 @@ from codec_banks import CODEC_CASES, INT8_CASES, check_codec_banks, check_int8_b
 from freetoken.codecs import get_codec
 from freetoken.runtime.moe.expert_fn import ExpertFn
 from freetoken.runtime.moe.experts import grouped_experts
-from freetoken.runtime.moe.kernels.moe_decode import DecodeBlocks, fused_moe_decode
+from freetoken.runtime.moe.kernels.moe_decode import INT8_WIDE_BLOCKS, DecodeBlocks, fused_moe_decode
 
 pytestmark = [
     pytest.mark.gpu,
@@ -91,6 +91,8 @@ INT8_GPU_CASES = [
         256,
         DecodeBlocks(2, 512, 8, 512, 1, down_warps=1, chunk_tile=2, gate_up_joint=1),
     ),
+    # the shipped tiles of rows past a chunk: 9 super-blocks, the second chunk's last 7 past H
+    (("Q4_K", "Q4_K"), 2304, 256, INT8_WIDE_BLOCKS["Q4_K"]),
 ]
 
 

@@ -12,9 +12,13 @@ from codec_banks import CODEC_CASES, INT8_CASES, check_codec_banks, check_int8_b
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn
 from freetoken.runtime.moe.experts import grouped_experts
 from freetoken.runtime.moe.kernels.moe_decode import (
+    INT8_BLOCKS,
+    INT8_CODEC_BLOCKS,
+    INT8_WIDE_BLOCKS,
     DecodeBlocks,
     fused_moe_decode,
     grid_dependency,
+    int8_blocks,
     triton_available,
 )
 
@@ -139,6 +143,17 @@ def test_tiles_become_launch_options() -> None:
     assert tiles.launch() == {"num_warps": 4, "num_stages": 3, "maxnreg": 168}
     assert tiles.launch(down=True) == {"num_warps": 1, "num_stages": 3, "maxnreg": 168}
     assert DecodeBlocks(num_warps=2).launch(down=True) == {"num_warps": 2, "num_stages": 1}
+
+
+def test_int8_tiles_follow_the_codec_and_the_row_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Q4_K rows past the 8-row tile's chunk take the wide tiles, Q8_0 keeps its own at any width; tiles set
+    in the environment win."""
+    monkeypatch.delenv("FREETOKEN_MOE_DECODE_INT8_BLOCKS", raising=False)
+    assert int8_blocks("Q4_K", 2048) == INT8_BLOCKS
+    assert int8_blocks("Q4_K", 4096) == INT8_WIDE_BLOCKS["Q4_K"] != INT8_BLOCKS
+    assert int8_blocks("Q8_0", 4096) == int8_blocks("Q8_0", 2048) == INT8_CODEC_BLOCKS["Q8_0"]
+    monkeypatch.setenv("FREETOKEN_MOE_DECODE_INT8_BLOCKS", "8,2048,8,1024,1,1")
+    assert int8_blocks("Q4_K", 7168) == INT8_BLOCKS
 
 
 def test_dependent_launch_is_left_to_devices_that_run_it() -> None:
