@@ -61,6 +61,29 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
+def delta_inputs(
+    mixed: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    hk: int,
+    dk: int,
+) -> tuple[torch.Tensor, ...]:
+    """The delta rule's inputs from the convolved mixed [T, 2·Hk·Dk + Hv·Dv] and the projections b, a
+    [T, Hv] -> q, k [T, Hv, Dk] (l2-normed, q scaled by Dk^-1/2, key heads repeated over their value
+    heads), v [T, Hv, Dv], g, beta [T, Hv]; all fp32."""
+    t, hv = b.shape
+    q, k, v = torch.split(mixed, [hk * dk, hk * dk, mixed.shape[1] - 2 * hk * dk], dim=-1)
+    group = hv // hk
+    q = _l2norm(q.reshape(t, hk, dk).float()).repeat_interleave(group, dim=1) * dk**-0.5
+    k = _l2norm(k.reshape(t, hk, dk).float()).repeat_interleave(group, dim=1)
+    v = v.reshape(t, hv, -1).float()
+    beta = b.float().sigmoid()  # [T, Hv]
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)  # [T, Hv]
+    return q, k, v, g, beta
+
+
 def delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -194,13 +217,7 @@ class GatedDeltaNet(nn.Module):
         state.conv.copy_(window[:, -(self.kernel - 1) :])
         weight = self.conv1d.weight  # [C, 1, W]
         conv = F.silu(F.conv1d(window[None].to(weight.dtype), weight, groups=self.conv_dim)[0])  # [C, T]
-        q, k, v = torch.split(conv.transpose(0, 1), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        group = self.hv // self.hk
-        q = _l2norm(q.reshape(t, self.hk, self.dk).float()).repeat_interleave(group, dim=1) * self.dk**-0.5
-        k = _l2norm(k.reshape(t, self.hk, self.dk).float()).repeat_interleave(group, dim=1)
-        v = v.reshape(t, self.hv, self.dv).float()
-        beta = b.float().sigmoid()  # [T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # [T, Hv]
+        q, k, v, g, beta = delta_inputs(conv.transpose(0, 1), b, a, self.A_log, self.dt_bias, self.hk, self.dk)
         if use_fla(x):
             rule = partial(fla_delta_rule, dtype=x.dtype)
         else:

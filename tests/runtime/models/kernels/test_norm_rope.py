@@ -13,6 +13,7 @@ from freetoken.runtime.models.kernels.norm_rope import (
     add_rms_norm_reference,
     qk_norm_rope_kv_write,
     qk_norm_rope_kv_write_reference,
+    rms_norm_reference,
 )
 from freetoken.runtime.models.layers import RMSNorm
 from freetoken.runtime.models.rope import RotaryEmbedding
@@ -143,3 +144,51 @@ def test_rope_without_q_k_norms_matches_the_reference(dtype: torch.dtype) -> Non
     q, cos, sin = args[0], args[6], args[7]
     plain = apply_rotary(q.reshape(4, 4, 24).transpose(0, 1), cos, sin).transpose(0, 1)  # rope alone
     assert torch.equal(want_q[live], plain[live])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("zero_centred", [False, True])
+def test_partial_rotary_and_zero_centred_norms_match_the_reference(
+    dtype: torch.dtype, zero_centred: bool
+) -> None:
+    """Rope on the first 8 of 24 dims (GLM-4.5, MiniMax-M2, Qwen3.5's gated attention), the other 16 normed
+    and passed through; Qwen3.5's zero-centred q/k norm weights; q heads strided as Qwen3.5's query
+    projection lays them out (each head's query, then its gate)."""
+    args, ref_args = (list(a) for a in qkv_case(dtype, seed=19))
+    positions = args[11]
+    cos, sin = RotaryEmbedding(RopeConfig(theta=1e4), 8)(positions, dtype)  # [B, 8]
+    args[6:8] = ref_args[6:8] = [cos, sin]
+    gated = rows(4, 4, 48, dtype=dtype, seed=23, scale=2.0)  # [B, NH, query | gate]
+    args[0], ref_args[0] = gated[:, :, :24], gated[:, :, :24].reshape(4, 96)
+    q_out = qk_norm_rope_kv_write(*args, zero_centred=zero_centred)
+    want_q = qk_norm_rope_kv_write_reference(*ref_args, zero_centred=zero_centred)
+    live = [0, 2, 3]
+    assert_exact_or_near(q_out[live], want_q[live])
+    assert_exact_or_near(args[8], ref_args[8])
+    assert torch.equal(args[9], ref_args[9])
+    if not zero_centred:  # the dims past the rotary ones are the normed values themselves
+        normed = rms_norm_reference(ref_args[0].reshape(4, 4, 24), ref_args[3], EPS)
+        assert torch.equal(want_q[live][..., 8:], normed[live][..., 8:])
+
+
+def test_zero_centred_reference_is_the_model_norm() -> None:
+    from freetoken.runtime.models.kernels.norm_rope import zero_centred_rms_norm_reference
+    from freetoken.runtime.models.qwen3_5_moe import ZeroCenteredRMSNorm
+
+    x = rows(3, 4, 16, dtype=torch.bfloat16, seed=29)
+    norm = ZeroCenteredRMSNorm(16, EPS).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(16) / 4)
+        assert torch.equal(zero_centred_rms_norm_reference(x, norm.weight, EPS), norm(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zero_centred_add_rms_norm_matches_the_reference(dtype: torch.dtype) -> None:
+    x, residual = rows(3, 72, dtype=dtype, seed=31), rows(3, 72, dtype=dtype, seed=32, scale=4.0)
+    weight = rows(72, dtype=dtype, seed=33, scale=0.1)
+    normed, summed = add_rms_norm(x, residual, weight, EPS, zero_centred=True)
+    want_normed, want_summed = add_rms_norm_reference(x, residual, weight, EPS, zero_centred=True)
+    assert torch.equal(summed, want_summed)
+    assert_exact_or_near(normed, want_normed)
+    plain, _ = add_rms_norm_reference(x, residual, weight, EPS)
+    assert not torch.allclose(plain, want_normed)  # the zero-centred weight is not the plain one

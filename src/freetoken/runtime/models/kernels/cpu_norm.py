@@ -29,11 +29,16 @@ def native_norm_takes(x: torch.Tensor, residual: torch.Tensor | None, weight: to
 
 
 def cpu_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    zero_centred: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x, residual [B, H] -> (normed [B, H], the sum x + residual [B, H]), as add_rms_norm_reference."""
-    if not native_norm_takes(x, residual, weight):
-        return add_rms_norm_reference(x, residual, weight, eps)
+    """x, residual [B, H] -> (normed [B, H], the sum x + residual [B, H]), as add_rms_norm_reference (the
+    native call norms with a plain weight; a zero-centred one runs the reference)."""
+    if zero_centred or not native_norm_takes(x, residual, weight):
+        return add_rms_norm_reference(x, residual, weight, eps, zero_centred)
     lib = load_library()
     assert lib is not None
     rows, hidden = x.shape

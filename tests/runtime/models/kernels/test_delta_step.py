@@ -1,0 +1,86 @@
+"""A DeltaNet layer's decode-step kernels against their references (Triton's interpreter runs the kernel
+bodies on CPU), and the references against the eager layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.runtime.models.delta_net import GatedDeltaNet
+from freetoken.runtime.models.kernels.delta_step import (
+    causal_conv_step,
+    causal_conv_step_reference,
+    delta_rule_step,
+    delta_rule_step_reference,
+    delta_step_available,
+)
+
+HK, HV, DK, DV, W = 2, 4, 8, 12, 4  # DV 12: a partial value block
+
+
+def randn(*shape: int, seed: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
+
+
+# rows: slot 2, padding, slot 0
+SLOTS = torch.tensor([2, -1, 0], dtype=torch.int32)
+LIVE = [0, 2]
+
+
+@pytest.mark.skipif(not delta_step_available("cpu"), reason="needs Triton's interpreter")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_step_matches_the_reference_and_keeps_other_slots(dtype: torch.dtype) -> None:
+    c = 2 * HK * DK + HV * DV
+    x = randn(3, c + 5, seed=1, dtype=dtype)[:, :c]  # a strided view, as a projection's split gives
+    weight = randn(c, 1, W, seed=2, scale=0.5, dtype=dtype)
+    state = randn(3, c, W - 1, seed=3, dtype=dtype)
+    want_state = state.clone()
+    got = causal_conv_step(x, state, weight, SLOTS)
+    want = causal_conv_step_reference(x, want_state, weight, SLOTS)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got[LIVE], want[LIVE], **tol)
+    assert torch.equal(state, want_state)  # shifts are copies: exact; slot 1 untouched
+    assert torch.equal(state[0, :, -1], x[2]) and torch.equal(state[2, :, -1], x[0])
+
+
+@pytest.mark.skipif(not delta_step_available("cpu"), reason="needs Triton's interpreter")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_delta_rule_step_matches_the_reference(dtype: torch.dtype) -> None:
+    mixed = randn(3, 2 * HK * DK + HV * DV, seed=4, dtype=dtype)
+    ba = randn(3, 2 * HV, seed=5, dtype=dtype)
+    b, a = ba[:, :HV], ba[:, HV:]  # row-strided views
+    a_log, dt_bias = randn(HV, seed=6, scale=0.5), randn(HV, seed=7, scale=0.5, dtype=dtype)
+    state = randn(3, HV, DK, DV, seed=8)
+    want_state = state.clone()
+    got = delta_rule_step(mixed, b, a, a_log, dt_bias, state, SLOTS, HK, DK)
+    want = delta_rule_step_reference(mixed, b, a, a_log, dt_bias, want_state, SLOTS, HK, DK)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got[LIVE], want[LIVE], **tol)
+    torch.testing.assert_close(state, want_state, rtol=1e-5, atol=1e-5)
+    assert torch.equal(state[1], randn(3, HV, DK, DV, seed=8)[1])  # no row's slot: untouched
+    assert not torch.equal(state[0], randn(3, HV, DK, DV, seed=8)[0])
+
+
+def test_references_step_as_the_eager_layer() -> None:
+    """One new token through the two references leaves the eager layer's output and state."""
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(32, HK, HV, DK, DV, W, 1e-6)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape) * 0.3)
+    prompt, new = torch.randn(5, 32), torch.randn(1, 32)
+    eager = layer.new_state(torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        layer(prompt, eager)
+        slots = torch.tensor([1], dtype=torch.int32)
+        conv = torch.zeros(2, *eager.conv.shape)
+        recurrent = torch.zeros(2, *eager.recurrent.shape)
+        conv[1], recurrent[1] = eager.conv, eager.recurrent
+        want, _ = layer(new, eager)
+        qkv, z, b, a = layer.project(new)
+        mixed = causal_conv_step_reference(qkv, conv, layer.conv1d.weight, slots)
+        o = delta_rule_step_reference(mixed, b, a, layer.A_log, layer.dt_bias, recurrent, slots, HK, DK)
+        got = layer.out_proj(layer.norm(o, z.reshape(1, HV, DV)).reshape(1, HV * DV))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(conv[1], eager.conv)
+    torch.testing.assert_close(recurrent[1], eager.recurrent, rtol=1e-6, atol=1e-6)
