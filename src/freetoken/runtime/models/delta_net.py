@@ -217,7 +217,9 @@ class GatedDeltaNet(nn.Module):
         state.conv.copy_(window[:, -(self.kernel - 1) :])
         weight = self.conv1d.weight  # [C, 1, W]
         conv = F.silu(F.conv1d(window[None].to(weight.dtype), weight, groups=self.conv_dim)[0])  # [C, T]
-        q, k, v, g, beta = delta_inputs(conv.transpose(0, 1), b, a, self.A_log, self.dt_bias, self.hk, self.dk)
+        q, k, v, g, beta = delta_inputs(
+            conv.transpose(0, 1), b, a, self.A_log, self.dt_bias, self.hk, self.dk
+        )
         if use_fla(x):
             rule = partial(fla_delta_rule, dtype=x.dtype)
         else:

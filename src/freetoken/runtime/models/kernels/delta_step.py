@@ -49,7 +49,9 @@ def _check_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, slot
         raise ValueError("slots must be an int32 vector of one entry per row")
 
 
-def causal_conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+def causal_conv_step(
+    x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor
+) -> torch.Tensor:
     """x [B, C] (columns contiguous), state [S, C, W-1] (x's dtype, contiguous; each live row's slot
     updated in place), weight [C, 1, W] (the Conv1d's), slots [B] int32 -> silu(conv) [B, C] in x's dtype."""
     _check_conv(x, state, weight, slots)
@@ -83,7 +85,9 @@ def causal_conv_step_reference(
     return out
 
 
-def _check_delta(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, state: torch.Tensor, hk: int, dk: int) -> None:
+def _check_delta(
+    mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, state: torch.Tensor, hk: int, dk: int
+) -> None:
     rows, hv = b.shape
     dv = state.shape[-1] if state.dim() == 4 else 0
     if state.dim() != 4 or state.shape[1:3] != (hv, dk) or state.dtype != torch.float32:

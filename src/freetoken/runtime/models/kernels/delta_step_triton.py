@@ -39,7 +39,9 @@ def causal_conv_step_kernel(
     past = c_in[:, None] & (taps[None, :] < tl.where(live, W - 1, 0))
     window = tl.load(base + taps[None, :], mask=past, other=0.0).to(tl.float32)  # [BC, BW]: taps < W - 1
     window = tl.where(taps[None, :] == W - 1, x.to(tl.float32)[:, None], window)
-    w = tl.load(w_ptr + cols[:, None] * W + taps[None, :], mask=c_in[:, None] & (taps[None, :] < W), other=0.0)
+    w = tl.load(
+        w_ptr + cols[:, None] * W + taps[None, :], mask=c_in[:, None] & (taps[None, :] < W), other=0.0
+    )
     conv = tl.sum(window * w.to(tl.float32), axis=1).to(x.dtype).to(tl.float32)  # [BC], rounded as torch's
     out = conv / (1.0 + tl.exp(-conv))
     tl.store(out_ptr + row * C + cols, out.to(x.dtype), mask=c_in)

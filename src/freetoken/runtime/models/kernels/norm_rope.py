@@ -61,7 +61,8 @@ def add_rms_norm(
     body.add_rms_norm_kernel[(b,)](
         x, x if residual is None else residual, weight.contiguous(), normed, summed,
         x.stride(0), 0 if residual is None else residual.stride(0), eps,
-        H=h, BLOCK=block, HAS_RESIDUAL=residual is not None, ZERO_CENTRED=zero_centred, COMPILED=not interpreted,
+        H=h, BLOCK=block, HAS_RESIDUAL=residual is not None, ZERO_CENTRED=zero_centred,
+        COMPILED=not interpreted,
         num_warps=min(16, max(1, block // 256)),
     )  # fmt: skip
     return normed, summed
@@ -120,7 +121,9 @@ def qk_norm_rope_kv_write(
     if norm and (q_norm_weight.shape != (d,) or k_norm_weight is None or k_norm_weight.shape != (d,)):
         raise ValueError(f"q/k norm weights must be [{d}] each (or both None)")
     if rot % 2 or rot > d or k.shape[1] != kvh * d:
-        raise ValueError(f"q {tuple(q.shape)} / k {tuple(k.shape)} do not split into heads of {d} roped on {rot}")
+        raise ValueError(
+            f"q {tuple(q.shape)} / k {tuple(k.shape)} do not split into heads of {d} roped on {rot}"
+        )
     widths = {"k": (k, kvh * d), "v": (v, kvh * d), "cos": (cos, rot), "sin": (sin, rot)}
     for name, (t, width) in widths.items():
         _check_rows(name, t, b, width)

@@ -61,7 +61,7 @@ def add_rms_norm_kernel(
     h = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(h * h, axis=0) / H + eps)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if ZERO_CENTRED:
+    if ZERO_CENTRED:  # noqa: SIM108 (a constexpr branch: only one side is compiled)
         normed = h * rstd * (1.0 + w)
     else:
         normed = w * _in(h * rstd, x.dtype, COMPILED)
@@ -69,7 +69,9 @@ def add_rms_norm_kernel(
 
 
 @triton.jit
-def _normed(h, w_ptr, offs, mask, rstd, dtype: tl.constexpr, ZERO_CENTRED: tl.constexpr, COMPILED: tl.constexpr):
+def _normed(
+    h, w_ptr, offs, mask, rstd, dtype: tl.constexpr, ZERO_CENTRED: tl.constexpr, COMPILED: tl.constexpr
+):
     """One piece of a head, RMS-normed: w·round(h·rstd) rounded (RMSNorm), or round(h·rstd·(1 + w)) where
     the weight is zero-centred (Qwen3.5's q/k norms)."""
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
