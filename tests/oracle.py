@@ -346,3 +346,15 @@ def build_family_model(
             picks = [torch.randperm(experts, generator=gen)[: table.shape[1]] for _ in range(table.shape[0])]
             table.copy_(torch.stack(picks))
     return save_redrawn(model, folder, seed, whole_banks)
+
+
+def build_any_model(folder: Path, family: str) -> Any:
+    """A tiny random transformers model of any family into `folder`: Qwen3-MoE (TINY), Qwen3.5-MoE
+    (HYBRID_TINY), Qwen3-Next, or one of FAMILY_TINY."""
+    if family == "qwen3_moe":
+        return build_hf_model(folder)
+    if family == "qwen3_5_moe":
+        return build_hybrid_model(folder)
+    if family == "qwen3_next":
+        return build_qwen3_next_model(folder)
+    return build_family_model(folder, family)

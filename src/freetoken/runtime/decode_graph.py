@@ -29,7 +29,7 @@ from freetoken.runtime.device_sampling import SamplingRows, greedy_rows
 from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.measure.cpu_share import allowed_cores
 from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
-from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows, decode_step
+from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows
 from freetoken.runtime.moe.executor import ExpertExecutor
 from freetoken.runtime.moe.kernels.moe_decode import MAX_DECODE_TOKENS
 
@@ -89,7 +89,8 @@ class SlotDecoder:
     def replay_ms(self, n: int = 20) -> float | None:
         """For profiling: the GPU time of the last replayed step alone, ms per replay over n back-to-back
         replays (the step with no host time between). It re-runs the last step with the same rows, so
-        it writes the same K/V again at the same positions. None before any replay."""
+        it writes the same K/V again at the same positions, and moves a hybrid model's recurrent states
+        on n more times (a profiled sequence is not continued). None before any replay."""
         if self._last is None:
             return None
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -182,7 +183,7 @@ class SlotDecoder:
         )
         logits = self.native(rows) if self.native is not None else None
         if logits is None:
-            logits = decode_step(self.model, rows, self.pool, self.ops)  # [size, V]
+            logits = self.model.decode(rows, self.pool, self.ops)  # [size, V]
         if mode == "logits":
             return logits, None
         if mode == "greedy":
@@ -210,11 +211,18 @@ class SlotDecoder:
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
         # Warm up on a side stream (Triton compiles, allocator settles). The rows staged now are this
         # step's own, so the K/V the warm-up writes are the values the replay writes again.
+        # Recurrent states (a hybrid model's) move on at every step, so the rows' slots are put back after
+        # the warm-up: the replay then takes this step from where the sequence stood.
+        slots = [int(s) for s in self._staged_np[:size, 2] if s >= 0]
+        kept = {layer: [t[slots].clone() for t in tensors] for layer, tensors in self.pool.states.items()}
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self._body(size, mode)
         torch.cuda.current_stream(self.device).wait_stream(side)
+        for layer, tensors in kept.items():
+            for state, saved in zip(self.pool.states[layer], tensors, strict=True):
+                state[slots] = saved
         if self._mempool is None:
             self._mempool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()

@@ -39,7 +39,6 @@ from freetoken.runtime.memory import (
     probe_slot_bytes,
     slot_ceiling,
 )
-from freetoken.runtime.models.slot_decode import prepare_for_slot_decode, supports_slot_decode
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
 from freetoken.runtime.request import Request, Sampled, sample, sample_each
@@ -77,14 +76,12 @@ class Engine:
         self._kv_generation = self.kv_pool.generation
         self.resplits = 0  # times the device memory was re-split between the KV pool and the slots
         self.decoder: SlotDecoder | None = None  # decode over the static KV pool (CUDA graphs there)
-        if supports_slot_decode(model):
-            prepare_for_slot_decode(model)
+        blocker = model.decode_blocker()
+        if blocker is None:
+            model.prepare_decode()
             self.decoder = SlotDecoder(model, self.kv_pool, self.device, SamplingRows(MAX_ROWS, self.device))
         elif self.device.type == "cuda":
-            log.info(
-                "decode runs eagerly, without CUDA graphs: %s layers have no static decode step",
-                self.config.architecture,
-            )
+            log.info("decode runs eagerly, without CUDA graphs: %s (%s)", blocker, self.config.architecture)
         self.configure_moe(config.moe)
         self.model.eval()
         self.stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
@@ -297,9 +294,7 @@ class Engine:
                     for a in range(0, len(seqs), MAX_ROWS)
                 ]
             )
-        for seq, token in zip(seqs, ids, strict=True):  # a sequence standing at an anchor saves its states
-            length = seq.kv.length
-            self._maybe_checkpoint(seq, self._checkpoint_positions(seq, [token], length, length))
+        self._checkpoint_before_decode(seqs, ids)
         if len(seqs) == 1:
             return self.forward(seqs[0], ids)
         for seq in seqs:
@@ -405,6 +400,7 @@ class Engine:
                 raise FreeTokenError(
                     f"sequence of {seq.kv.length + 1} tokens exceeds the context of {self.max_seq_len}"
                 )
+        self._checkpoint_before_decode(seqs, ids)
         eager = self.executor.graph_blocker(padded_size(len(ids)))
         if eager is None and self.recorder is not None:
             eager = "routing is being recorded"
@@ -462,6 +458,12 @@ class Engine:
             return {}
         offset = max(0, start - store.lookback)  # only the tail: this runs every decode step
         return store.positions([*seq.token_ids[offset:], *ids], start, end, offset)
+
+    def _checkpoint_before_decode(self, seqs: list[Sequence], ids: list[int]) -> None:
+        """A sequence standing at an anchor saves its recurrent states before the step moves them on."""
+        for seq, token in zip(seqs, ids, strict=True):
+            length = seq.kv.length
+            self._maybe_checkpoint(seq, self._checkpoint_positions(seq, [token], length, length))
 
     def _maybe_checkpoint(self, seq: Sequence, marks: dict[int, str]) -> None:
         """Save the recurrent states when the sequence stands at one of `marks`."""

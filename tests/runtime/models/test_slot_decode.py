@@ -1,4 +1,5 @@
-"""The decode step over the static KV pool (the function CUDA graphs capture) against the eager forward."""
+"""Each model's decode step over the static KV pool (the function CUDA graphs capture) against its eager
+forward, for every family that has one; the others say why they have none."""
 
 from __future__ import annotations
 
@@ -11,16 +12,45 @@ import torch
 
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.models.kernels.decode_attention import decode_kernels_available
+from freetoken.runtime.models.kernels.delta_step import (
+    causal_conv_step,
+    delta_rule_step,
+    delta_step_available,
+)
 from freetoken.runtime.models.kernels.latent_attention import latent_decode_attention
-from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows, decode_step, prepare_for_slot_decode
-from oracle import build_family_model, rel_err
+from freetoken.runtime.models.kernels.norm_rope import add_rms_norm, qk_norm_rope_kv_write
+from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows
+from oracle import build_any_model, build_family_model, rel_err
 
 PROMPTS = [[5, 77, 301, 12], [9, 250, 33, 401, 18, 2, 64], [111]]
 NEXT = [40, 41, 42]
+CPU_OPS = DecodeOps.for_device(torch.device("cpu"))
+# families whose layers the step takes, beside Qwen3-MoE (the tiny_model fixture)
+STATIC_FAMILIES = ["mixtral", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "deepseek_v3"]
+EAGER_FAMILIES = {
+    "deepseek_v32": "indexer",
+    "glm_moe_dsa": "indexer",
+    "kimi_linear": "Kimi Delta Attention",
+    "deepseek_v4": "compressed attention",
+}
 
 
 def test_batched_slot_step_equals_each_sequence_alone(tiny_model: tuple[Path, Any]) -> None:
-    check_batched_step(tiny_model[0], DecodeOps.for_device(torch.device("cpu")))
+    check_batched_step(tiny_model[0], CPU_OPS)
+
+
+@pytest.mark.parametrize("family", [*STATIC_FAMILIES, "qwen3_5_moe", "qwen3_next"])
+def test_every_family_steps_as_its_eager_forward(tmp_path: Path, family: str) -> None:
+    build_any_model(tmp_path, family)
+    check_batched_step(tmp_path, CPU_OPS)
+
+
+@pytest.mark.parametrize("family", sorted(EAGER_FAMILIES))
+def test_families_without_a_static_step_say_why(tmp_path: Path, family: str) -> None:
+    build_family_model(tmp_path, family)
+    engine = build_engine(tmp_path, device="cpu", dtype="float32")
+    assert engine.decoder is None
+    assert EAGER_FAMILIES[family] in engine.model.decode_blocker()
 
 
 @pytest.mark.skipif(not decode_kernels_available("cpu"), reason="needs Triton's interpreter")
@@ -28,19 +58,36 @@ def test_latent_attention_kernel_in_the_step(tmp_path: Path) -> None:
     """DeepSeek-V3's step with the split latent kernel (what CUDA runs; the interpreter here) over the
     engine's own pool: the eager forward's logits, each row writing only its own position."""
     build_family_model(tmp_path, "deepseek_v3")
-    ops = replace(DecodeOps.for_device(torch.device("cpu")), latent_attention=latent_decode_attention)
+    check_batched_step(tmp_path, replace(CPU_OPS, latent_attention=latent_decode_attention))
+
+
+@pytest.mark.skipif(not delta_step_available("cpu"), reason="needs Triton's interpreter")
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "minimax_m2"])
+def test_triton_kernels_in_the_step(tmp_path: Path, family: str) -> None:
+    """The Triton norms, q/k norm + partial rotary + K/V write and DeltaNet kernels (what CUDA runs; the
+    interpreter here) inside a hybrid and a whole-projection-norm family's step."""
+    build_any_model(tmp_path, family)
+    ops = replace(
+        CPU_OPS,
+        add_rms_norm=add_rms_norm,
+        qk_norm_rope_kv_write=qk_norm_rope_kv_write,
+        attention_block=None,
+        conv_step=causal_conv_step,
+        delta_step=delta_rule_step,
+    )
     check_batched_step(tmp_path, ops)
 
 
 def check_batched_step(model_dir: Path, ops: DecodeOps) -> None:
     batched = build_engine(model_dir, device="cpu", dtype="float32")
     alone = build_engine(model_dir, device="cpu", dtype="float32")
-    prepare_for_slot_decode(batched.model)  # q, k, v as one matrix: the eager forward runs on its views
+    assert batched.decoder is not None, batched.model.decode_blocker()
     seqs = [batched.new_sequence() for _ in PROMPTS]
     for seq, prompt in zip(seqs, PROMPTS, strict=True):
         batched.prefill(seq, prompt)
     pool = batched.kv_pool
     before = [k.clone() for k in pool.k]
+    states_before = {layer: [t.clone() for t in tensors] for layer, tensors in pool.states.items()}
     # rows in another order than the slots, with a padding row in the middle
     order = [2, 0, 1]
     slots = [seqs[i].kv.slot for i in order]
@@ -55,14 +102,23 @@ def check_batched_step(model_dir: Path, ops: DecodeOps) -> None:
         ).int(),
     )
     with torch.inference_mode():
-        logits = decode_step(batched.model, rows, pool, ops)
+        logits = batched.model.decode(rows, pool, ops)
     for row, i in zip((0, 2, 3), order, strict=True):
         seq = alone.new_sequence()
         alone.prefill(seq, PROMPTS[i])
         want = alone.forward(seq, [NEXT[i]])
         assert rel_err(logits[row : row + 1], want) < 1e-5
+        for layer, state in getattr(seq.kv, "linear", {}).items():  # the recurrent states moved alike
+            mine = pool.states[layer]
+            torch.testing.assert_close(mine[0][seqs[i].kv.slot], state.conv, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(mine[1][seqs[i].kv.slot], state.recurrent, rtol=1e-4, atol=1e-5)
         seq.release()
     for layer, k in enumerate(pool.k):  # each row wrote exactly its own next position
         changed = (k != before[layer]).any(dim=(1, 3))  # [S, CAP]
         for seq, prompt in zip(seqs, PROMPTS, strict=True):
             assert changed[seq.kv.slot].nonzero().flatten().tolist() == [len(prompt)]
+    used = {seq.kv.slot for seq in seqs}
+    for layer, tensors in pool.states.items():  # slots no row holds keep their states
+        for now, then in zip(tensors, states_before[layer], strict=True):
+            for slot in set(range(pool.slots)) - used:
+                assert torch.equal(now[slot], then[slot])

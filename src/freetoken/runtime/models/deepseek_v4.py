@@ -73,8 +73,6 @@ class Backbone(nn.Module):
 
 
 class DeepseekV4ForCausalLM(nn.Module):
-    slot_decode = False  # no static decode step: decode runs eagerly through decode_batch
-
     def __init__(self, cfg: DeepseekV4ModelConfig) -> None:
         super().__init__()
         self.config = cfg
@@ -90,6 +88,10 @@ class DeepseekV4ForCausalLM(nn.Module):
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def decode_blocker(self) -> str | None:
+        """Why this model has no static decode step: decode runs eagerly through decode_batch."""
+        return "compressed attention and hyper-connections have no static decode step"
 
     def moe_blocks(self) -> list[HashMoeBlock]:
         return [layer.mlp for layer in self.model.layers]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,10 @@ from torch import nn
 
 from freetoken.runtime.models.delta_kernels import fla_delta_rule, use_fla
 from freetoken.runtime.models.kernels.cpu_linear import Linear
+from freetoken.runtime.models.layers import fuse_linear_rows
+
+if TYPE_CHECKING:
+    from freetoken.runtime.models.slot_decode import DecodeStep
 
 
 @dataclass
@@ -181,6 +186,31 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(num_v_heads))
         self.norm = GatedRMSNorm(head_v_dim, eps)
         self.out_proj = Linear(self.value_dim, hidden_size, bias=False)
+        self.layer = -1  # the model layer it is (its state's key in the KV pool): set by the layer
+        self.in_weight: torch.Tensor | None = None  # prepare_decode: the four input projections as one
+
+    def prepare_decode(self) -> None:
+        """Qwen3.5's four input projections as one matrix (once): the decode's one GEMV. Qwen3-Next's two
+        fused ones keep their grouped rows (`project` reorders them)."""
+        if not self.fused and self.in_weight is None:
+            projections = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+            self.in_weight, _ = fuse_linear_rows(projections)
+
+    def decode(self, h: torch.Tensor, step: DecodeStep) -> torch.Tensor:
+        """h [B, H] normed, one new position per row -> [B, H]; each real row's conv window and recurrent
+        state updated in its slot of the pool's state blocks (conv [S, C, W-1], recurrent [S, Hv, Dk, Dv])."""
+        ops, slots = step.ops, step.rows.slots
+        conv_state, recurrent = step.pool.states[self.layer]
+        b = h.shape[0]
+        if self.in_weight is not None:
+            y = ops.linear(h, self.in_weight)  # [B, C + Hv·Dv + 2 Hv]
+            qkv, z, beta, a = torch.split(y, [self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
+        else:
+            qkv, z, beta, a = self.project(h)
+        mixed = ops.conv_step(qkv, conv_state, self.conv1d.weight, slots)  # [B, C]
+        o = ops.delta_step(mixed, beta, a, self.A_log, self.dt_bias, recurrent, slots, self.hk, self.dk)
+        normed = self.norm(o, z.reshape(b, self.hv, self.dv)).reshape(b, self.value_dim)
+        return self.out_proj(normed)
 
     def state_shapes(self, dtype: torch.dtype) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
         """(shape, dtype) of conv [C, W-1] (activations' dtype) and recurrent [Hv, Dk, Dv] (fp32)."""

@@ -68,6 +68,9 @@ class KimiLinearForCausalLM(Qwen3_5MoeForCausalLM):
     layer_class = KimiDecoderLayer
     norm_class = RMSNorm
 
+    def decode_blocker(self) -> str | None:
+        return "Kimi Delta Attention has no static decode step"
+
 
 def _layer_kinds(cfg: JsonObject, layers: int) -> list[str]:
     """The attention kind of each layer, from either spelling."""

@@ -14,39 +14,27 @@ two summed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from freetoken.runtime.models.kernels.latent_attention import latent_attend_reference
-
 if TYPE_CHECKING:
-    from freetoken.runtime.kv.slot_pool import KVSlotPool
     from freetoken.runtime.models.mla import LatentAttention
-    from freetoken.runtime.models.slot_decode import DecodeRows
+    from freetoken.runtime.models.slot_decode import DecodeStep
 
 
-def latent_slot_attention(
-    attn: LatentAttention,
-    h: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    pool: KVSlotPool,
-    rows: DecodeRows,
-    write: Callable[..., None],
-    attend: Callable[..., torch.Tensor] = latent_attend_reference,
-) -> torch.Tensor:
+def latent_slot_attention(attn: LatentAttention, h: torch.Tensor, step: DecodeStep) -> torch.Tensor:
     """h [B, H] normed -> the attention block's output [B, H] (o_proj applied), the rows' latents written.
-    `attend`: the absorbed attention over the slots (kernels/latent_attention.py: the split kernels on
-    CUDA, the torch reference elsewhere)."""
-    cache = pool.k[pool.index[attn.layer]]  # [S, 1, CAP, r + dr]
-    q_nope, q_pe, latent, _ = attn._project(h, cos, sin)  # [NH, B, dn], [NH, B, dr], [1, B, r + dr]
-    write(latent[0].contiguous(), cache, rows.slots, rows.positions)
+    The absorbed attention over the slots is `step.ops.latent_attention` (kernels/latent_attention.py: the
+    split kernels on CUDA, the torch reference elsewhere)."""
+    rows, ops = step.rows, step.ops
+    cache, _ = step.kv(attn.layer)  # [S, 1, CAP, r + dr]
+    q_nope, q_pe, latent, _ = attn._project(h, step.cos, step.sin)  # [NH, B, dn], [NH, B, dr], [1, B, r + dr]
+    ops.slot_write(latent[0].contiguous(), cache, rows.slots, rows.positions)
     b, nh, r = h.shape[0], attn.heads, attn.rank
     w = attn.kv_b_proj.weight.view(nh, attn.d_nope + attn.d_v, r)
     w_uk, w_uv = w[:, : attn.d_nope], w[:, attn.d_nope :]  # [NH, dn, r], [NH, dv, r]
     q = torch.cat((torch.bmm(q_nope, w_uk), q_pe), dim=-1).transpose(0, 1)  # [B, NH, r + dr]
-    mixed = attend(q, cache, rows.slots, rows.lengths, attn.scale, r)  # [B, NH, r]
+    mixed = ops.latent_attention(q, cache, rows.slots, rows.lengths, attn.scale, r)  # [B, NH, r]
     out = torch.bmm(mixed.transpose(0, 1), w_uv.transpose(1, 2))  # [NH, B, dv]
     return attn.o_proj(out.transpose(0, 1).reshape(b, nh * attn.d_v))

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from freetoken.runtime.models.kernels.cpu_linear import Linear
+
+if TYPE_CHECKING:
+    from freetoken.runtime.models.slot_decode import DecodeStep
 
 
 class Embedding(nn.Embedding):
@@ -19,6 +24,8 @@ class Embedding(nn.Embedding):
 
 
 class RMSNorm(nn.Module):
+    zero_centred = False  # the weight scales as it is (ZeroCenteredRMSNorm: by 1 + w)
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -41,6 +48,25 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def decode(self, x: torch.Tensor, step: DecodeStep) -> torch.Tensor:
+        return self(x)
+
+
+def fuse_linear_rows(linears: tuple[nn.Module, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Store the weights (and biases) of `linears` (one input size) as row blocks of one matrix, so a decode
+    step makes one GEMV of them; each keeps working on its view of it. -> (weight [ΣN, H], bias or None)."""
+    with torch.no_grad():
+        weight = torch.cat([p.weight for p in linears])  # [ΣN, H]
+        bias = torch.cat([p.bias for p in linears]) if linears[0].bias is not None else None
+        start = 0
+        for p in linears:
+            rows = p.weight.shape[0]
+            p.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
+            if bias is not None:
+                p.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
+            start += rows
+    return weight, bias
 
 
 # cuDNN attention rebuilds its plan whenever the key length changes, which costs milliseconds of host

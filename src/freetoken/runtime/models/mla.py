@@ -23,8 +23,10 @@ from torch import nn
 from freetoken.runtime.config import ModelConfig
 from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.models.kernels.cpu_linear import Linear
+from freetoken.runtime.models.latent_decode import latent_slot_attention
 from freetoken.runtime.models.layers import RMSNorm, causal_attention
 from freetoken.runtime.models.rope import apply_rotary
+from freetoken.runtime.models.slot_decode import DecodeStep
 
 
 def interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -130,6 +132,13 @@ class LatentAttention(nn.Module):
         if x.shape[0] == 1:
             return self.o_proj(self._absorbed(q_nope, q_pe, cache))
         return self.o_proj(self._expanded(q_nope, q_pe, cache))
+
+    def prepare_decode(self) -> None:
+        """Nothing to fuse: the decode reads the checkpoint's projections."""
+
+    def decode(self, h: torch.Tensor, step: DecodeStep) -> torch.Tensor:
+        """h [B, H] normed -> the block's output [B, H] (latent_decode.py: absorbed, over the slots)."""
+        return latent_slot_attention(self, h, step)
 
     def forward_batch(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]

@@ -25,9 +25,16 @@ from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.models.base import Architecture
 from freetoken.runtime.models.delta_net import GatedDeltaNet, LinearState
 from freetoken.runtime.models.kernels.cpu_linear import Linear
-from freetoken.runtime.models.layers import Embedding, SwiGLUMLP, causal_attention, decode_attention
+from freetoken.runtime.models.layers import (
+    Embedding,
+    SwiGLUMLP,
+    causal_attention,
+    decode_attention,
+    fuse_linear_rows,
+)
 from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, SparseMoeBlock, decoder_fields
 from freetoken.runtime.models.rope import RotaryEmbedding, partial_rotary
+from freetoken.runtime.models.slot_decode import DecodeStep
 
 # architectures whose checkpoints fuse the DeltaNet input projections (in_proj_qkvz, in_proj_ba)
 FUSED_PROJECTION_ARCHITECTURES = ("qwen3_next",)
@@ -82,6 +89,8 @@ class HybridCache(KVCache):
 
 
 class ZeroCenteredRMSNorm(nn.Module):
+    zero_centred = True  # the weight scales by 1 + w
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim))
@@ -105,6 +114,8 @@ class GatedAttention(nn.Module):
         self.o_proj = Linear(self.nh * self.d, h, bias=bias)
         self.q_norm = ZeroCenteredRMSNorm(self.d, cfg.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(self.d, cfg.rms_norm_eps)
+        self.qkv_weight: torch.Tensor | None = None  # prepare_decode: q_proj, k_proj, v_proj as one matrix
+        self.qkv_bias: torch.Tensor | None = None
 
     def _project(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -122,6 +133,26 @@ class GatedAttention(nn.Module):
         q, k, v, gate = self._project(x, cos, sin)
         k_all, v_all = kv.write(self.layer, start, k, v)
         return self.o_proj(causal_attention(q, k_all, v_all, self.d**-0.5) * torch.sigmoid(gate))
+
+    def prepare_decode(self) -> None:
+        """q (with its gate), k, v as one matrix (once): the decode's one GEMV."""
+        if self.qkv_weight is None:
+            self.qkv_weight, self.qkv_bias = fuse_linear_rows((self.q_proj, self.k_proj, self.v_proj))
+
+    def decode(self, h: torch.Tensor, step: DecodeStep) -> torch.Tensor:
+        """h [B, H] normed -> the block's output [B, H]; each real row's K/V written at its position."""
+        ops, rows = step.ops, step.rows
+        b, nq, d = h.shape[0], 2 * self.nh * self.d, self.d
+        k_cache, v_cache = step.kv(self.layer)
+        qkv = ops.linear(h, self.qkv_weight, self.qkv_bias)  # [B, 2 NH D + 2 KVH D]: one GEMV
+        heads = qkv[:, :nq].view(b, self.nh, 2 * d)  # per head: query, then gate
+        k, v = qkv[:, nq : nq + self.kvh * d], qkv[:, nq + self.kvh * d :]
+        q = ops.qk_norm_rope_kv_write(
+            heads[..., :d], k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+            step.cos, step.sin, k_cache, v_cache, rows.slots, rows.positions, zero_centred=True,
+        )  # fmt: skip  # [B, NH, D]
+        out = ops.attention(q, k_cache, v_cache, rows.slots, rows.lengths, d**-0.5, None, None)
+        return self.o_proj(out * torch.sigmoid(heads[..., d:]).reshape(b, self.nh * d))
 
     def forward_batch(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
@@ -142,8 +173,9 @@ class SharedExpertMoeBlock(SparseMoeBlock):
         self.shared_expert = SwiGLUMLP(cfg.hidden_size, int(cfg.raw["shared_expert_intermediate_size"]))
         self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+    def forward(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        routed = super().forward(x, rows)
+        return routed + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
 
 class HybridDecoderLayer(nn.Module):
@@ -162,6 +194,7 @@ class HybridDecoderLayer(nn.Module):
                 cfg.rms_norm_eps,
                 fused_projections=cfg.architecture in FUSED_PROJECTION_ARCHITECTURES,
             )
+            self.linear_attn.layer = layer  # its state's key in the pool
         else:
             self.self_attn = GatedAttention(cfg, layer)
         self.mlp: nn.Module = (
@@ -176,6 +209,19 @@ class HybridDecoderLayer(nn.Module):
     def recurrent(self) -> nn.Module:
         """The layer's recurrent attention (its state in the cache's `linear`)."""
         return self.linear_attn
+
+    @property
+    def mixer(self) -> nn.Module:
+        """The module that mixes positions: the recurrent attention or the full one."""
+        return self.recurrent if self.kind == "linear_attention" else self.self_attn
+
+    def decode(
+        self, x: torch.Tensor, residual: torch.Tensor | None, step: DecodeStep
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As qwen3_moe.DecoderLayer.decode: -> (mlp out, residual)."""
+        h, residual = step.add_norm(x, residual, self.input_layernorm)
+        h, residual = step.add_norm(self.mixer.decode(h, step), residual, self.post_attention_layernorm)
+        return self.mlp.decode(h, step), residual
 
     def _state(self, kv: HybridCache, x: torch.Tensor) -> LinearState:
         state = kv.linear.get(self.layer)
@@ -222,7 +268,6 @@ class Qwen3_5MoeForCausalLM(Qwen3MoeForCausalLM):
     """The Qwen3-MoE loop (forward, decode_batch, executor wiring) over hybrid layers and caches."""
 
     cache_class = HybridCache
-    slot_decode = False  # DeltaNet layers: decode runs eagerly through decode_batch
     layer_class: type[nn.Module] = HybridDecoderLayer
     norm_class: type[nn.Module] = ZeroCenteredRMSNorm
 

@@ -1,6 +1,6 @@
-"""Qwen3-MoE (`Qwen3MoeForCausalLM`): modules only; the loop lives in the engine.
-
-Tokens of one sequence are flat: hidden states are [T, H].
+"""Qwen3-MoE (`Qwen3MoeForCausalLM`): its modules and its two loops — `forward` over one sequence's
+tokens (prefill; hidden states [T, H]) and `decode` over one new token per row of the static KV pool
+(models/slot_decode.py; hidden states [B, H]), each module's `decode` written once.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from freetoken.runtime.json_keys import (
     JsonObject,
 )
 from freetoken.runtime.kv.cache import KVCache
+from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.models.base import Architecture
 from freetoken.runtime.models.dsa import SparseLatentAttention, link_shared_indexers
 from freetoken.runtime.models.kernels.cpu_linear import Linear
@@ -33,10 +34,12 @@ from freetoken.runtime.models.layers import (
     RMSNorm,
     SwiGLUMLP,
     causal_attention,
+    fuse_linear_rows,
     sink_window_attention,
 )
 from freetoken.runtime.models.mla import LatentAttention
 from freetoken.runtime.models.rope import RotaryEmbedding, partial_rotary
+from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows, DecodeStep
 from freetoken.runtime.moe.executor import ExpertExecutor
 from freetoken.runtime.moe.kernels.router_topk import router_topk, use_router_kernel
 
@@ -61,17 +64,19 @@ class Attention(nn.Module):
         elif cfg.qk_norm == "full":
             self.q_norm = RMSNorm(cfg.num_heads * d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.num_kv_heads * d, cfg.rms_norm_eps)
-        if cfg.attention_sinks:
-            self.sinks = nn.Parameter(torch.zeros(cfg.num_heads), requires_grad=False)
+        self.sinks = (
+            nn.Parameter(torch.zeros(cfg.num_heads), requires_grad=False) if cfg.attention_sinks else None
+        )
         self.window = cfg.sliding_window if layer in cfg.sliding_layers else None
         self.plain = not cfg.attention_sinks and self.window is None
+        self.qkv_weight: torch.Tensor | None = None  # prepare_decode: q_proj, k_proj, v_proj as one matrix
+        self.qkv_bias: torch.Tensor | None = None
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [NH, T, D] at the last T positions of k, v [KVH, S, D] -> [T, NH * D]."""
         if self.plain:
             return causal_attention(q, k, v, self.head_dim**-0.5)
-        sinks = self.sinks if hasattr(self, "sinks") else None
-        return sink_window_attention(q, k, v, self.head_dim**-0.5, sinks, self.window)
+        return sink_window_attention(q, k, v, self.head_dim**-0.5, self.sinks, self.window)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, H] -> q [NH, T, D], k and v [KVH, T, D], before rope."""
@@ -98,20 +103,37 @@ class Attention(nn.Module):
         k_all, v_all = kv.write(self.layer, start, k, v)  # [KVH, start + T, D]
         return self.o_proj(self._attend(q, k_all, v_all))
 
-    def fuse_projections(self) -> None:
-        """Store q, k, v projection weights (and biases) as row blocks of one `qkv` matrix, so the decode
-        step makes one GEMV of them; q_proj/k_proj/v_proj keep working on views of it."""
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        with torch.no_grad():
-            self.qkv_weight = torch.cat([p.weight for p in projections])  # [(NH + 2 KVH) D, H]
-            self.qkv_bias = torch.cat([p.bias for p in projections]) if self.q_proj.bias is not None else None
-            start = 0
-            for p in projections:
-                rows = p.weight.shape[0]
-                p.weight = nn.Parameter(self.qkv_weight[start : start + rows], requires_grad=False)
-                if self.qkv_bias is not None:
-                    p.bias = nn.Parameter(self.qkv_bias[start : start + rows], requires_grad=False)
-                start += rows
+    def decode(self, h: torch.Tensor, step: DecodeStep) -> torch.Tensor:
+        """h [B, H] normed -> the block's output [B, H]; each real row's K/V written at its position."""
+        ops, rows = step.ops, step.rows
+        k_cache, v_cache = step.kv(self.layer)  # [S, KVH, CAP, D]
+        qkv = ops.linear(h, self.qkv_weight, self.qkv_bias)  # [B, (NH + 2 KVH) D]: one GEMV
+        if self.clip is not None:
+            qkv = qkv.clamp(-self.clip, self.clip)
+        if ops.attention_block is not None and step.cos.shape[-1] == self.head_dim:
+            cos, sin = step.cos, step.sin
+            out = ops.attention_block(qkv, self, cos, sin, k_cache, v_cache, rows.slots, rows.positions)
+            if out is not None:
+                return ops.linear(out, self.o_proj.weight, self.o_proj.bias)
+        nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv[:, :nq], qkv[:, nq : nq + nkv], qkv[:, nq + nkv :]
+        if self.qk_norm == "full":  # over the whole projection, before the heads are split
+            q, k = step.norm(q, self.q_norm), step.norm(k, self.k_norm)
+        head = self.qk_norm == "head"
+        q = ops.qk_norm_rope_kv_write(
+            q, k, v,
+            self.q_norm.weight if head else None, self.k_norm.weight if head else None,
+            self.q_norm.eps if head else 0.0,
+            step.cos, step.sin, k_cache, v_cache, rows.slots, rows.positions,
+        )  # fmt: skip  # [B, NH, D]
+        scale = self.head_dim**-0.5
+        out = ops.attention(q, k_cache, v_cache, rows.slots, rows.lengths, scale, self.sinks, self.window)
+        return ops.linear(out, self.o_proj.weight, self.o_proj.bias)
+
+    def prepare_decode(self) -> None:
+        """q, k, v weights (and biases) as row blocks of one `qkv` matrix (once): the decode's one GEMV."""
+        if self.qkv_weight is None:
+            self.qkv_weight, self.qkv_bias = fuse_linear_rows((self.q_proj, self.k_proj, self.v_proj))
 
     def forward_batch(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
@@ -196,6 +218,9 @@ class SparseMoeBlock(nn.Module):
         out = self.executor.forward(self.layer, x, ids, weights)
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
+    def decode(self, x: torch.Tensor, step: DecodeStep) -> torch.Tensor:
+        return self(x, step.real)
+
 
 def attention_module(cfg: ModelConfig, layer: int) -> nn.Module:
     """Grouped-query attention, latent attention (MLA), or MLA with DeepSeek's sparse indexer."""
@@ -219,6 +244,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    @property
+    def mixer(self) -> nn.Module:
+        """The module that mixes positions (here attention); its decode reads the pool."""
+        return self.self_attn
+
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, start: int
     ) -> torch.Tensor:
@@ -230,6 +260,15 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         x = x + self.self_attn.forward_batch(self.input_layernorm(x), cos, sin, kvs, starts)
         return x + self.mlp(self.post_attention_layernorm(x))  # the experts see the whole batch at once
+
+    def decode(
+        self, x: torch.Tensor, residual: torch.Tensor | None, step: DecodeStep
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream is carried beside the branch outputs: each norm adds the branch output to
+        it first (x + attn, then + mlp), exactly the sums `forward` computes. -> (mlp out, residual)."""
+        h, residual = step.add_norm(x, residual, self.input_layernorm)
+        h, residual = step.add_norm(self.mixer.decode(h, step), residual, self.post_attention_layernorm)
+        return self.mlp.decode(h, step), residual
 
 
 class Backbone(nn.Module):
@@ -246,12 +285,6 @@ class Qwen3MoeForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        # the layers models/slot_decode.py steps over the static KV pool: grouped-query attention with
-        # per-head q/k norms or none, rope on every dim, no clamp (Qwen3-MoE, gpt-oss, Mixtral), or latent
-        # attention without an indexer (DeepSeek-V3, Kimi-K2); the other families here (whole-projection
-        # norms, partial rope, sparse attention's indexer) decode eagerly
-        gqa = cfg.qk_norm in ("head", "none") and cfg.clip_qkv is None and cfg.rotary_dim == cfg.head_dim
-        self.slot_decode = (not cfg.index_topk) if cfg.kv_lora_rank else gqa
         self.model = Backbone(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)
@@ -261,6 +294,29 @@ class Qwen3MoeForCausalLM(nn.Module):
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def decode_blocker(self) -> str | None:
+        """Why this model has no static decode step (None: it has; `decode` runs it)."""
+        if self.config.index_topk:
+            return "sparse attention's indexer has no static decode step"
+        return None
+
+    def prepare_decode(self) -> None:
+        """Once, after the weights are loaded: each mixer fuses what its decode reads as one GEMV."""
+        for layer in self.model.layers:
+            layer.mixer.prepare_decode()
+
+    def decode(self, rows: DecodeRows, pool: KVSlotPool, ops: DecodeOps) -> torch.Tensor:
+        """One new token per row over the static KV pool (decode_blocker() is None) -> logits [B, V]. The
+        caller advances each sequence's length."""
+        x = self.model.embed_tokens(rows.tokens)  # [B, H]
+        cos, sin = self.rotary(rows.positions, x.dtype)  # [B, R]
+        step = DecodeStep(rows, pool, ops, cos, sin, real=rows.slots >= 0)
+        residual: torch.Tensor | None = None
+        for layer in self.model.layers:
+            x, residual = layer.decode(x, residual, step)
+        h, _ = step.add_norm(x, residual, self.model.norm)
+        return ops.linear(h, self.lm_head.weight)
 
     def moe_blocks(self) -> list[SparseMoeBlock]:
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, SparseMoeBlock)]

@@ -1,10 +1,13 @@
-"""The decode step over the static KV pool: one new token per row, every input a device tensor.
+"""What a decode step over the static KV pool carries through the model: one new token per row, every
+input a device tensor.
 
-Nothing here reads a value back to the host or allocates by data, so on CUDA the whole step (all layers,
-the final norm, the LM head) is captured once per padded batch size and replayed (decode_graph.py). On
-CUDA the norms, q/k norm + rotary + K/V write and attention are the Triton kernels of models/kernels and
-the experts the fused MoE decode kernel; elsewhere the same step runs eagerly on their plain-torch
-references, so CI checks the very function that is captured.
+Each model owns its step (`model.decode(rows, pool, ops)`: its layer loop; each block's and each
+mixer's `decode(h, step)`), written once. Nothing in it reads a value back to the host or allocates by
+data, so on CUDA the whole step (all layers, the final norm, the LM head) is captured once per padded
+batch size and replayed (decode_graph.py). The kernels come in `DecodeOps`: Triton on CUDA (norms, q/k
+norm + rotary + K/V write, attention, the DeltaNet step, the fused MoE decode in the executor); elsewhere
+the same step runs eagerly on their plain-torch references or native CPU calls, so CI checks the very
+function that is captured.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.models.kernels.cpu_attention import cpu_attention_block
@@ -24,6 +26,12 @@ from freetoken.runtime.models.kernels.decode_attention import (
     slot_decode_attention,
     slot_decode_attention_reference,
 )
+from freetoken.runtime.models.kernels.delta_step import (
+    causal_conv_step,
+    causal_conv_step_reference,
+    delta_rule_step,
+    delta_rule_step_reference,
+)
 from freetoken.runtime.models.kernels.latent_attention import latent_attend_reference, latent_decode_attention
 from freetoken.runtime.models.kernels.norm_rope import (
     add_rms_norm,
@@ -31,9 +39,6 @@ from freetoken.runtime.models.kernels.norm_rope import (
     qk_norm_rope_kv_write_reference,
 )
 from freetoken.runtime.models.kernels.slot_write import slot_write, slot_write_reference
-from freetoken.runtime.models.latent_decode import latent_slot_attention
-from freetoken.runtime.models.mla import LatentAttention
-from freetoken.runtime.models.qwen3_moe import SparseMoeBlock
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,8 @@ class DecodeOps:
     attention_block: Callable[..., torch.Tensor | None] | None = None
     slot_write: Callable[..., None] = slot_write_reference  # a latent row into its slot (latent attention)
     latent_attention: Callable[..., torch.Tensor] = latent_attend_reference  # absorbed MLA over the slots
+    conv_step: Callable[..., torch.Tensor] = causal_conv_step_reference  # a DeltaNet layer's convolution
+    delta_step: Callable[..., torch.Tensor] = delta_rule_step_reference  # its gates and delta rule
 
     @staticmethod
     def for_device(device: torch.device) -> DecodeOps:
@@ -70,6 +77,8 @@ class DecodeOps:
                 F.linear,
                 slot_write=slot_write,
                 latent_attention=latent_decode_attention,
+                conv_step=causal_conv_step,
+                delta_step=delta_rule_step,
             )
         return DecodeOps(
             cpu_add_rms_norm,  # one native call where it takes the inputs, else the reference
@@ -80,82 +89,29 @@ class DecodeOps:
         )
 
 
-def supports_slot_decode(model: nn.Module) -> bool:
-    """Whether the model's layers are the ones this step knows (grouped-query attention with per-head q/k
-    norms or none, rope on every dim, sinks and sliding windows where the model has them; a routed MoE
-    or dense MLP: Qwen3-MoE, gpt-oss, Mixtral; latent attention without an indexer: DeepSeek-V3, Kimi-K2)."""
-    return bool(getattr(model, "slot_decode", False))
+@dataclass(frozen=True)
+class DecodeStep:
+    """One step as the model's modules see it: the rows, the pool they read and write, the kernels, and
+    what every layer shares (the rows' rotary angles, which rows are real)."""
 
+    rows: DecodeRows
+    pool: KVSlotPool
+    ops: DecodeOps
+    cos: torch.Tensor  # [B, R]: the rotary dims of each row's position
+    sin: torch.Tensor
+    real: torch.Tensor  # [B] bool: padding rows (slot -1) route to no expert
 
-def prepare_for_slot_decode(model: nn.Module) -> None:
-    """Once, after the weights are loaded: each attention layer's q, k, v weights become one matrix (latent
-    attention keeps its own projections)."""
-    for layer in model.model.layers:
-        if not isinstance(layer.self_attn, LatentAttention):
-            layer.self_attn.fuse_projections()
+    def add_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm: torch.nn.Module
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): a block's residual add and the RMSNorm after it in one."""
+        return self.ops.add_rms_norm(x, residual, norm.weight, norm.eps, norm.zero_centred)
 
+    def norm(self, x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+        """norm(x) for x [B, N] (columns contiguous; a q or k projection normed whole)."""
+        return self.ops.add_rms_norm(x, None, norm.weight, norm.eps, norm.zero_centred)[0]
 
-def decode_step(model: nn.Module, rows: DecodeRows, pool: KVSlotPool, ops: DecodeOps) -> torch.Tensor:
-    """The model's layers (supports_slot_decode) over the slot pool -> logits [B, V]. The caller advances
-    each sequence's length.
-
-    The residual stream is carried beside the normed activations: each norm adds the branch output to
-    it first (x + attn, then + mlp), exactly the sums the eager layer computes.
-    """
-    backbone = model.model
-    x = backbone.embed_tokens(rows.tokens)  # [B, H]
-    cos, sin = model.rotary(rows.positions, x.dtype)  # [B, D]
-    residual: torch.Tensor | None = None
-    real = rows.slots >= 0  # [B]: padding rows route to no expert
-    for layer in backbone.layers:
-        norm = layer.input_layernorm
-        h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
-        attn = layer.self_attn
-        if isinstance(attn, LatentAttention):
-            x = latent_slot_attention(attn, h, cos, sin, pool, rows, ops.slot_write, ops.latent_attention)
-        else:
-            x = _attention(attn, h, cos, sin, pool, rows, ops)
-        norm = layer.post_attention_layernorm
-        h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
-        x = layer.mlp(h, real) if isinstance(layer.mlp, SparseMoeBlock) else layer.mlp(h)
-    norm = backbone.norm
-    h, _ = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
-    return ops.linear(h, model.lm_head.weight)
-
-
-def _attention(
-    attn: nn.Module,
-    h: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    pool: KVSlotPool,
-    rows: DecodeRows,
-    ops: DecodeOps,
-) -> torch.Tensor:
-    i = pool.index[attn.layer]
-    k_cache, v_cache = pool.k[i], pool.v[i]  # [S, KVH, CAP, D]
-    qkv = ops.linear(h, attn.qkv_weight, attn.qkv_bias)  # [B, (NH + 2 KVH) D]: one GEMV
-    if ops.attention_block is not None:
-        out = ops.attention_block(qkv, attn, cos, sin, k_cache, v_cache, rows.slots, rows.positions)
-        if out is not None:
-            return ops.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-    nq, nkv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
-    normed = attn.qk_norm == "head"
-    q = ops.qk_norm_rope_kv_write(
-        qkv[:, :nq],
-        qkv[:, nq : nq + nkv],
-        qkv[:, nq + nkv :],
-        attn.q_norm.weight if normed else None,
-        attn.k_norm.weight if normed else None,
-        attn.q_norm.eps if normed else 0.0,
-        cos,
-        sin,
-        k_cache,
-        v_cache,
-        rows.slots,
-        rows.positions,
-    )  # [B, NH, D]
-    sinks = getattr(attn, "sinks", None)
-    scale = attn.head_dim**-0.5
-    out = ops.attention(q, k_cache, v_cache, rows.slots, rows.lengths, scale, sinks, attn.window)
-    return ops.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+    def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's K and V caches [S, KVH, CAP, D]."""
+        i = self.pool.index[layer]
+        return self.pool.k[i], self.pool.v[i]

@@ -11,7 +11,7 @@ import torch
 
 from freetoken.runtime.engine import Engine, build_engine
 from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
-from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows, decode_step
+from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.sampling import SamplingParams
 from oracle import rel_err
@@ -69,7 +69,7 @@ def test_native_step_matches_the_python_step(model_dir: Path) -> None:
     python.moe_counters.reset()
     with torch.inference_mode():
         got = native.decoder.native(rows)
-        want = decode_step(python.model, rows, python.kv_pool, DecodeOps.for_device(torch.device("cpu")))
+        want = python.model.decode(rows, python.kv_pool, DecodeOps.for_device(torch.device("cpu")))
     assert got is not None and got.dtype == want.dtype == torch.bfloat16
     for row in (0, 2, 3):  # the padding row's logits are garbage in both
         assert rel_err(got[row], want[row]) < 2e-2, row

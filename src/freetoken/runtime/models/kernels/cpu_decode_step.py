@@ -92,11 +92,13 @@ class CpuDecodeStep:
     def build(model: nn.Module, pool: KVSlotPool, executor: ExpertExecutor) -> CpuDecodeStep | None:
         """The native step for this model and executor, or None where it does not apply."""
         from freetoken.runtime.models.layers import SwiGLUMLP
-        from freetoken.runtime.models.qwen3_moe import SparseMoeBlock
+        from freetoken.runtime.models.qwen3_moe import Attention, DecoderLayer, SparseMoeBlock
 
         lib = load_library()
-        if lib is None or pool.device.type != "cpu" or not getattr(model, "slot_decode", False):
+        if lib is None or pool.device.type != "cpu" or model.decode_blocker() is not None:
             return None
+        if not all(type(layer) is DecoderLayer for layer in model.model.layers):
+            return None  # the native step: grouped-query attention layers only
         cfg = model.config
         banks = executor.host_banks()
         if banks is None or pool.dtype not in CACHE_DTYPES or not pool.k[0].is_contiguous():
@@ -105,7 +107,13 @@ class CpuDecodeStep:
             return None
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            plain_gqa = getattr(attn, "qk_norm", None) == "head" and getattr(attn, "plain", False)
+            plain_gqa = (
+                isinstance(attn, Attention)
+                and attn.qk_norm == "head"
+                and attn.plain
+                and attn.clip is None
+                and cfg.rotary_dim == attn.head_dim
+            )
             if not plain_gqa or mlp_routes_otherwise(mlp):
                 return None  # the native step: Qwen3-MoE's per-head q/k norms and softmax router only
             if isinstance(mlp, SparseMoeBlock) and i in banks and mlp.gate.bias is None:

@@ -1,0 +1,77 @@
+"""Every family with a static decode step decodes by graph replay on CUDA under every MoE backend — no
+step eager, none logged as such — giving the CPU fp32 reference's greedy tokens (fp32: equal; bf16: equal
+up to a first near tie), batches of one and three."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_families_gpu import assert_same_up_to_a_near_tie
+
+from freetoken.runtime.engine import build_engine
+from oracle import build_any_model
+from scheduler_runs import PROMPTS, greedy
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+FAMILIES = [
+    "qwen3_moe",
+    "mixtral",
+    "olmoe",
+    "glm4_moe",
+    "minimax_m2",
+    "gpt_oss",
+    "deepseek_v3",
+    "qwen3_5_moe",
+    "qwen3_next",
+]
+BACKENDS = [
+    ("fused", {}),
+    ("offload", {"cache_size": 3}),
+    ("cpu", {"cache_size": 4}),
+    ("hybrid", {"cache_size": 4, "pcie_gbps": 25.0, "host_gbps": 100.0}),
+]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    family, folder = request.param, tmp_path_factory.mktemp(f"graph-{request.param}")
+    build_any_model(folder, family)
+    return family, folder
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize(("backend", "options"), BACKENDS)
+def test_every_step_is_a_graph_replay_with_the_references_tokens(
+    family_model: tuple[str, Path],
+    backend: str,
+    options: dict,
+    batch: int,
+    dtype: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, folder = family_model
+    prompts = PROMPTS[:batch]
+    want = greedy(build_engine(folder, device="cpu", dtype="float32", moe_backend="fused"), prompts, 12)
+    engine = build_engine(folder, device="cuda", dtype=dtype, moe_backend=backend, **options)
+    try:
+        with caplog.at_level(logging.INFO):
+            got = greedy(engine, prompts, 12)
+        decoder = engine.decoder
+        assert decoder is not None, engine.model.decode_blocker()
+        assert decoder.steps > 0 and decoder.replays == decoder.steps, decoder.graphs_off
+        assert not [r.message for r in caplog.records if "eagerly" in r.message]
+        if dtype == "float32":
+            assert got == want
+        reference = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused")
+        for prompt, g, w in zip(prompts, got, want, strict=True):
+            assert_same_up_to_a_near_tie(reference, prompt, w, g)
+    finally:
+        engine.close()
