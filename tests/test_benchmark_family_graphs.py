@@ -26,8 +26,9 @@ def family_graphs():
 @pytest.mark.parametrize("family", list(family_graphs().FAMILIES))
 def test_each_family_is_written_at_its_shape_with_a_static_step(tmp_path: Path, family: str) -> None:
     bench = family_graphs()
-    cfg = load_model_config(bench.write_config(tmp_path, family, 2))
-    assert cfg.num_layers == 2 and cfg.hidden_size >= 2048 and cfg.num_experts >= 8
+    layers = bench.LAYERS.get(family, 2)
+    cfg = load_model_config(bench.write_config(tmp_path, family, layers))
+    assert cfg.num_layers == layers and cfg.hidden_size >= 2048 and cfg.num_experts >= 8
     with torch.device("meta"):
         model = get_architecture(cfg.architecture).build_model(cfg)
     assert model.decode_blocker() is None

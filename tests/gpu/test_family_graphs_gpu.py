@@ -30,6 +30,7 @@ FAMILIES = [
     "deepseek_v3",
     "qwen3_5_moe",
     "qwen3_next",
+    "kimi_linear",
 ]
 BACKENDS = [
     ("fused", {}),

@@ -100,8 +100,8 @@ def test_prompt_and_decode_logits(family_model: tuple[str, Path, Any]) -> None:
         assert rel_err(engine.forward(seq, ids[-1:])[-1], reference(model, ids)[-1]) < 1e-4
 
 
-# the families whose decode has no static step yet (the indexer, compressed attention, Kimi Delta Attention)
-EAGER = {"deepseek_v32", "glm_moe_dsa", "deepseek_v4", "kimi_linear"}
+# the families whose decode has no static step yet (the indexer, compressed attention)
+EAGER = {"deepseek_v32", "glm_moe_dsa", "deepseek_v4"}
 
 
 def test_the_families_the_static_decode_step_takes(family_model: tuple[str, Path, Any]) -> None:

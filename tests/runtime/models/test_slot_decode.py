@@ -16,6 +16,7 @@ from freetoken.runtime.models.kernels.delta_step import (
     causal_conv_step,
     delta_rule_step,
     delta_step_available,
+    kda_rule_step,
 )
 from freetoken.runtime.models.kernels.latent_attention import latent_decode_attention
 from freetoken.runtime.models.kernels.norm_rope import add_rms_norm, qk_norm_rope_kv_write
@@ -26,11 +27,10 @@ PROMPTS = [[5, 77, 301, 12], [9, 250, 33, 401, 18, 2, 64], [111]]
 NEXT = [40, 41, 42]
 CPU_OPS = DecodeOps.for_device(torch.device("cpu"))
 # families whose layers the step takes, beside Qwen3-MoE (the tiny_model fixture)
-STATIC_FAMILIES = ["mixtral", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "deepseek_v3"]
+STATIC_FAMILIES = ["mixtral", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "deepseek_v3", "kimi_linear"]
 EAGER_FAMILIES = {
     "deepseek_v32": "indexer",
     "glm_moe_dsa": "indexer",
-    "kimi_linear": "Kimi Delta Attention",
     "deepseek_v4": "compressed attention",
 }
 
@@ -62,7 +62,7 @@ def test_latent_attention_kernel_in_the_step(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not delta_step_available("cpu"), reason="needs Triton's interpreter")
-@pytest.mark.parametrize("family", ["qwen3_5_moe", "minimax_m2"])
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "minimax_m2", "kimi_linear"])
 def test_triton_kernels_in_the_step(tmp_path: Path, family: str) -> None:
     """The Triton norms, q/k norm + partial rotary + K/V write and DeltaNet kernels (what CUDA runs; the
     interpreter here) inside a hybrid and a whole-projection-norm family's step."""
@@ -74,6 +74,7 @@ def test_triton_kernels_in_the_step(tmp_path: Path, family: str) -> None:
         attention_block=None,
         conv_step=causal_conv_step,
         delta_step=delta_rule_step,
+        kda_step=kda_rule_step,
     )
     check_batched_step(tmp_path, ops)
 

@@ -55,6 +55,7 @@ class KimiDecoderLayer(HybridDecoderLayer):
             if kind == "linear_attention"
             else LatentAttention(cfg, layer)
         )
+        self.self_attn.layer = layer  # a recurrent layer's state key in the pool
         self.mlp = mlp_module(cfg, layer)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -67,9 +68,6 @@ class KimiDecoderLayer(HybridDecoderLayer):
 class KimiLinearForCausalLM(Qwen3_5MoeForCausalLM):
     layer_class = KimiDecoderLayer
     norm_class = RMSNorm
-
-    def decode_blocker(self) -> str | None:
-        return "Kimi Delta Attention has no static decode step"
 
 
 def _layer_kinds(cfg: JsonObject, layers: int) -> list[str]:

@@ -31,6 +31,8 @@ from freetoken.runtime.models.kernels.delta_step import (
     causal_conv_step_reference,
     delta_rule_step,
     delta_rule_step_reference,
+    kda_rule_step,
+    kda_rule_step_reference,
 )
 from freetoken.runtime.models.kernels.latent_attention import latent_attend_reference, latent_decode_attention
 from freetoken.runtime.models.kernels.norm_rope import (
@@ -66,6 +68,7 @@ class DecodeOps:
     latent_attention: Callable[..., torch.Tensor] = latent_attend_reference  # absorbed MLA over the slots
     conv_step: Callable[..., torch.Tensor] = causal_conv_step_reference  # a DeltaNet layer's convolution
     delta_step: Callable[..., torch.Tensor] = delta_rule_step_reference  # its gates and delta rule
+    kda_step: Callable[..., torch.Tensor] = kda_rule_step_reference  # Kimi Delta Attention's rule
 
     @staticmethod
     def for_device(device: torch.device) -> DecodeOps:
@@ -79,6 +82,7 @@ class DecodeOps:
                 latent_attention=latent_decode_attention,
                 conv_step=causal_conv_step,
                 delta_step=delta_rule_step,
+                kda_step=kda_rule_step,
             )
         return DecodeOps(
             cpu_add_rms_norm,  # one native call where it takes the inputs, else the reference

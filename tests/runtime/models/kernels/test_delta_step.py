@@ -7,12 +7,15 @@ import pytest
 import torch
 
 from freetoken.runtime.models.delta_net import GatedDeltaNet
+from freetoken.runtime.models.kda import KimiDeltaAttention
 from freetoken.runtime.models.kernels.delta_step import (
     causal_conv_step,
     causal_conv_step_reference,
     delta_rule_step,
     delta_rule_step_reference,
     delta_step_available,
+    kda_rule_step,
+    kda_rule_step_reference,
 )
 
 HK, HV, DK, DV, W = 2, 4, 8, 12, 4  # DV 12: a partial value block
@@ -84,3 +87,43 @@ def test_references_step_as_the_eager_layer() -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert torch.equal(conv[1], eager.conv)
     torch.testing.assert_close(recurrent[1], eager.recurrent, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not delta_step_available("cpu"), reason="needs Triton's interpreter")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kda_rule_step_matches_the_reference(dtype: torch.dtype) -> None:
+    heads, dim = 2, 12
+    mixed = randn(3, 3 * heads * dim, seed=9, dtype=dtype)
+    b = randn(3, heads + 3, seed=10, dtype=dtype)[:, :heads]  # a row-strided view
+    decay = -randn(3, heads, dim, seed=11, scale=0.5).abs()  # log decay <= 0, per key channel
+    state = randn(3, heads, dim, dim, seed=12)
+    want_state = state.clone()
+    got = kda_rule_step(mixed, b, decay, state, SLOTS)
+    want = kda_rule_step_reference(mixed, b, decay, want_state, SLOTS)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got[LIVE], want[LIVE], **tol)
+    torch.testing.assert_close(state, want_state, rtol=1e-5, atol=1e-5)
+    assert torch.equal(state[1], randn(3, heads, dim, dim, seed=12)[1])
+
+
+def test_kda_references_step_as_the_eager_layer() -> None:
+    torch.manual_seed(1)
+    layer = KimiDeltaAttention(32, 2, 8, W, 1e-6)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape) * 0.3)
+    prompt, new = torch.randn(5, 32), torch.randn(1, 32)
+    eager = layer.new_state(torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        layer(prompt, eager)
+        slots = torch.tensor([0], dtype=torch.int32)
+        conv, recurrent = eager.conv.clone()[None], eager.recurrent.clone()[None]
+        want, _ = layer(new, eager)
+        qkv = torch.cat((layer.q_proj(new), layer.k_proj(new), layer.v_proj(new)), dim=-1)
+        mixed = causal_conv_step_reference(qkv, conv, layer.conv_weight(), slots)
+        o = kda_rule_step_reference(mixed, layer.b_proj(new), layer.log_decay(new), recurrent, slots)
+        gate = layer.g_b_proj(layer.g_a_proj(new)).view(1, 2, 8)
+        got = layer.o_proj(layer.o_norm(o, gate).reshape(1, 16))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(conv[0], eager.conv)
+    torch.testing.assert_close(recurrent[0], eager.recurrent, rtol=1e-6, atol=1e-6)

@@ -3,7 +3,8 @@
 - `causal_conv_step`: the depthwise causal convolution of each row's new input against the last W − 1
   inputs its slot keeps, then silu; the slot's window shifted by one;
 - `delta_rule_step`: the gates and the delta rule's one step on each row's slot of the recurrent state
-  (delta_net.py gives the math), out [B, Hv, Dv] in the activations' dtype.
+  (delta_net.py gives the math), out [B, Hv, Dv] in the activations' dtype;
+- `kda_rule_step`: the same for Kimi Delta Attention (kda.py), whose decay is given per key channel.
 
 Each is one Triton launch on CUDA (delta_step_triton.py); elsewhere its reference beside it runs — the
 eager layer's own math row by row (it reads the slots on the host). Padding rows (slot < 0) read and
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.runtime.models.delta_net import delta_inputs, delta_rule
+from freetoken.runtime.models.kda import kda_inputs, kda_rule
 from freetoken.runtime.models.kernels.decode_attention import check_device
 from freetoken.runtime.triton_support import kernel_runs_on, next_pow2
 
@@ -123,8 +125,60 @@ def delta_rule_step(
     body, _ = _body()
     body.delta_rule_step_kernel[(rows, hv, _cdiv(dv, block_v))](
         mixed, b, a, a_log, dt_bias, state, slots, out, mixed.stride(0), b.stride(0), a.stride(0), dk**-0.5,
-        HK=hk, HV=hv, DK=dk, DV=dv, BLOCK_K=next_pow2(dk), BLOCK_V=block_v, num_warps=4,
+        HK=hk, HV=hv, DK=dk, DV=dv, BLOCK_K=next_pow2(dk), BLOCK_V=block_v, CHANNEL_DECAY=False,
+        num_warps=4,
     )  # fmt: skip
+    return out
+
+
+def _check_kda(mixed: torch.Tensor, b: torch.Tensor, decay: torch.Tensor, state: torch.Tensor) -> None:
+    rows, heads = b.shape
+    dim = state.shape[-1] if state.dim() == 4 else 0
+    if state.dim() != 4 or state.shape[1:] != (heads, dim, dim) or state.dtype != torch.float32:
+        raise ValueError(f"state {tuple(state.shape)} {state.dtype} is not [S, {heads}, D, D] fp32")
+    if not state.is_contiguous() or mixed.shape != (rows, 3 * heads * dim) or mixed.stride(-1) != 1:
+        raise ValueError(f"mixed {tuple(mixed.shape)} does not fit the state {tuple(state.shape)}")
+    if decay.shape != (rows, heads, dim) or decay.dtype != torch.float32 or not decay.is_contiguous():
+        raise ValueError(f"the log decay must be [{rows}, {heads}, {dim}] fp32, not {tuple(decay.shape)}")
+
+
+def kda_rule_step(
+    mixed: torch.Tensor, b: torch.Tensor, decay: torch.Tensor, state: torch.Tensor, slots: torch.Tensor
+) -> torch.Tensor:
+    """Kimi Delta Attention's step: mixed [B, 3·H·D] (the convolved q, k, v), b [B, H] (β's logits, row
+    stride free), decay [B, H, D] fp32 (the log decay per key channel), state [S, H, D, D] fp32 (each live
+    row's slot updated in place), slots [B] int32 -> o [B, H, D] in mixed's dtype."""
+    _check_kda(mixed, b, decay, state)
+    check_device(mixed)
+    rows, heads = b.shape
+    dim = state.shape[-1]
+    out = torch.empty(rows, heads, dim, dtype=mixed.dtype, device=mixed.device)
+    if rows == 0:
+        return out
+    block_v = min(VALUE_BLOCK, next_pow2(dim))
+    body, _ = _body()
+    body.delta_rule_step_kernel[(rows, heads, _cdiv(dim, block_v))](
+        mixed, b, decay, decay, decay, state, slots, out, mixed.stride(0), b.stride(0), 0, dim**-0.5,
+        HK=heads, HV=heads, DK=dim, DV=dim, BLOCK_K=next_pow2(dim), BLOCK_V=block_v, CHANNEL_DECAY=True,
+        num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def kda_rule_step_reference(
+    mixed: torch.Tensor, b: torch.Tensor, decay: torch.Tensor, state: torch.Tensor, slots: torch.Tensor
+) -> torch.Tensor:
+    """KimiDeltaAttention.forward's recurrence for one new position, row by row."""
+    _check_kda(mixed, b, decay, state)
+    rows, heads = b.shape
+    q, k, v, beta = kda_inputs(mixed, b, heads)
+    out = torch.zeros(rows, heads, state.shape[-1], dtype=mixed.dtype, device=mixed.device)
+    for row, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            one = slice(row, row + 1)
+            out[row] = kda_rule(q[one], k[one], v[one], decay[one].exp(), beta[one], state[slot])[0].to(
+                mixed.dtype
+            )
     return out
 
 

@@ -5,7 +5,8 @@ delta_step.py). Each row reads and writes its own slot of the static state block
   causal_conv_step_kernel  program (row, channel block): out = silu(Σ_j w[c, j]·window[c, j]) over the
                            window [state[slot, c, :], x[c]], the state shifted by one, x appended.
   delta_rule_step_kernel   program (row, value head, block of value dims): q, k l2-normed (q scaled by
-                           Dk^-1/2), β = sigmoid(b), g = −exp(A_log)·softplus(a + dt_bias);
+                           Dk^-1/2), β = sigmoid(b), g = −exp(A_log)·softplus(a + dt_bias) (or, for
+                           Kimi Delta Attention, a given log decay per key channel);
                            S ← e^g·S;  S ← S + k ⊗ β(v − Sᵀk);  o = Sᵀq — in fp32, the state fp32.
 """
 
@@ -55,9 +56,9 @@ def causal_conv_step_kernel(
 def delta_rule_step_kernel(
     mixed_ptr,  # [B, 2 HK DK + HV DV]: the convolved q (all heads), k, v
     b_ptr,  # [B, HV] (row stride stride_b)
-    a_ptr,  # [B, HV] (row stride stride_a)
-    a_log_ptr,  # [HV]
-    dt_bias_ptr,  # [HV]
+    a_ptr,  # [B, HV] (row stride stride_a); CHANNEL_DECAY: the log decay [B, HV, DK] fp32, contiguous
+    a_log_ptr,  # [HV] (unread with CHANNEL_DECAY)
+    dt_bias_ptr,  # [HV] (unread with CHANNEL_DECAY)
     state_ptr,  # [S, HV, DK, DV] fp32, contiguous
     slots_ptr,  # [B] int32
     out_ptr,  # [B, HV, DV] out, contiguous
@@ -71,6 +72,7 @@ def delta_rule_step_kernel(
     DV: tl.constexpr,
     BLOCK_K: tl.constexpr,  # >= DK
     BLOCK_V: tl.constexpr,
+    CHANNEL_DECAY: tl.constexpr,  # Kimi Delta Attention: a decay per key channel, given
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -87,13 +89,17 @@ def delta_rule_step_kernel(
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
     beta = tl.sigmoid(tl.load(b_ptr + row * stride_b + head).to(tl.float32))
-    x = tl.load(a_ptr + row * stride_a + head).to(tl.float32) + tl.load(dt_bias_ptr + head).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-    g = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32)) * softplus
     cells = k_in[:, None] & (vs[None, :] < tl.where(live, DV, 0))  # [BK, BV]
     at = state_ptr + (tl.maximum(slot, 0).to(tl.int64) * HV + head) * (DK * DV)
     at += ks[:, None] * DV + vs[None, :]
-    s = tl.load(at, mask=cells, other=0.0) * tl.exp(g)  # [BK, BV]
+    s = tl.load(at, mask=cells, other=0.0)  # [BK, BV]
+    if CHANNEL_DECAY:
+        g = tl.load(a_ptr + (row * HV + head) * DK + ks, mask=k_in, other=0.0)  # [BK]
+        s = s * tl.exp(g)[:, None]
+    else:
+        x = tl.load(a_ptr + row * stride_a + head).to(tl.float32) + tl.load(dt_bias_ptr + head).to(tl.float32)
+        softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+        s = s * tl.exp(-tl.exp(tl.load(a_log_ptr + head).to(tl.float32)) * softplus)
     predicted = tl.sum(s * k[:, None], axis=0)  # [BV]
     s += k[:, None] * (beta * (v - predicted))[None, :]
     o = tl.sum(s * q[:, None], axis=0)
