@@ -5,11 +5,11 @@ own static step run eagerly, and that step replayed as a CUDA graph — beside t
     python benchmarks/family_graphs.py --families qwen3_5_moe,qwen3_next --layers 8 --json
 
 Each family is built at its published dimensions (transformers' default config of the family: Qwen3-30B-A3B,
-Mixtral-8x7B, OLMoE-1B-7B, GLM-4.5-Air, MiniMax-M2, gpt-oss-120b, DeepSeek-V3, Qwen3.5/3.6-35B-A3B,
-Qwen3-Next-80B-A3B, Kimi-Linear-48B-A3B), cut to a few layers (DeepSeek-V3: its first dense layer and one
-MoE layer; Kimi-Linear: five, the fifth its first latent-attention layer), with random
-bf16 weights drawn in memory, every expert resident (`fused`) and uniform routing. The floor of a step is
-the bytes it must read from HBM — every non-expert weight (the embedding's rows aside), the distinct experts
+Mixtral-8x7B, OLMoE-1B-7B, GLM-4.5-Air, MiniMax-M2, gpt-oss-120b, DeepSeek-V3, DeepSeek-V3.2, GLM-5,
+Qwen3.5/3.6-35B-A3B, Qwen3-Next-80B-A3B, Kimi-Linear-48B-A3B), cut to a few layers (DeepSeek-V3, V3.2 and
+GLM-5: a dense layer and one MoE layer; Kimi-Linear: five, the fifth its first latent-attention layer),
+with random bf16 weights drawn in memory, every expert resident (`fused`) and uniform routing. The floor of
+a step is the bytes it must read from HBM — every non-expert weight (the embedding's rows aside), the distinct experts
 B rows route to in expectation (E·(1 − (1 − k/E)^B) a layer), the K/V it attends over and the recurrent
 states it reads and writes — over the device's copy bandwidth measured in the same run.
 """
@@ -44,12 +44,15 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "minimax_m2": ("MiniMaxM2Config", {"rotary_dim": 64}),
     "gpt_oss": ("GptOssConfig", {}),
     "deepseek_v3": ("DeepseekV3Config", {"first_k_dense_replace": 1}),
+    "deepseek_v32": ("DeepseekV32Config", {"first_k_dense_replace": 1}),
+    "glm_moe_dsa": ("GlmMoeDsaConfig", {"first_k_dense_replace": 1}),
     "qwen3_5_moe": ("Qwen3_5MoeTextConfig", {}),
     "qwen3_next": ("Qwen3NextConfig", {}),
     "kimi_linear": ("KimiLinearConfig", {"num_experts_per_tok": 8}),
 }
-# a 256-expert layer of DeepSeek-V3 is 22.5 GB in bf16; Kimi-Linear's first latent-attention layer is its 5th
-LAYERS = {"deepseek_v3": 2, "kimi_linear": 5}
+# a 256-expert layer of DeepSeek-V3(.2) is 22.5 GB in bf16 (GLM-5's 19.3); Kimi-Linear's first
+# latent-attention layer is its 5th
+LAYERS = {"deepseek_v3": 2, "deepseek_v32": 2, "glm_moe_dsa": 2, "kimi_linear": 5}
 
 
 def write_config(folder: Path, family: str, layers: int) -> Path:
@@ -59,7 +62,7 @@ def write_config(folder: Path, family: str, layers: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_demo_tokenizer(folder)
     config = getattr(transformers, name)(**{**overrides, "num_hidden_layers": layers, "vocab_size": vocab})
-    for per_layer in ("layer_types", "mlp_layer_types"):
+    for per_layer in ("layer_types", "mlp_layer_types", "indexer_types"):
         if getattr(config, per_layer, None) is not None:
             setattr(config, per_layer, list(getattr(config, per_layer)[:layers]))
     config.dtype = "bfloat16"
@@ -172,7 +175,9 @@ def run_family(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", default=",".join(FAMILIES), help="a subset of: " + ", ".join(FAMILIES))
-    ap.add_argument("--layers", type=int, default=4, help="layers of each model (DeepSeek-V3: 2, Kimi: 5)")
+    ap.add_argument(
+        "--layers", type=int, default=4, help="layers of each model (DeepSeek, GLM-5: 2; Kimi: 5)"
+    )
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--steps", type=int, default=32, help="measured decode steps per path")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script")

@@ -28,6 +28,8 @@ FAMILIES = [
     "minimax_m2",
     "gpt_oss",
     "deepseek_v3",
+    "deepseek_v32",
+    "glm_moe_dsa",
     "qwen3_5_moe",
     "qwen3_next",
     "kimi_linear",

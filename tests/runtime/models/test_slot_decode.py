@@ -27,10 +27,11 @@ PROMPTS = [[5, 77, 301, 12], [9, 250, 33, 401, 18, 2, 64], [111]]
 NEXT = [40, 41, 42]
 CPU_OPS = DecodeOps.for_device(torch.device("cpu"))
 # families whose layers the step takes, beside Qwen3-MoE (the tiny_model fixture)
-STATIC_FAMILIES = ["mixtral", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "deepseek_v3", "kimi_linear"]
+STATIC_FAMILIES = [
+    "mixtral", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "deepseek_v3", "deepseek_v32", "glm_moe_dsa",
+    "kimi_linear",
+]  # fmt: skip
 EAGER_FAMILIES = {
-    "deepseek_v32": "indexer",
-    "glm_moe_dsa": "indexer",
     "deepseek_v4": "compressed attention",
 }
 
@@ -123,3 +124,10 @@ def check_batched_step(model_dir: Path, ops: DecodeOps) -> None:
         for now, then in zip(tensors, states_before[layer], strict=True):
             for slot in set(range(pool.slots)) - used:
                 assert torch.equal(now[slot], then[slot])
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
+def test_sparse_attention_keeps_fewer_positions_than_are_cached(tmp_path: Path, family: str) -> None:
+    """An indexer keeping 3 positions of up to 8: each row's step attends to its own three, as eagerly."""
+    build_family_model(tmp_path, family, index_topk=3)
+    check_batched_step(tmp_path, CPU_OPS)

@@ -1,6 +1,6 @@
 """DeepSeek-V3.2 (`DeepseekV32ForCausalLM`): DeepSeek-V3 (deepseek_v3.py) whose latent attention keeps, per
 query, only the `index_topk` positions its indexer scores highest (dsa.py), with rope on interleaved pairs
-always. Decoding runs eagerly."""
+always."""
 
 from __future__ import annotations
 

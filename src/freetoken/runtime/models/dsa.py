@@ -7,6 +7,9 @@ q_h = W_qb q_res (q_res: the attention's normed low-rank query) roped the same w
 w = W_w x / √H_i. A key's score: Σ_h w_h · relu(q_h · k / √D_i); causally masked, the best `index_topk`
 are kept (all of them while fewer are cached). Attention is then MLA's over those keys only.
 
+Decode (`SparseLatentAttention.decode`, graph-capturable): each row's indexer scores every position of its
+slot (those past its length masked), and attention reads the latents of the kept positions only.
+
 GLM-5's variant: the indexer's rope on interleaved pairs, and layers that run no indexer of their own but
 reuse the choice of the last layer before them that does (`indexer_shared_layers`; `link_shared_indexers`
 wires each to it once the model is built: within a pass that layer has already chosen, row by row).
@@ -23,6 +26,20 @@ from freetoken.runtime.kv.cache import KVCache
 from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.mla import LatentAttention, interleaved_rotary
 from freetoken.runtime.models.rope import apply_rotary
+from freetoken.runtime.models.slot_decode import DecodeRows, DecodeStep
+
+
+def top_positions(index: torch.Tensor, k: int) -> torch.Tensor:
+    """The k best positions of each row of index [N, S] fp32, ties going to the earlier position, so that
+    scoring a row's S positions or a whole slot of them (the rest -inf) chooses alike -> [N, k] int64.
+
+    Scores tie often (a key that no head's relu passes scores exactly 0), and a plain topk breaks ties by
+    its algorithm, which differs with S. Each score becomes one int64 that orders as the float does, then
+    by position: the float's bits made monotonic, shifted above S − position."""
+    bits = (index + 0.0).contiguous().view(torch.int32).long()  # [N, S]; + 0.0 makes -0.0 a plain 0
+    ordered = torch.where(bits < 0, -(bits & 0x7FFFFFFF) - 1, bits)  # monotonic in the float's value
+    position = torch.arange(index.shape[-1], device=index.device)
+    return ((ordered << 32) + (index.shape[-1] - position)).topk(k, dim=-1).indices
 
 
 class Indexer(nn.Module):
@@ -59,10 +76,35 @@ class Indexer(nn.Module):
         weights = self.weights_proj(x).float() * self.heads**-0.5  # [T, H_i]
         index = torch.einsum("th,hts->ts", weights, scores)
         causal = torch.arange(s, device=x.device)[None, :] <= torch.arange(s - t, s, device=x.device)[:, None]
-        index = index.masked_fill(~causal, float("-inf"))
-        top = index.topk(min(self.topk, s), dim=-1).indices  # [T, k]
+        top = top_positions(index.masked_fill(~causal, float("-inf")), min(self.topk, s))  # [T, k]
         kept = torch.zeros(t, s, dtype=torch.bool, device=x.device).scatter_(1, top, True)
         return kept & causal
+
+    def decode_select(
+        self,
+        x: torch.Tensor,
+        q_res: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keys: torch.Tensor,
+        rows: DecodeRows,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`select` for one new query per row against its slot of the cached index keys [S, 1, CAP, D_i]
+        (the row's own key written) -> (top [B, k] positions, valid [B, k]: those below the row's length),
+        k = min(index_topk, CAP). Every slot position is scored; those at or past the length are masked."""
+        b, cap = x.shape[0], keys.shape[2]
+        q = self._rope(
+            self.wq_b(q_res).view(b, self.heads, self.dim).transpose(0, 1), cos, sin
+        )  # [H_i, B, D_i]
+        mine = keys[rows.slots.clamp(min=0).long(), 0]  # [B, CAP, D_i]
+        scores = F.relu(
+            torch.einsum("hbd,bsd->hbs", q.float(), mine.float()) * self.dim**-0.5
+        )  # [H_i, B, CAP]
+        weights = self.weights_proj(x).float() * self.heads**-0.5  # [B, H_i]
+        index = torch.einsum("bh,hbs->bs", weights, scores)  # [B, CAP]
+        causal = torch.arange(cap, device=x.device)[None, :] < rows.lengths[:, None]
+        top = top_positions(index.masked_fill(~causal, float("-inf")), min(self.topk, cap))  # [B, k]
+        return top, causal.gather(1, top)
 
 
 class SparseLatentAttention(LatentAttention):
@@ -110,6 +152,47 @@ class SparseLatentAttention(LatentAttention):
             for i, (kv, start) in enumerate(zip(kvs, starts, strict=True))
         ]
         return self.o_proj(torch.cat(rows))
+
+    def decode(self, h: torch.Tensor, step: DecodeStep) -> torch.Tensor:
+        """h [B, H] normed -> the block's output [B, H]: the rows' latents (and, with an indexer of its own,
+        index keys) written at their positions, each query attending to the positions its indexer keeps
+        (a shared layer: those its source layer chose in this step)."""
+        rows, ops = step.rows, step.ops
+        cache, keys = step.kv(self.layer)  # [S, 1, CAP, r + dr], [S, 1, CAP, D_i]
+        q_nope, q_pe, latent, q_res = self._project(h, step.cos, step.sin)
+        assert q_res is not None
+        ops.slot_write(latent[0].contiguous(), cache, rows.slots, rows.positions)
+        if self.shared:
+            assert self.source is not None, "link_shared_indexers wires shared layers to their source"
+            top, valid = step.choices[self.source.layer]
+        else:
+            index_keys = self.indexer.keys(h, step.cos, step.sin)[0].contiguous()  # [B, D_i]
+            ops.slot_write(index_keys, keys, rows.slots, rows.positions)
+            top, valid = self.indexer.decode_select(h, q_res, step.cos, step.sin, keys, rows)
+            step.choices[self.layer] = (top, valid)
+        return self.o_proj(self._absorbed_kept(q_nope, q_pe, cache, rows.slots, top, valid))
+
+    def _absorbed_kept(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        cache: torch.Tensor,
+        slots: torch.Tensor,
+        top: torch.Tensor,
+        valid: torch.Tensor,
+    ) -> torch.Tensor:
+        """`_absorbed` for B rows (q_nope [NH, B, dn], q_pe [NH, B, dr]), each over the latents of its kept
+        positions top [B, k] (valid [B, k]) of its slot -> [B, NH * dv]."""
+        kept = cache[slots.clamp(min=0).long()[:, None], 0, top]  # [B, k, r + dr]: only what is read
+        c, k_pe = kept.split((self.rank, self.d_rope), dim=-1)
+        w = self.kv_b_proj.weight.view(self.heads, self.d_nope + self.d_v, self.rank)
+        w_uk, w_uv = w[:, : self.d_nope], w[:, self.d_nope :]  # [NH, dn, r], [NH, dv, r]
+        q_latent = torch.bmm(q_nope, w_uk)  # [NH, B, r]
+        scores = torch.einsum("nbr,bkr->nbk", q_latent, c) + torch.einsum("nbd,bkd->nbk", q_pe, k_pe)
+        scores = (scores * self.scale).masked_fill(~valid[None], float("-inf"))  # [NH, B, k]
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(c.dtype)
+        out = torch.bmm(torch.einsum("nbk,bkr->nbr", probs, c), w_uv.transpose(1, 2))  # [NH, B, dv]
+        return out.transpose(0, 1).reshape(q_nope.shape[1], self.heads * self.d_v)
 
 
 def link_shared_indexers(attentions: list[nn.Module]) -> None:

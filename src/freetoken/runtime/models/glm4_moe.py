@@ -3,7 +3,7 @@ projection, optional per-head q/k norms (`use_qk_norm`), rope on the first `part
 head, the first `first_k_dense_replace` layers dense, and a sigmoid router: experts chosen by score plus a
 learned correction bias within the best `topk_group` of `n_group` groups, weighted by their scores
 (renormalised if `norm_topk_prob`) times `routed_scaling_factor`, beside `n_shared_experts` always-computed
-shared experts. Decoding runs eagerly. The multi-token-prediction layers some checkpoints carry
+shared experts. The multi-token-prediction layers some checkpoints carry
 (`num_nextn_predict_layers`) are skipped."""
 
 from __future__ import annotations

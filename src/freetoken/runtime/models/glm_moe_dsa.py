@@ -1,6 +1,6 @@
 """GLM-5 (`GlmMoeDsaForCausalLM`): DeepSeek-V3.2's layers (deepseek_v32.py) whose indexer ropes interleaved
 pairs, and whose layers marked "shared" in `indexer_types` run no indexer but reuse the choice of the last
-indexing layer before them (dsa.py). Decoding runs eagerly."""
+indexing layer before them (dsa.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ projection, rope on the first `rotary_dim` of each head (the Hub's key; or rope_
 partial_rotary_factor), and a sigmoid router: experts chosen by score plus a learned correction bias,
 weighted by their scores renormalised; every layer MoE, Mixtral's checkpoint names
 (`block_sparse_moe.experts.{e}.w1/w3/w2`, `block_sparse_moe.gate`) and the bias beside them
-(`block_sparse_moe.e_score_correction_bias`). Decoding runs eagerly."""
+(`block_sparse_moe.e_score_correction_bias`)."""
 
 from __future__ import annotations
 

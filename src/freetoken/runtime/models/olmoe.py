@@ -1,7 +1,6 @@
 """OLMoE (`OlmoeForCausalLM`): Qwen3-MoE's layers with q and k RMS-normed over the whole projection
 (before the heads are split), an optional clamp of the q/k/v projections (`clip_qkv`), top-k weights not
-renormalised unless `norm_topk_prob`; every layer MoE. Decoding runs eagerly (the slot-decode kernels norm
-q/k per head)."""
+renormalised unless `norm_topk_prob`; every layer MoE."""
 
 from __future__ import annotations
 

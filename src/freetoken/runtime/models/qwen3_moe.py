@@ -297,8 +297,6 @@ class Qwen3MoeForCausalLM(nn.Module):
 
     def decode_blocker(self) -> str | None:
         """Why this model has no static decode step (None: it has; `decode` runs it)."""
-        if self.config.index_topk:
-            return "sparse attention's indexer has no static decode step"
         return None
 
     def prepare_decode(self) -> None:

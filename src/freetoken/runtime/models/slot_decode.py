@@ -13,7 +13,7 @@ function that is captured.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -104,6 +104,8 @@ class DecodeStep:
     cos: torch.Tensor  # [B, R]: the rotary dims of each row's position
     sin: torch.Tensor
     real: torch.Tensor  # [B] bool: padding rows (slot -1) route to no expert
+    # sparse attention's choices in this step by indexing layer: (top [B, k] positions, valid [B, k])
+    choices: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def add_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, norm: torch.nn.Module
