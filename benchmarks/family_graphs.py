@@ -4,14 +4,14 @@ own static step run eagerly, and that step replayed as a CUDA graph — beside t
     python benchmarks/family_graphs.py                          # every family, 4 layers, batches 1 and 8
     python benchmarks/family_graphs.py --families qwen3_5_moe,qwen3_next --layers 8 --json
 
-Each family is built at its published dimensions (transformers' default config of the family: Qwen3-30B-A3B,
-Mixtral-8x7B, OLMoE-1B-7B, GLM-4.5-Air, MiniMax-M2, gpt-oss-120b, DeepSeek-V3, DeepSeek-V3.2, GLM-5,
-Qwen3.5/3.6-35B-A3B, Qwen3-Next-80B-A3B, Kimi-Linear-48B-A3B), cut to a few layers (DeepSeek-V3, V3.2 and
-GLM-5: a dense layer and one MoE layer; Kimi-Linear: five, the fifth its first latent-attention layer),
-with random bf16 weights drawn in memory, every expert resident (`fused`) and uniform routing. The floor of
-a step is the bytes it must read from HBM — every non-expert weight (the embedding's rows aside), the distinct experts
-B rows route to in expectation (E·(1 − (1 − k/E)^B) a layer), the K/V it attends over and the recurrent
-states it reads and writes — over the device's copy bandwidth measured in the same run.
+Each family is built at its published dimensions (transformers' default config of the family:
+Qwen3-30B-A3B, Mixtral-8x7B, OLMoE-1B-7B, GLM-4.5-Air, MiniMax-M2, gpt-oss-120b, DeepSeek-V3, DeepSeek-V3.2,
+GLM-5, Qwen3.5/3.6-35B-A3B, Qwen3-Next-80B-A3B, Kimi-Linear-48B-A3B), cut to a few layers (DeepSeek-V3,
+V3.2 and GLM-5: a dense layer and one MoE layer; Kimi-Linear: five, the fifth its first latent-attention
+layer), with random bf16 weights drawn in memory, every expert resident (`fused`) and uniform routing. The
+floor of a step is the bytes it must read from HBM — every non-expert weight (the embedding's rows aside),
+the distinct experts B rows route to in expectation (E·(1 − (1 − k/E)^B) a layer), the K/V it attends over
+and the recurrent states it reads and writes — over the device's copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
