@@ -60,3 +60,19 @@ def test_a_failing_request_fails_alone(tiny_model: tuple[Path, Any], monkeypatch
     for key in (0, 2):
         assert [e.finished for e in results[key]] == [False] * 4 + [True]
     assert batcher.stats.failed == 1 and batcher.running == 0
+
+
+def test_the_server_shapes_the_engines_one_scheduler(tiny_model: tuple[Path, Any]) -> None:
+    """`serve` runs the engine's own scheduler (its batch size and prefix cache set for serving), not a
+    second one beside it; reshaping it with requests in flight is refused."""
+    from freetoken.errors import FreeTokenError
+
+    engine = build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused")
+    assert len(list(engine.generate([1, 2, 3], PARAMS))) == 5  # the verbs count on the same scheduler
+    batcher = Batcher(engine, max_running=3, prefix_cache_tokens=1024)
+    assert batcher.scheduler is engine.scheduler
+    assert engine.scheduler.max_running == 3 and engine.kv_pool.slots >= 3
+    assert batcher.stats.submitted == 0  # the server's counters start at zero
+    batcher.submit([1, 2], PARAMS, lambda ev: None)
+    with pytest.raises(FreeTokenError, match="in flight"):
+        Batcher(engine, max_running=2)

@@ -51,6 +51,7 @@ class ScriptedEngine:
         eos = sorted(engine.stop_ids)[0]
         self._scripts = {m: [*engine.tokenizer.encode(t), eos] for m, t in SCRIPTS.items()}
         self._state: dict[int, list[Any]] = {}  # id(seq) of a live sequence -> [script tokens, next index]
+        engine.scheduler.engine = self  # the engine's one scheduler drives the scripted passes
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)

@@ -1,4 +1,5 @@
-"""Continuous batching for the server: the one Scheduler (runtime/scheduler.py) on its own thread.
+"""Continuous batching for the server: the engine's one Scheduler (runtime/scheduler.py), shaped for
+serving (its batch size and prefix cache), on its own thread.
 
 Submissions come from any thread; the loop's thread runs the scheduler's turns (admit, prefill, one
 batched decode step; the prefix cache; per-request failures: see scheduler.py), holding the lock only
@@ -53,7 +54,8 @@ class Batcher:
         if prefix_checkpoints is None:
             hybrid = not reuses_kv_prefixes(engine)
             prefix_checkpoints = engine.engine_config.state_checkpoints * max(4, max_running) if hybrid else 0
-        self.scheduler = Scheduler(engine, PrefixCache(prefix_cache_tokens, prefix_checkpoints), max_running)
+        self.scheduler: Scheduler = engine.scheduler  # the engine's one scheduler, shaped for serving
+        self.scheduler.configure(PrefixCache(prefix_cache_tokens, prefix_checkpoints), max_running)
         self.started_at = time.monotonic()
         self._cond = threading.Condition()
         self._stop = False

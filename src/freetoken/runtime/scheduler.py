@@ -75,6 +75,15 @@ class Scheduler:
         self._suspect: set[int] = set()  # requests in flight when a turn was cut short: never cached
         self._next_id = 0
 
+    def configure(self, prefix: PrefixCache, max_running: int) -> None:
+        """At a safe point (nothing queued or running): the prefix cache and batch size a server wants, its
+        counters from zero. The engine keeps one scheduler; a server reshapes it rather than adding one."""
+        if self.queue or self.running or self.admitting:
+            raise FreeTokenError("the scheduler has requests in flight; configure it between them")
+        self.prefix, self.max_running = prefix, max_running
+        self.engine.reserve_slots(max_running)
+        self.stats = SchedulerStats()
+
     def check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
             raise FreeTokenError("empty prompt")
