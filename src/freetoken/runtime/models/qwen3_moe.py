@@ -110,7 +110,7 @@ class Attention(nn.Module):
         qkv = ops.linear(h, self.qkv_weight, self.qkv_bias)  # [B, (NH + 2 KVH) D]: one GEMV
         if self.clip is not None:
             qkv = qkv.clamp(-self.clip, self.clip)
-        if ops.attention_block is not None and step.cos.shape[-1] == self.head_dim:
+        if ops.attention_block is not None:
             cos, sin = step.cos, step.sin
             out = ops.attention_block(qkv, self, cos, sin, k_cache, v_cache, rows.slots, rows.positions)
             if out is not None:

@@ -74,3 +74,42 @@ def test_a_position_past_the_cache_is_an_error() -> None:
         cpu_attention_block(
             torch.randn(1, (NH + 2 * KVH) * D), attn, cos, sin, k, v, torch.tensor([0]), positions
         )
+
+
+@pytest.mark.parametrize("norm", ["none", "full", "head"])
+@pytest.mark.parametrize("rot", [D, 8])
+def test_every_q_k_norm_and_a_partial_rotary(norm: str, rot: int) -> None:
+    """No q/k norm (Mixtral), one over the whole projection (OLMoE, MiniMax-M2) or per head (Qwen3,
+    GLM-4.5), rope on all dims or the first 8 (GLM-4.5, MiniMax-M2): the torch steps' results, fp32."""
+    from freetoken.runtime.models.kernels.norm_rope import rms_norm_reference
+
+    g = torch.Generator().manual_seed(5)
+    attn = layer(torch.float32, g)
+    attn.qk_norm = norm
+    if norm == "full":
+        attn.q_norm.weight = 1 + 0.1 * torch.randn(NH * D, generator=g)
+        attn.k_norm.weight = 1 + 0.1 * torch.randn(KVH * D, generator=g)
+    slots = torch.tensor([1, -1, 2], dtype=torch.int32)
+    positions = torch.tensor([3, 0, 9], dtype=torch.int32)
+    qkv = torch.randn(3, (NH + 2 * KVH) * D, generator=g)
+    cos, sin = RotaryEmbedding(RopeConfig(), rot)(positions, torch.float32)  # [B, rot]
+    k_ref, v_ref = torch.zeros(SLOTS, KVH, CAP, D), torch.zeros(SLOTS, KVH, CAP, D)
+    k_nat, v_nat = k_ref.clone(), v_ref.clone()
+    nq, nkv = NH * D, KVH * D
+    q, k, v = qkv[:, :nq], qkv[:, nq : nq + nkv], qkv[:, nq + nkv :]
+    if norm == "full":
+        q, k = (
+            rms_norm_reference(q, attn.q_norm.weight, 1e-6),
+            rms_norm_reference(k, attn.k_norm.weight, 1e-6),
+        )
+    head = norm == "head"
+    q = qk_norm_rope_kv_write_reference(
+        q, k, v, attn.q_norm.weight if head else None, attn.k_norm.weight if head else None, 1e-6,
+        cos, sin, k_ref, v_ref, slots, positions,
+    )  # fmt: skip
+    want = slot_decode_attention_reference(q, k_ref, v_ref, slots, positions + 1, D**-0.5)
+    got = cpu_attention_block(qkv, attn, cos, sin, k_nat, v_nat, slots, positions)
+    assert got is not None
+    live = slots >= 0
+    torch.testing.assert_close(got[live], want[live], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_nat, k_ref, rtol=1e-5, atol=1e-5)

@@ -1,6 +1,7 @@
 """A decode step's attention block on the CPU in one native call (moe/kernels/attention_decode.c): q/k
-RMS norm and rotary, the K/V write at each row's slot and position, attention over the slot's keys —
-instead of some sixty small torch ops a layer. Its reference is the two plain-torch steps it replaces,
+RMS norm (per head, over the whole projection, or none) and rotary (on all or the first dims), the K/V
+write at each row's slot and position, attention over the slot's keys — instead of some sixty small torch
+ops a layer. Its reference is the two plain-torch steps it replaces (a whole-projection norm before them),
 `qk_norm_rope_kv_write_reference` then `slot_decode_attention_reference`; it computes in fp32 (caches in
 bf16 or fp32), so it agrees with them exactly in fp32 up to summation order, and within bf16 rounding
 on a bf16 model."""
@@ -14,6 +15,12 @@ from freetoken.runtime.moe.kernels.loader import load_library
 
 MAX_ROWS = 16
 MAX_HEAD_DIM = 1024
+MAX_KV_WIDTH = 8192  # KVH·D: the kernel holds a row's keys on its stack
+NORM_MODES = {"none": 0, "head": 1, "full": 2}  # q/k norms: none, per head, over the whole projection
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def native_attention_takes(qkv: torch.Tensor, k_cache: torch.Tensor, head_dim: int) -> bool:
@@ -40,23 +47,28 @@ def cpu_attention_block(
     """qkv [B, (NH + 2 KVH) D] -> attention output [B, NH D] in qkv's dtype, the K/V written; None when
     the native kernel does not take the inputs (the caller runs the torch steps)."""
     d = attn.head_dim
-    if attn.qk_norm != "head" or not attn.plain or not native_attention_takes(qkv, k_cache, d):
-        return None  # the native kernel norms q/k per head and has no sinks or window
+    if not attn.plain or not native_attention_takes(qkv, k_cache, d) or attn.num_kv_heads * d > MAX_KV_WIDTH:
+        return None  # the native kernel has no sinks or window
     lib = load_library()
     assert lib is not None
     b, nh, kvh, cap = qkv.shape[0], attn.num_heads, attn.num_kv_heads, k_cache.shape[2]
     f32 = torch.float32
     qkv32, cos32, sin32 = (t.to(f32).contiguous() for t in (qkv, cos, sin))
-    qw, kw = attn.q_norm.weight.to(f32).contiguous(), attn.k_norm.weight.to(f32).contiguous()
+    norm = NORM_MODES[attn.qk_norm]
+    qw, kw = (
+        (attn.q_norm.weight.to(f32).contiguous(), attn.k_norm.weight.to(f32).contiguous())
+        if norm
+        else (None, None)
+    )
     slots64, positions64 = slots.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     scores = torch.empty(b * nh * cap, dtype=f32)
     q_scratch = torch.empty(b * nh * d, dtype=f32)
     out = torch.empty(b, nh * d, dtype=f32)
     code = lib.ft_attention_decode(
-        qkv32.data_ptr(), b, nh, kvh, d, qw.data_ptr(), kw.data_ptr(), attn.q_norm.eps, cos32.data_ptr(),
-        sin32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.element_size(), cap,
-        slots64.data_ptr(), positions64.data_ptr(), d**-0.5, scores.data_ptr(), q_scratch.data_ptr(),
-        out.data_ptr(), torch.get_num_threads(),
+        qkv32.data_ptr(), b, nh, kvh, d, norm, cos.shape[-1], _ptr(qw), _ptr(kw),
+        attn.q_norm.eps if norm else 0.0, cos32.data_ptr(), sin32.data_ptr(), k_cache.data_ptr(),
+        v_cache.data_ptr(), k_cache.element_size(), cap, slots64.data_ptr(), positions64.data_ptr(), d**-0.5,
+        scores.data_ptr(), q_scratch.data_ptr(), out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     if code != 0:
         raise ValueError(

@@ -1,9 +1,10 @@
 // A decode step's attention block on the CPU, after the fused q/k/v GEMV, for each row (token):
-//   q and k of every head get an RMS norm over the head dim (fp32, then times qw / kw) and the
-//   rotary embedding in rotate-half form (x·cos + rotate_half(x)·sin); k and v are written into the
-//   row's cache slot at its position; then every query head attends over the slot's first
-//   position + 1 keys: scores · scale, softmax, the weighted sum of the values.
-// qkv [B, (NH + 2 KVH)·D] fp32; cos, sin [B, D] fp32; caches [S, KVH, CAP, D], bf16 (elem 2) or fp32
+//   q and k get an RMS norm (fp32, then times qw / kw): per head over the head dim (norm 1), over the
+//   whole projection (norm 2: qw [NH·D], kw [KVH·D]) or none (norm 0); then the rotary embedding in
+//   rotate-half form (x·cos + rotate_half(x)·sin) on the first `rot` dims of each head; k and v are
+//   written into the row's cache slot at its position; then every query head attends over the slot's
+//   first position + 1 keys: scores · scale, softmax, the weighted sum of the values.
+// qkv [B, (NH + 2 KVH)·D] fp32; cos, sin [B, rot] fp32; caches [S, KVH, CAP, D], bf16 (elem 2) or fp32
 // (elem 4); slots, positions [B] (slot -1: a padding row, skipped); scores: scratch of B·NH·CAP
 // floats; out [B, NH·D] fp32. Heads of a KV group share its keys (NH a multiple of KVH).
 #include <math.h>
@@ -13,13 +14,19 @@
 
 #include "bf16_dot.h"
 
-// x [D] in place: RMS norm with weight w, then the rotary embedding at this row's cos/sin.
-static void norm_rope(float *x, const float *w, float eps, const float *cos, const float *sin, int d) {
+// x [n] in place: RMS norm with weight w.
+static void rms_norm(float *x, const float *w, float eps, long n) {
     float ss = 0.0f;
-    for (int i = 0; i < d; i++) ss += x[i] * x[i];
-    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
-    for (int i = 0; i < d; i++) x[i] = w[i] * (x[i] * inv);
-    const int half = d / 2;
+    for (long i = 0; i < n; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (long i = 0; i < n; i++) x[i] = w[i] * (x[i] * inv);
+}
+
+// One head x [D] in place: its RMS norm with weight w (none where w is NULL), then the rotary embedding
+// at this row's cos/sin on its first `rot` dims.
+static void norm_rope(float *x, const float *w, float eps, const float *cos, const float *sin, int d, int rot) {
+    if (w != NULL) rms_norm(x, w, eps, d);
+    const int half = rot / 2;
     for (int i = 0; i < half; i++) {
         const float a = x[i], b = x[i + half];
         x[i] = a * cos[i] - b * sin[i];
@@ -144,27 +151,32 @@ static inline __attribute__((always_inline)) void attend_group_bf16(const float 
     }
 }
 
-int ft_attention_decode(const float *qkv, int rows, int nh, int kvh, int d, const float *qw, const float *kw,
-                        float eps, const float *cos, const float *sin, void *k_cache, void *v_cache, int elem,
-                        int cap, const int64_t *slots, const int64_t *positions, float scale, float *scores,
-                        float *q_scratch, float *out, int threads) {
+int ft_attention_decode(const float *qkv, int rows, int nh, int kvh, int d, int norm, int rot, const float *qw,
+                        const float *kw, float eps, const float *cos, const float *sin, void *k_cache, void *v_cache,
+                        int elem, int cap, const int64_t *slots, const int64_t *positions, float scale,
+                        float *scores, float *q_scratch, float *out, int threads) {
     const long width = (long)(nh + 2 * kvh) * d;
+    if ((long)kvh * d > 8192 || rot > d || rot % 2) return -2;
+    const float *head_qw = norm == 1 ? qw : NULL, *head_kw = norm == 1 ? kw : NULL;
     for (int r = 0; r < rows; r++) {  // norms, rotary and the cache writes: small, serial
         const long slot = slots[r], pos = positions[r];
         if (slot < 0) continue;
         if (pos >= cap) return -1;
-        const float *row = qkv + r * width;
+        const float *row = qkv + r * width, *c = cos + (long)r * rot, *sn = sin + (long)r * rot;
         float *q = q_scratch + (long)r * nh * d;
         memcpy(q, row, sizeof(float) * nh * d);
-        for (int h = 0; h < nh; h++) norm_rope(q + (long)h * d, qw, eps, cos + (long)r * d, sin + (long)r * d, d);
-        float k[1024];
-        if (d > 1024) return -2;
+        float k[8192];
+        memcpy(k, row + (long)nh * d, sizeof(float) * kvh * d);
+        if (norm == 2) rms_norm(q, qw, eps, (long)nh * d), rms_norm(k, kw, eps, (long)kvh * d);
+        for (int h = 0; h < nh; h++) norm_rope(q + (long)h * d, head_qw, eps, c, sn, d, rot);
         for (int g = 0; g < kvh; g++) {
-            memcpy(k, row + (long)nh * d + (long)g * d, sizeof(float) * d);
-            norm_rope(k, kw, eps, cos + (long)r * d, sin + (long)r * d, d);
+            norm_rope(k + (long)g * d, head_kw, eps, c, sn, d, rot);
             const long at = ((slot * kvh + g) * cap + pos) * d;
             const float *v = row + (long)(nh + kvh) * d + (long)g * d;
-            for (int i = 0; i < d; i++) store_elem(k_cache, at + i, k[i], elem), store_elem(v_cache, at + i, v[i], elem);
+            for (int i = 0; i < d; i++) {
+                store_elem(k_cache, at + i, k[(long)g * d + i], elem);
+                store_elem(v_cache, at + i, v[i], elem);
+            }
         }
     }
     const int group = nh / kvh;
