@@ -294,6 +294,7 @@ class Engine:
                     for a in range(0, len(seqs), MAX_ROWS)
                 ]
             )
+        # a model without a static step (its decode_blocker says why): its own batched eager decode
         self._checkpoint_before_decode(seqs, ids)
         if len(seqs) == 1:
             return self.forward(seqs[0], ids)

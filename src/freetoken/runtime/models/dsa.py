@@ -12,7 +12,7 @@ slot (those past its length masked), and attention reads the latents of the kept
 
 GLM-5's variant: the indexer's rope on interleaved pairs, and layers that run no indexer of their own but
 reuse the choice of the last layer before them that does (`indexer_shared_layers`; `link_shared_indexers`
-wires each to it once the model is built: within a pass that layer has already chosen, row by row).
+wires each to it once the model is built: within a pass that layer has already chosen).
 """
 
 from __future__ import annotations
@@ -116,42 +116,26 @@ class SparseLatentAttention(LatentAttention):
         if not self.shared:
             self.indexer = Indexer(cfg)
         self.source: SparseLatentAttention | None = None  # a shared layer's: the layer that chooses for it
-        self.chosen: list[torch.Tensor] = []  # this pass's choices [T, S], one per sequence, for sharers
-
-    def _attend_rows(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, start: int
-    ) -> torch.Tensor:
-        """x [T, H] continuing kv at `start` -> [T, NH · dv] (before o_proj)."""
-        q_nope, q_pe, latent, q_res = self._project(x, cos, sin)
-        assert q_res is not None
-        if self.shared:
-            assert self.source is not None, "link_shared_indexers wires shared layers to their source"
-            no_keys = latent.new_zeros(*latent.shape[:2], self.index_dim)  # its value slot stays unused
-            cache, _ = kv.write(self.layer, start, latent, no_keys)
-            kept = self.source.chosen[len(self.chosen)]
-        else:
-            cache, keys = kv.write(self.layer, start, latent, self.indexer.keys(x, cos, sin))
-            kept = self.indexer.select(x, q_res, cos, sin, keys)  # [T, S]
-        self.chosen.append(kept)
-        if x.shape[0] == 1:
-            return self._absorbed(q_nope, q_pe, cache, kept)
-        return self._expanded(q_nope, q_pe, cache, kept)
+        self.chosen: torch.Tensor | None = None  # this pass's choice [T, S], for the layers sharing it
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, start: int
     ) -> torch.Tensor:
-        self.chosen = []
-        return self.o_proj(self._attend_rows(x, cos, sin, kv, start))
-
-    def forward_batch(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
-    ) -> torch.Tensor:
-        self.chosen = []
-        rows = [
-            self._attend_rows(x[i : i + 1], cos[i : i + 1], sin[i : i + 1], kv, start)
-            for i, (kv, start) in enumerate(zip(kvs, starts, strict=True))
-        ]
-        return self.o_proj(torch.cat(rows))
+        """x [T, H] continuing kv at `start` -> [T, H]."""
+        q_nope, q_pe, latent, q_res = self._project(x, cos, sin)
+        assert q_res is not None
+        if self.shared:
+            assert self.source is not None, "link_shared_indexers wires shared layers to their source"
+            assert self.source.chosen is not None, "the source layer chooses first in a pass"
+            no_keys = latent.new_zeros(*latent.shape[:2], self.index_dim)  # its value slot stays unused
+            cache, _ = kv.write(self.layer, start, latent, no_keys)
+            kept = self.source.chosen
+        else:
+            cache, keys = kv.write(self.layer, start, latent, self.indexer.keys(x, cos, sin))
+            kept = self.chosen = self.indexer.select(x, q_res, cos, sin, keys)  # [T, S]
+        if x.shape[0] == 1:
+            return self.o_proj(self._absorbed(q_nope, q_pe, cache, kept))
+        return self.o_proj(self._expanded(q_nope, q_pe, cache, kept))
 
     def decode(self, h: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         """h [B, H] normed -> the block's output [B, H]: the rows' latents (and, with an indexer of its own,

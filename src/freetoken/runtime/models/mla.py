@@ -139,15 +139,3 @@ class LatentAttention(nn.Module):
     def decode(self, h: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         """h [B, H] normed -> the block's output [B, H] (latent_decode.py: absorbed, over the slots)."""
         return latent_slot_attention(self, h, step)
-
-    def forward_batch(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
-    ) -> torch.Tensor:
-        """x [B, H]: one new token of each of B sequences (row i continues kvs[i] at starts[i])."""
-        q_nope, q_pe, latent, _ = self._project(x, cos, sin)
-        rows = []
-        for i, (kv, start) in enumerate(zip(kvs, starts, strict=True)):
-            one = latent[:, i : i + 1]
-            cache, _ = kv.write(self.layer, start, one, one[..., :0])
-            rows.append(self._absorbed(q_nope[:, i : i + 1], q_pe[:, i : i + 1], cache))
-        return self.o_proj(torch.cat(rows))

@@ -29,7 +29,6 @@ from freetoken.runtime.models.layers import (
     Embedding,
     SwiGLUMLP,
     causal_attention,
-    decode_attention,
     fuse_linear_rows,
 )
 from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, SparseMoeBlock, decoder_fields
@@ -154,16 +153,6 @@ class GatedAttention(nn.Module):
         out = ops.attention(q, k_cache, v_cache, rows.slots, rows.lengths, d**-0.5, None, None)
         return self.o_proj(out * torch.sigmoid(heads[..., d:]).reshape(b, self.nh * d))
 
-    def forward_batch(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
-    ) -> torch.Tensor:
-        q, k, v, gate = self._project(x, cos, sin)
-        rows = []
-        for i, (kv, start) in enumerate(zip(kvs, starts, strict=True)):
-            k_all, v_all = kv.write(self.layer, start, k[:, i : i + 1], v[:, i : i + 1])
-            rows.append(decode_attention(q[:, i : i + 1], k_all, v_all, self.d**-0.5))
-        return self.o_proj(torch.cat(rows) * torch.sigmoid(gate))
-
 
 class SharedExpertMoeBlock(SparseMoeBlock):
     """Routed experts (through the executor) plus a dense shared expert with a sigmoid gate."""
@@ -243,17 +232,6 @@ class HybridDecoderLayer(nn.Module):
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_batch(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[HybridCache], starts: list[int]
-    ) -> torch.Tensor:
-        h = self.input_layernorm(x)
-        if self.kind == "linear_attention":
-            h = torch.cat([self.recurrent(h[i : i + 1], self._state(kv, h))[0] for i, kv in enumerate(kvs)])
-        else:
-            h = self.self_attn.forward_batch(h, cos, sin, kvs, starts)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))  # the experts see the whole batch at once
-
 
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_class: type[nn.Module], norm_class: type[nn.Module]) -> None:
@@ -265,7 +243,7 @@ class Backbone(nn.Module):
 
 
 class Qwen3_5MoeForCausalLM(Qwen3MoeForCausalLM):
-    """The Qwen3-MoE loop (forward, decode_batch, executor wiring) over hybrid layers and caches."""
+    """The Qwen3-MoE loops (forward, decode) and executor wiring over hybrid layers and caches."""
 
     cache_class = HybridCache
     layer_class: type[nn.Module] = HybridDecoderLayer

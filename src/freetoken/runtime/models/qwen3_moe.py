@@ -135,18 +135,6 @@ class Attention(nn.Module):
         if self.qkv_weight is None:
             self.qkv_weight, self.qkv_bias = fuse_linear_rows((self.q_proj, self.k_proj, self.v_proj))
 
-    def forward_batch(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
-    ) -> torch.Tensor:
-        """x [B, H]: one new token of each of B sequences (row i continues kvs[i] at starts[i])."""
-        q, k, v = self._qkv(x)  # [NH, B, D], [KVH, B, D]
-        q, k = partial_rotary(q, cos, sin), partial_rotary(k, cos, sin)
-        rows = []
-        for i, (kv, start) in enumerate(zip(kvs, starts, strict=True)):
-            k_all, v_all = kv.write(self.layer, start, k[:, i : i + 1], v[:, i : i + 1])
-            rows.append(self._attend(q[:, i : i + 1], k_all, v_all))  # [1, NH*D]
-        return self.o_proj(torch.cat(rows))
-
 
 class SparseMoeBlock(nn.Module):
     """The router (softmax top-k, optionally renormalised; or sigmoid scores with a correction bias and
@@ -255,12 +243,6 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, start)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_batch(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVCache], starts: list[int]
-    ) -> torch.Tensor:
-        x = x + self.self_attn.forward_batch(self.input_layernorm(x), cos, sin, kvs, starts)
-        return x + self.mlp(self.post_attention_layernorm(x))  # the experts see the whole batch at once
-
     def decode(
         self, x: torch.Tensor, residual: torch.Tensor | None, step: DecodeStep
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,21 +319,6 @@ class Qwen3MoeForCausalLM(nn.Module):
             x = layer(x, cos, sin, kv, start)
         if not all_logits:
             x = x[-1:]
-        return self.lm_head(self.model.norm(x))
-
-    def decode_batch(self, input_ids: torch.Tensor, kvs: list[KVCache]) -> torch.Tensor:
-        """input_ids [B]: the next token of each of B sequences -> logits [B, V].
-
-        Attention runs per sequence against its own cache; norms, projections and the experts run on
-        the batch, so an expert wanted by several sequences is read once. The caller advances each kv.
-        """
-        starts = [kv.length for kv in kvs]
-        for kv, start in zip(kvs, starts, strict=True):
-            kv.reserve(start + 1)
-        x = self.model.embed_tokens(input_ids)  # [B, H]
-        cos, sin = self.rotary(torch.tensor(starts, device=input_ids.device), x.dtype)  # [B, D]
-        for layer in self.model.layers:
-            x = layer.forward_batch(x, cos, sin, kvs, starts)
         return self.lm_head(self.model.norm(x))
 
 
