@@ -6,11 +6,12 @@ as a CUDA graph — beside the bandwidth floor.
 
 Each family is built at its published dimensions (transformers' default config of the family:
 Qwen3-30B-A3B, Mixtral-8x7B, OLMoE-1B-7B, GLM-4.5-Air, MiniMax-M2, gpt-oss-120b, DeepSeek-V3, DeepSeek-V3.2,
-GLM-5, Qwen3.5/3.6-35B-A3B, Qwen3-Next-80B-A3B, Kimi-Linear-48B-A3B), cut to a few layers (DeepSeek-V3,
-V3.2 and GLM-5: a dense layer and one MoE layer; Kimi-Linear: five, the fifth its first latent-attention
-layer), with random bf16 weights drawn in memory, every expert resident (`fused`) and uniform routing. The
-floor of a step is the bytes it must read from HBM — every non-expert weight (the embedding's rows aside),
-the distinct experts B rows route to in expectation (E·(1 − (1 − k/E)^B) a layer), the K/V it attends over
+GLM-5, Qwen3.5/3.6-35B-A3B, Qwen3-Next-80B-A3B, Kimi-Linear-48B-A3B, DeepSeek-V4-Flash), cut to a few
+layers (DeepSeek-V3, V3.2 and GLM-5: a dense layer and one MoE layer; Kimi-Linear: five, the fifth its
+first latent-attention layer; DeepSeek-V4-Flash: four, the fourth its first compressed-sparse layer), with
+random bf16 weights drawn in memory, every expert resident (`fused`) and uniform routing. The floor of a
+step is the bytes it must read from HBM — every non-expert weight (the embedding's rows aside), the
+distinct experts B rows route to in expectation (E·(1 − (1 − k/E)^B) a layer), the K/V it attends over
 and the recurrent states it reads and writes — over the device's copy bandwidth measured in the same run.
 """
 
@@ -49,10 +50,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_5_moe": ("Qwen3_5MoeTextConfig", {}),
     "qwen3_next": ("Qwen3NextConfig", {}),
     "kimi_linear": ("KimiLinearConfig", {"num_experts_per_tok": 8}),
+    "deepseek_v4": ("DeepseekV4Config", {}),
 }
 # a 256-expert layer of DeepSeek-V3(.2) is 22.5 GB in bf16 (GLM-5's 19.3); Kimi-Linear's first
-# latent-attention layer is its 5th
-LAYERS = {"deepseek_v3": 2, "deepseek_v32": 2, "glm_moe_dsa": 2, "kimi_linear": 5}
+# latent-attention layer is its 5th; DeepSeek-V4-Flash's first compressed-sparse layer its 4th
+LAYERS = {"deepseek_v3": 2, "deepseek_v32": 2, "glm_moe_dsa": 2, "kimi_linear": 5, "deepseek_v4": 4}
 
 
 def write_config(folder: Path, family: str, layers: int) -> Path:
@@ -104,7 +106,6 @@ def time_steps(engine: Engine, batch: int, steps: int, path: str) -> float:
     """Seconds per decode step of `batch` fresh sequences (16 prompt tokens each): `eager` / `graph` the
     model's static step without / with graph replay."""
     decoder = engine.decoder
-    assert decoder is not None
     engine.reserve_slots(batch)
     seqs = [engine.new_sequence() for _ in range(batch)]
     for i, seq in enumerate(seqs):

@@ -33,6 +33,7 @@ FAMILIES = [
     "qwen3_5_moe",
     "qwen3_next",
     "kimi_linear",
+    "deepseek_v4",
 ]
 BACKENDS = [
     ("fused", {}),
@@ -68,7 +69,6 @@ def test_every_step_is_a_graph_replay_with_the_references_tokens(
         with caplog.at_level(logging.INFO):
             got = greedy(engine, prompts, 12)
         decoder = engine.decoder
-        assert decoder is not None, engine.model.decode_blocker()
         assert decoder.steps > 0 and decoder.replays == decoder.steps, decoder.graphs_off
         assert not [r.message for r in caplog.records if "eagerly" in r.message]
         if dtype == "float32":

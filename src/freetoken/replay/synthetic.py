@@ -116,8 +116,7 @@ def decode_steps(
     t0 = time.perf_counter()
     for token in stream[warm:].tolist():
         logits = engine.decode_batch([seq], [token])[-1]
-        if engine.decoder is not None:
-            engine.decoder.wait()  # as the sampler waits: spins, or sleeps where CPU experts fill the cores
+        engine.decoder.wait()  # as the sampler waits: spins, or sleeps where CPU experts fill the cores
         int(logits.argmax())  # the sampler's read-back, as in decoding
     sync_device(engine.device)
     return (time.perf_counter() - t0) / tokens

@@ -41,7 +41,7 @@ from freetoken.runtime.memory import (
 )
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
-from freetoken.runtime.request import Request, Sampled, sample, sample_each
+from freetoken.runtime.request import Request, Sampled, sample
 from freetoken.runtime.request_decode import accept_drawn, sampling_mode, stage_sampling
 from freetoken.runtime.sampling import NonFiniteLogits, SamplingParams
 from freetoken.runtime.scheduler import Scheduler
@@ -75,13 +75,9 @@ class Engine:
         self.kv_pool = self._make_kv_pool(config.max_running)
         self._kv_generation = self.kv_pool.generation
         self.resplits = 0  # times the device memory was re-split between the KV pool and the slots
-        self.decoder: SlotDecoder | None = None  # decode over the static KV pool (CUDA graphs there)
-        blocker = model.decode_blocker()
-        if blocker is None:
-            model.prepare_decode()
-            self.decoder = SlotDecoder(model, self.kv_pool, self.device, SamplingRows(MAX_ROWS, self.device))
-        elif self.device.type == "cuda":
-            log.info("decode runs eagerly, without CUDA graphs: %s (%s)", blocker, self.config.architecture)
+        # decode over the static KV pool: every model owns its step (CUDA graphs on a GPU)
+        model.prepare_decode()
+        self.decoder = SlotDecoder(model, self.kv_pool, self.device, SamplingRows(MAX_ROWS, self.device))
         self.configure_moe(config.moe)
         self.model.eval()
         self.stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
@@ -143,10 +139,9 @@ class Engine:
         self.backend = backend
         self.executor = build_executor(backend, ctx)
         self.model.attach_executor(self.executor)
-        if self.decoder is not None:
-            self.decoder.attach(self.executor)
-            if self.decoder.native is not None:
-                log.info("decode steps on the CPU run as one native call each")
+        self.decoder.attach(self.executor)
+        if self.decoder.native is not None:
+            log.info("decode steps on the CPU run as one native call each")
         self.moe_counters.reset()
 
     def close(self) -> None:
@@ -198,8 +193,7 @@ class Engine:
         if slots == self.num_slots:
             return
         log.info("expert slots re-split: %d -> %d", self.num_slots, slots)
-        if self.decoder is not None:
-            self.decoder.reset()  # the graphs hold the old banks and tables
+        self.decoder.reset()  # the graphs hold the old banks and tables
         self.executor.resize_slots(slots)
         self.num_slots = slots
         self.resplits += 1
@@ -286,31 +280,14 @@ class Engine:
 
     @torch.inference_mode()
     def decode_batch(self, seqs: list[Sequence], ids: list[int]) -> torch.Tensor:
-        """One decode step for several sequences at once: ids[i] continues seqs[i] -> logits [B, V]."""
-        if self.decoder is not None:  # the step decode_tokens runs, returning its logits
-            return torch.cat(
-                [
-                    self._slot_step(seqs[a : a + MAX_ROWS], ids[a : a + MAX_ROWS], "logits").logits.clone()
-                    for a in range(0, len(seqs), MAX_ROWS)
-                ]
-            )
-        # a model without a static step (its decode_blocker says why): its own batched eager decode
-        self._checkpoint_before_decode(seqs, ids)
-        if len(seqs) == 1:
-            return self.forward(seqs[0], ids)
-        for seq in seqs:
-            if seq.kv.length + 1 > self.max_seq_len:
-                raise FreeTokenError(
-                    f"sequence of {seq.kv.length + 1} tokens exceeds the context of {self.max_seq_len}"
-                )
-        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
-        with self._pass(1, len(ids)):
-            logits = self.model.decode_batch(tokens, [seq.kv for seq in seqs])
-        for seq, token in zip(seqs, ids, strict=True):
-            seq.kv.advance(1)
-            seq.token_ids.append(token)
-        self.heartbeat = time.monotonic()
-        return logits
+        """One decode step for several sequences at once: ids[i] continues seqs[i] -> logits [B, V] (the
+        step decode_tokens runs, in parts of at most MAX_ROWS rows, returning its logits)."""
+        return torch.cat(
+            [
+                self._slot_step(seqs[a : a + MAX_ROWS], ids[a : a + MAX_ROWS], "logits").logits.clone()
+                for a in range(0, len(seqs), MAX_ROWS)
+            ]
+        )
 
     # -- requests: the three verbs, through the scheduler ----------------------------------------------------
 
@@ -362,8 +339,7 @@ class Engine:
         if threads is not None:
             log.info("CPU threads follow the free cores: %d", threads)
             self.executor.set_cpu_threads(threads)
-            if self.decoder is not None:
-                self.decoder.follow_host_threads(self.executor.host_threads())
+            self.decoder.follow_host_threads(self.executor.host_threads())
         if not self.moe.reprofile:
             return
         now = time.monotonic()
@@ -377,10 +353,6 @@ class Engine:
         """One decode step for running requests (each one's next token fed, the one after it drawn); a row
         whose sampling failed is its exception, so that request fails alone. Over the static KV pool the
         draw happens inside the step (a graph replay on CUDA), in parts of at most MAX_ROWS rows."""
-        if self.decoder is None:
-            seqs = [request.seq for request in requests]
-            logits = self.decode_batch(seqs, [request.next_token for request in requests])  # type: ignore[arg-type,misc]
-            return [self._named(r) for r in sample_each(requests, logits)]
         results: list[Sampled | Exception] = []
         for a in range(0, len(requests), MAX_ROWS):
             part = requests[a : a + MAX_ROWS]
@@ -395,7 +367,6 @@ class Engine:
     @torch.inference_mode()
     def _slot_step(self, seqs: list[Sequence], ids: list[int], mode: str) -> StepOutput:
         """One decode step over the static KV pool for at most MAX_ROWS sequences."""
-        assert self.decoder is not None
         for seq in seqs:
             if seq.kv.length + 1 > self.max_seq_len:
                 raise FreeTokenError(

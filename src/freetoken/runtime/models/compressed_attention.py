@@ -16,6 +16,12 @@ import torch
 from torch import nn
 
 from freetoken.runtime.kv.cache import KVCache
+from freetoken.runtime.models.compressed_decode import (
+    attend_slots,
+    entry_rows,
+    slot_rows,
+    write_closing_entries,
+)
 from freetoken.runtime.models.compressed_kv import (
     Compressor,
     CompressorColumns,
@@ -31,6 +37,7 @@ from freetoken.runtime.models.deepseek_v4_config import DeepseekV4ModelConfig
 from freetoken.runtime.models.hyper_connections import unit_rms
 from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.layers import SCORE_BUDGET, RMSNorm
+from freetoken.runtime.models.slot_decode import DecodeStep
 
 
 class CompressedAttention(nn.Module):
@@ -162,16 +169,30 @@ class CompressedAttention(nn.Module):
         q, rows, q_res = self._project(x, cos, sin)
         return self._output(self._attend_sequence(q, rows, x, q_res, rope, kv, start), cos, sin)
 
-    def forward_batch(
-        self, x: torch.Tensor, rope: PairRope, kvs: list[KVCache], starts: list[int]
-    ) -> torch.Tensor:
-        """x [B, H]: one new token of each of B sequences (row i continues kvs[i] at starts[i])."""
-        cos, sin = rope(torch.tensor(starts, device=x.device), x.dtype)
-        q, rows, q_res = self._project(x, cos, sin)
-        outs = [
-            self._attend_sequence(
-                q[:, i : i + 1], rows[i : i + 1], x[i : i + 1], q_res[i : i + 1], rope, kv, s
-            )
-            for i, (kv, s) in enumerate(zip(kvs, starts, strict=True))
-        ]
-        return self._output(torch.cat(outs), cos, sin)
+    def decode(self, x: torch.Tensor, step: DecodeStep, rope: PairRope) -> torch.Tensor:
+        """x [B, H] normed, one new position per row -> [B, H] (compressed_decode.py)."""
+        rows, ops = step.rows, step.ops
+        cos, sin = rope(rows.positions, x.dtype)
+        q, new_rows, q_res = self._project(x, cos, sin)  # [NH, B, D], [B, W], [B, R]
+        cache, _ = step.kv(self.layer)  # [S, 1, CAP, W]
+        ops.slot_write(new_rows, cache, rows.slots, rows.positions)
+        compressors = self._compressors()
+        for module, cols in compressors:
+            write_closing_entries(module, cols, cache, rows.slots, rows.positions, rope, ops.slot_write)
+        p = rows.positions.long()
+        at = p[:, None] - self.window + 1 + torch.arange(self.window, device=x.device)  # [B, window]
+        keys = slot_rows(cache, rows.slots, at, self.layout.key)
+        entries, kept = None, None
+        if compressors:
+            compressor, cols = compressors[0]
+            at_entries = entry_rows(cache, compressor.rate)[None].expand(x.shape[0], -1)  # [B, n]
+            kept = at_entries < p[:, None] + 1  # visible: the window closed by p
+            if len(compressors) == 2:  # the indexer keeps some of the visible ones
+                indexer, index_cols = compressors[1]
+                assert isinstance(indexer, Indexer)
+                index_keys = slot_rows(cache, rows.slots, at_entries, index_cols.entry)
+                top = indexer.top(x, q_res, rows.positions, index_keys, kept, rope)  # [B, k]
+                at_entries, kept = at_entries.gather(1, top), kept.gather(1, top)
+            entries = slot_rows(cache, rows.slots, at_entries, cols.entry)
+        o = attend_slots(q.transpose(0, 1), keys, at >= 0, entries, kept, self.sinks, self.dim**-0.5)
+        return self._output(o, cos, sin)

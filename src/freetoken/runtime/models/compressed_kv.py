@@ -29,7 +29,7 @@ from torch import nn
 from freetoken.runtime.config import RopeConfig
 from freetoken.runtime.models.deepseek_v4_config import CSA, HCA, DeepseekV4ModelConfig
 from freetoken.runtime.models.kernels.cpu_linear import Linear
-from freetoken.runtime.models.layers import RMSNorm
+from freetoken.runtime.models.layers import RMSNorm, top_positions
 from freetoken.runtime.models.rope import RotaryEmbedding
 
 
@@ -147,6 +147,22 @@ class Compressor(nn.Module):
         weights = torch.softmax(gates, dim=1).to(keys.dtype)  # [n', slots, d]: per channel over the slots
         return self.kv_norm((keys * weights).sum(dim=1))
 
+    def pool_closing(self, keys: torch.Tensor, gates: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """`pool` of one closing window per row: keys, gate logits [B, S·m, S·d] of its S·m rows (two
+        series: the window before, then it), valid [B, S·m] (rows before position 0 weigh nothing, as
+        the first window's empty predecessor) -> entries [B, d] before rope."""
+        m, d = self.rate, self.dim
+        gates = gates.float()
+        bias = self.position_bias.float()  # [m, S·d]
+        if self.series == 2:
+            keys = torch.cat((keys[:, :m, :d], keys[:, m:, d:]), dim=1)  # [B, 2m, d]
+            gates = torch.cat((gates[:, :m, :d] + bias[:, :d], gates[:, m:, d:] + bias[:, d:]), dim=1)
+        else:
+            gates = gates + bias
+        keys = keys.masked_fill(~valid[..., None], 0.0)
+        weights = torch.softmax(gates.masked_fill(~valid[..., None], float("-inf")), dim=1).to(keys.dtype)
+        return self.kv_norm((keys * weights).sum(dim=1))
+
     def emit(self, rows: torch.Tensor, cols: CompressorColumns, start: int, end: int, rope: PairRope) -> None:
         """Write the entries of the windows that close among positions [start, end) into `rows` [end, W]
         (the cache's rows, raw columns already written), each in its window's last row."""
@@ -205,14 +221,28 @@ class Indexer(Compressor):
         visible = visible_entries(positions, n, self.rate)
         if n == 0:
             return visible
-        q = self.q_b_proj(q_res).view(t, self.heads, self.dim).transpose(0, 1)  # [H_i, T, Di]
-        q = pair_rotary(q, *rope(positions, q.dtype))
-        scores = F.relu(torch.matmul(q.float(), keys.float().T)) * self.dim**-0.5  # [H_i, T, n]
-        weights = self.scorer.weights_proj(x).float() * self.heads**-0.5  # [T, H_i]
-        index = torch.einsum("th,htn->tn", weights, scores).masked_fill(~visible, float("-inf"))
-        top = index.topk(min(self.topk, n), dim=-1).indices  # [T, k]
+        top = self.top(x, q_res, positions, keys[None].expand(t, n, -1), visible, rope)  # [T, k]
         kept = torch.zeros(t, n, dtype=torch.bool, device=x.device).scatter_(1, top, True)
         return kept & visible
+
+    def top(
+        self,
+        x: torch.Tensor,
+        q_res: torch.Tensor,
+        positions: torch.Tensor,
+        keys: torch.Tensor,
+        visible: torch.Tensor,
+        rope: PairRope,
+    ) -> torch.Tensor:
+        """Each query's index keys keys [T, n, Di] (visible [T, n]) -> the best min(index_topk, n) entries
+        [T, k], ties to the earlier entry (layers.top_positions)."""
+        t, n = keys.shape[:2]
+        q = self.q_b_proj(q_res).view(t, self.heads, self.dim)  # [T, H_i, Di]
+        q = pair_rotary(q.transpose(0, 1), *rope(positions, q.dtype)).transpose(0, 1)
+        scores = F.relu(torch.einsum("thd,tnd->htn", q.float(), keys.float())) * self.dim**-0.5  # [H_i, T, n]
+        weights = self.scorer.weights_proj(x).float() * self.heads**-0.5  # [T, H_i]
+        index = torch.einsum("th,htn->tn", weights, scores).masked_fill(~visible, float("-inf"))
+        return top_positions(index, min(self.topk, n))
 
 
 class SparseCompressor(Compressor):

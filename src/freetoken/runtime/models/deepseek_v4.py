@@ -6,7 +6,8 @@ deepseek_v4_config.py.
 
 A layer's cache is one row per position in the engine's KV pool (the key, the compressors' raw
 projections, each closed window's entry in its last row), so prefixes and truncation work as for plain
-K/V. Decoding runs eagerly. Multi-token-prediction layers after the trunk are skipped.
+K/V; a decode step runs over the static pool (compressed_decode.py). Multi-token-prediction layers after
+the trunk are skipped.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from freetoken.runtime.kv.cache import KVCache
+from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.models.base import Architecture
 from freetoken.runtime.models.compressed_attention import CompressedAttention
 from freetoken.runtime.models.compressed_kv import PairRope
@@ -24,6 +26,7 @@ from freetoken.runtime.models.hash_moe import HashMoeBlock
 from freetoken.runtime.models.hyper_connections import HyperConnection, HyperHead, spread
 from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.layers import Embedding, RMSNorm
+from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows, DecodeStep
 from freetoken.runtime.moe.executor import ExpertExecutor
 
 
@@ -49,18 +52,12 @@ class DecoderLayer(nn.Module):
         streams = spread(streams, self.self_attn(self.input_layernorm(h), rope, kv, start), post, comb)
         return self._mlp(streams, token_ids)
 
-    def forward_batch(
-        self,
-        streams: torch.Tensor,
-        token_ids: torch.Tensor,
-        rope: PairRope,
-        kvs: list[KVCache],
-        starts: list[int],
-    ) -> torch.Tensor:
-        """streams [B, N, H]: one new token of each of B sequences."""
+    def decode(self, streams: torch.Tensor, step: DecodeStep, rope: PairRope) -> torch.Tensor:
+        """streams [B, N, H]: one new token per row of the static pool -> [B, N, H]."""
         post, comb, h = self.attn_hc(streams)
-        attn = self.self_attn.forward_batch(self.input_layernorm(h), rope, kvs, starts)
-        return self._mlp(spread(streams, attn, post, comb), token_ids)  # the experts see the whole batch
+        streams = spread(streams, self.self_attn.decode(self.input_layernorm(h), step, rope), post, comb)
+        post, comb, h = self.ffn_hc(streams)
+        return spread(streams, self.mlp.decode(self.post_attention_layernorm(h), step), post, comb)
 
 
 class Backbone(nn.Module):
@@ -89,9 +86,18 @@ class DeepseekV4ForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def decode_blocker(self) -> str | None:
-        """Why this model has no static decode step: decode runs eagerly through decode_batch."""
-        return "compressed attention and hyper-connections have no static decode step"
+    def prepare_decode(self) -> None:
+        """Nothing to fuse: the decode reads the checkpoint's projections."""
+
+    def decode(self, rows: DecodeRows, pool: KVSlotPool, ops: DecodeOps) -> torch.Tensor:
+        """One new token per row over the static KV pool -> logits [B, V]. The caller advances each
+        sequence's length."""
+        streams = self._streams(rows.tokens)  # [B, N, H]
+        cos, sin = self.ropes[0](rows.positions, streams.dtype)
+        step = DecodeStep(rows, pool, ops, cos, sin, real=rows.slots >= 0)
+        for layer, rope in zip(self.model.layers, self.ropes, strict=True):
+            streams = layer.decode(streams, step, rope)
+        return self._logits(streams)
 
     def moe_blocks(self) -> list[HashMoeBlock]:
         return [layer.mlp for layer in self.model.layers]
@@ -118,17 +124,6 @@ class DeepseekV4ForCausalLM(nn.Module):
         for layer, rope in zip(self.model.layers, self.ropes, strict=True):
             streams = layer(streams, input_ids, rope, kv, start)
         return self._logits(streams if all_logits else streams[-1:])
-
-    def decode_batch(self, input_ids: torch.Tensor, kvs: list[KVCache]) -> torch.Tensor:
-        """input_ids [B]: the next token of each of B sequences -> logits [B, V]. The caller advances
-        each kv."""
-        starts = [kv.length for kv in kvs]
-        for kv, start in zip(kvs, starts, strict=True):
-            kv.reserve(start + 1)
-        streams = self._streams(input_ids)
-        for layer, rope in zip(self.model.layers, self.ropes, strict=True):
-            streams = layer.forward_batch(streams, input_ids, rope, kvs, starts)
-        return self._logits(streams)
 
 
 ARCHITECTURE = Architecture(

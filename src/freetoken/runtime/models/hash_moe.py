@@ -18,6 +18,7 @@ from torch import nn
 
 from freetoken.runtime.models.deepseek_v4_config import DeepseekV4ModelConfig
 from freetoken.runtime.models.kernels.cpu_linear import Linear
+from freetoken.runtime.models.slot_decode import DecodeStep
 from freetoken.runtime.moe.executor import ExpertExecutor
 from freetoken.runtime.moe.expert_fn import ExpertFn, expert_fn_of
 
@@ -88,6 +89,15 @@ class HashMoeBlock(nn.Module):
         """x [T, H] of tokens token_ids [T] -> [T, H]."""
         assert self.executor is not None, "attach an expert executor before the forward pass"
         ids, weights = self.gate(x, token_ids)
+        if self.recorder is not None:
+            self.recorder.add(self.layer, ids)
+        return self.executor.forward(self.layer, x, ids, weights) + self.shared_experts(x)
+
+    def decode(self, x: torch.Tensor, step: DecodeStep) -> torch.Tensor:
+        """x [B, H], one new token per row (padding rows route to no expert) -> [B, H]."""
+        assert self.executor is not None, "attach an expert executor before the forward pass"
+        ids, weights = self.gate(x, step.rows.tokens)
+        ids = torch.where(step.real[:, None], ids, -1)
         if self.recorder is not None:
             self.recorder.add(self.layer, ids)
         return self.executor.forward(self.layer, x, ids, weights) + self.shared_experts(x)

@@ -69,6 +69,19 @@ def fuse_linear_rows(linears: tuple[nn.Module, ...]) -> tuple[torch.Tensor, torc
     return weight, bias
 
 
+def top_positions(index: torch.Tensor, k: int) -> torch.Tensor:
+    """The k best positions of each row of index [N, S] fp32, ties going to the earlier position, so that
+    scoring a row's S positions or a whole slot of them (the rest -inf) chooses alike -> [N, k] int64.
+
+    Scores tie often (a key that no head's relu passes scores exactly 0), and a plain topk breaks ties by
+    its algorithm, which differs with S. Each score becomes one int64 that orders as the float does, then
+    by position: the float's bits made monotonic, shifted above S − position."""
+    bits = (index + 0.0).contiguous().view(torch.int32).long()  # [N, S]; + 0.0 makes -0.0 a plain 0
+    ordered = torch.where(bits < 0, -(bits & 0x7FFFFFFF) - 1, bits)  # monotonic in the float's value
+    position = torch.arange(index.shape[-1], device=index.device)
+    return ((ordered << 32) + (index.shape[-1] - position)).topk(k, dim=-1).indices
+
+
 # cuDNN attention rebuilds its plan whenever the key length changes, which costs milliseconds of host
 # time per decode step; the other SDPA kernels do not.
 _SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]

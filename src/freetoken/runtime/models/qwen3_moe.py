@@ -277,17 +277,13 @@ class Qwen3MoeForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def decode_blocker(self) -> str | None:
-        """Why this model has no static decode step (None: it has; `decode` runs it)."""
-        return None
-
     def prepare_decode(self) -> None:
         """Once, after the weights are loaded: each mixer fuses what its decode reads as one GEMV."""
         for layer in self.model.layers:
             layer.mixer.prepare_decode()
 
     def decode(self, rows: DecodeRows, pool: KVSlotPool, ops: DecodeOps) -> torch.Tensor:
-        """One new token per row over the static KV pool (decode_blocker() is None) -> logits [B, V]. The
+        """One new token per row over the static KV pool -> logits [B, V]. The
         caller advances each sequence's length."""
         x = self.model.embed_tokens(rows.tokens)  # [B, H]
         cos, sin = self.rotary(rows.positions, x.dtype)  # [B, R]

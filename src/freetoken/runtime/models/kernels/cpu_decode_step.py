@@ -95,7 +95,7 @@ class CpuDecodeStep:
         from freetoken.runtime.models.qwen3_moe import Attention, DecoderLayer, SparseMoeBlock
 
         lib = load_library()
-        if lib is None or pool.device.type != "cpu" or model.decode_blocker() is not None:
+        if lib is None or pool.device.type != "cpu":
             return None
         if not all(type(layer) is DecoderLayer for layer in model.model.layers):
             return None  # the native step: grouped-query attention layers only
