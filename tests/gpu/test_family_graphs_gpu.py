@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_families_gpu import assert_same_up_to_a_near_tie
 
-from freetoken.runtime.engine import build_engine
+from freetoken.runtime.engine import Engine, build_engine
 from oracle import build_any_model
 from scheduler_runs import PROMPTS, greedy
 
@@ -50,11 +50,18 @@ def family_model(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tupl
     return family, folder
 
 
+@pytest.fixture(scope="module")
+def references() -> dict[tuple[Path, int], tuple[Engine, list[list[int]]]]:
+    """(CPU fp32 engine, its greedy tokens) per (model folder, batch), made once."""
+    return {}
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize(("backend", "options"), BACKENDS)
 def test_every_step_is_a_graph_replay_with_the_references_tokens(
     family_model: tuple[str, Path],
+    references: dict[tuple[Path, int], tuple[Engine, list[list[int]]]],
     backend: str,
     options: dict,
     batch: int,
@@ -63,7 +70,10 @@ def test_every_step_is_a_graph_replay_with_the_references_tokens(
 ) -> None:
     _, folder = family_model
     prompts = PROMPTS[:batch]
-    want = greedy(build_engine(folder, device="cpu", dtype="float32", moe_backend="fused"), prompts, 12)
+    if (folder, batch) not in references:
+        cpu = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused")
+        references[(folder, batch)] = cpu, greedy(cpu, prompts, 12)
+    reference, want = references[(folder, batch)]
     engine = build_engine(folder, device="cuda", dtype=dtype, moe_backend=backend, **options)
     try:
         with caplog.at_level(logging.INFO):
@@ -73,7 +83,6 @@ def test_every_step_is_a_graph_replay_with_the_references_tokens(
         assert not [r.message for r in caplog.records if "eagerly" in r.message]
         if dtype == "float32":
             assert got == want
-        reference = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused")
         for prompt, g, w in zip(prompts, got, want, strict=True):
             assert_same_up_to_a_near_tie(reference, prompt, w, g)
     finally:
