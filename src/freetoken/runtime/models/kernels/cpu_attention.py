@@ -1,7 +1,8 @@
 """A decode step's attention block on the CPU in one native call (moe/kernels/attention_decode.c): q/k
 RMS norm (per head, over the whole projection, or none) and rotary (on all or the first dims), the K/V
-write at each row's slot and position, attention over the slot's keys — instead of some sixty small torch
-ops a layer. Its reference is the two plain-torch steps it replaces (a whole-projection norm before them),
+write at each row's slot and position, attention over the slot's keys (a sliding layer's window, each
+head's sink logit where the model has them) — instead of some sixty small torch ops a layer. Its
+reference is the two plain-torch steps it replaces (a whole-projection norm before them),
 `qk_norm_rope_kv_write_reference` then `slot_decode_attention_reference`; it computes in fp32 (caches in
 bf16 or fp32), so it agrees with them exactly in fp32 up to summation order, and within bf16 rounding
 on a bf16 model."""
@@ -47,8 +48,8 @@ def cpu_attention_block(
     """qkv [B, (NH + 2 KVH) D] -> attention output [B, NH D] in qkv's dtype, the K/V written; None when
     the native kernel does not take the inputs (the caller runs the torch steps)."""
     d = attn.head_dim
-    if not attn.plain or not native_attention_takes(qkv, k_cache, d) or attn.num_kv_heads * d > MAX_KV_WIDTH:
-        return None  # the native kernel has no sinks or window
+    if not native_attention_takes(qkv, k_cache, d) or attn.num_kv_heads * d > MAX_KV_WIDTH:
+        return None
     lib = load_library()
     assert lib is not None
     b, nh, kvh, cap = qkv.shape[0], attn.num_heads, attn.num_kv_heads, k_cache.shape[2]
@@ -60,6 +61,7 @@ def cpu_attention_block(
         if norm
         else (None, None)
     )
+    sinks = None if attn.sinks is None else attn.sinks.to(f32).contiguous()
     slots64, positions64 = slots.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     scores = torch.empty(b * nh * cap, dtype=f32)
     q_scratch = torch.empty(b * nh * d, dtype=f32)
@@ -68,7 +70,8 @@ def cpu_attention_block(
         qkv32.data_ptr(), b, nh, kvh, d, norm, cos.shape[-1], _ptr(qw), _ptr(kw),
         attn.q_norm.eps if norm else 0.0, cos32.data_ptr(), sin32.data_ptr(), k_cache.data_ptr(),
         v_cache.data_ptr(), k_cache.element_size(), cap, slots64.data_ptr(), positions64.data_ptr(), d**-0.5,
-        scores.data_ptr(), q_scratch.data_ptr(), out.data_ptr(), torch.get_num_threads(),
+        _ptr(sinks), attn.window or 0, scores.data_ptr(), q_scratch.data_ptr(), out.data_ptr(),
+        torch.get_num_threads(),
     )  # fmt: skip
     if code != 0:
         raise ValueError(

@@ -3,7 +3,8 @@
 //   whole projection (norm 2: qw [NH·D], kw [KVH·D]) or none (norm 0); then the rotary embedding in
 //   rotate-half form (x·cos + rotate_half(x)·sin) on the first `rot` dims of each head; k and v are
 //   written into the row's cache slot at its position; then every query head attends over the slot's
-//   first position + 1 keys: scores · scale, softmax, the weighted sum of the values.
+//   first position + 1 keys (the last `window` of them where window > 0): scores · scale, softmax with
+//   the head's sink logit in its denominator where `sinks` [NH] is given, the weighted sum of the values.
 // qkv [B, (NH + 2 KVH)·D] fp32; cos, sin [B, rot] fp32; caches [S, KVH, CAP, D], bf16 (elem 2) or fp32
 // (elem 4); slots, positions [B] (slot -1: a padding row, skipped); scores: scratch of B·NH·CAP
 // floats; out [B, NH·D] fp32. Heads of a KV group share its keys (NH a multiple of KVH).
@@ -77,10 +78,11 @@ static inline v8f widen8(const uint16_t *p) {  // eight bf16 -> eight floats
 // time, so four chains of FMAs run side by side; the query and the output stay in vector registers.
 static inline __attribute__((always_inline)) void attend_bf16(const float *restrict q, const uint16_t *keys,
                                                               const uint16_t *values, long length, int D,
-                                                              float scale, float *restrict s, float *restrict o) {
+                                                              float scale, float sink, float *restrict s,
+                                                              float *restrict o) {
     v8f qv[16], ov[16];
     for (int c = 0; c < D / 8; c++) qv[c] = load8f(q + 8 * c), ov[c] = (v8f){0};
-    float top = -INFINITY;
+    float top = sink;
     long j = 0;
     for (; j + 4 <= length; j += 4) {
         const uint16_t *k = keys + j * D;
@@ -99,7 +101,7 @@ static inline __attribute__((always_inline)) void attend_bf16(const float *restr
         s[j] = sum8(a) * scale;
         top = s[j] > top ? s[j] : top;
     }
-    float total = 0.0f;
+    float total = expf(sink - top);  // the sink's share of the denominator (none: -inf, 0)
     for (j = 0; j < length; j++) total += (s[j] = expf(s[j] - top));
     for (j = 0; j < length; j++) {
         const float p = s[j] / total;
@@ -114,10 +116,10 @@ static inline __attribute__((always_inline)) void attend_bf16(const float *restr
 // cache is read once instead of G times. Scores of head h into scores + h·cap, its output into o + h·D.
 static inline __attribute__((always_inline)) void attend_group_bf16(const float *restrict q, const uint16_t *keys,
                                                                     const uint16_t *values, long length, int D,
-                                                                    int G, float scale, float *scores, long cap,
-                                                                    float *restrict o) {
+                                                                    int G, float scale, const float *sinks,
+                                                                    float *scores, long cap, float *restrict o) {
     float top[8], total[8];
-    for (int h = 0; h < G; h++) top[h] = -INFINITY, total[h] = 0.0f;
+    for (int h = 0; h < G; h++) top[h] = sinks ? sinks[h] : -INFINITY, total[h] = 0.0f;
     for (long j = 0; j < length; j++) {
         v8f kv[16];
         for (int c = 0; c < D / 8; c++) kv[c] = widen8(keys + j * D + 8 * c);
@@ -134,6 +136,7 @@ static inline __attribute__((always_inline)) void attend_group_bf16(const float 
     }
     for (int h = 0; h < G; h++) {
         float *s = scores + h * cap;
+        if (sinks) total[h] = expf(sinks[h] - top[h]);
         for (long j = 0; j < length; j++) total[h] += (s[j] = expf(s[j] - top[h]));
     }
     memset(o, 0, sizeof(float) * G * D);
@@ -151,10 +154,16 @@ static inline __attribute__((always_inline)) void attend_group_bf16(const float 
     }
 }
 
+// The first key a query at the end of `length` keys sees: the last `window` of them (0: every key).
+static inline long first_key(long length, int window) {
+    return window > 0 && length > window ? length - window : 0;
+}
+
 int ft_attention_decode(const float *qkv, int rows, int nh, int kvh, int d, int norm, int rot, const float *qw,
                         const float *kw, float eps, const float *cos, const float *sin, void *k_cache, void *v_cache,
                         int elem, int cap, const int64_t *slots, const int64_t *positions, float scale,
-                        float *scores, float *q_scratch, float *out, int threads) {
+                        const float *sinks, int window, float *scores, float *q_scratch, float *out,
+                        int threads) {
     const long width = (long)(nh + 2 * kvh) * d;
     if ((long)kvh * d > 8192 || rot > d || rot % 2) return -2;
     const float *head_qw = norm == 1 ? qw : NULL, *head_kw = norm == 1 ? kw : NULL;
@@ -191,12 +200,14 @@ int ft_attention_decode(const float *qkv, int rows, int nh, int kvh, int d, int 
                     memset(o, 0, sizeof(float) * group * d);
                     continue;
                 }
-                const long length = positions[r] + 1, base = (slot * kvh + g) * cap * d;
+                const long first = first_key(positions[r] + 1, window), length = positions[r] + 1 - first;
+                const long base = ((slot * kvh + g) * cap + first) * d;
                 const float *q = q_scratch + ((long)r * nh + (long)g * group) * d;
+                const float *sk = sinks ? sinks + (long)g * group : NULL;
                 float *sc = scores + ((long)r * nh + (long)g * group) * cap;
                 const uint16_t *keys = (const uint16_t *)k_cache + base, *values = (const uint16_t *)v_cache + base;
-                if (d == 64) attend_group_bf16(q, keys, values, length, 64, group, scale, sc, cap, o);
-                else attend_group_bf16(q, keys, values, length, 128, group, scale, sc, cap, o);
+                if (d == 64) attend_group_bf16(q, keys, values, length, 64, group, scale, sk, sc, cap, o);
+                else attend_group_bf16(q, keys, values, length, 128, group, scale, sk, sc, cap, o);
             }
         }
         return 0;
@@ -210,23 +221,26 @@ int ft_attention_decode(const float *qkv, int rows, int nh, int kvh, int d, int 
                 memset(o, 0, sizeof(float) * d);
                 continue;
             }
-            const long length = positions[r] + 1, base = (slot * kvh + h / group) * cap * d;
+            const long first = first_key(positions[r] + 1, window), length = positions[r] + 1 - first;
+            const long base = ((slot * kvh + h / group) * cap + first) * d;
             const float *q = q_scratch + ((long)r * nh + h) * d;
+            const float sink = sinks ? sinks[h] : -INFINITY;
             float *s = scores + ((long)r * nh + h) * cap;
+            const uint16_t *keys = (const uint16_t *)k_cache + base, *values = (const uint16_t *)v_cache + base;
             if (elem == 2 && d == 64) {
-                attend_bf16(q, (const uint16_t *)k_cache + base, (const uint16_t *)v_cache + base, length, 64, scale, s, o);
+                attend_bf16(q, keys, values, length, 64, scale, sink, s, o);
                 continue;
             }
             if (elem == 2 && d == 128) {
-                attend_bf16(q, (const uint16_t *)k_cache + base, (const uint16_t *)v_cache + base, length, 128, scale, s, o);
+                attend_bf16(q, keys, values, length, 128, scale, sink, s, o);
                 continue;
             }
-            float top = -INFINITY;
+            float top = sink;
             for (long j = 0; j < length; j++) {
                 s[j] = dot_key(q, k_cache, base + j * d, d, elem) * scale;
                 top = s[j] > top ? s[j] : top;
             }
-            float total = 0.0f;
+            float total = expf(sink - top);
             for (long j = 0; j < length; j++) total += (s[j] = expf(s[j] - top));
             memset(o, 0, sizeof(float) * d);
             for (long j = 0; j < length; j++) add_value(o, s[j] / total, v_cache, base + j * d, d, elem);

@@ -30,7 +30,8 @@ int ft_linear_bf16(const uint16_t *w, const float *x, float *out, int n_rows, in
 int ft_attention_decode(const float *qkv, int rows, int nh, int kvh, int d, int norm, int rot, const float *qw,
                         const float *kw, float eps, const float *cos, const float *sin, void *k_cache, void *v_cache,
                         int elem, int cap, const int64_t *slots, const int64_t *positions, float scale,
-                        float *scores, float *q_scratch, float *out, int threads);
+                        const float *sinks, int window, float *scores, float *q_scratch, float *out,
+                        int threads);
 void ft_add_rms_norm(const void *x, const void *residual, const void *weight, float eps, int rows, int hidden,
                      int elem, void *out_h, void *out_sum, float *scratch);
 int ft_moe(const void *gate_up, int gu_codec, const void *down, int dn_codec, int bank_experts, int hidden,
@@ -223,7 +224,7 @@ int ft_decode_step(const ft_decoder *m, int rows, const int64_t *tokens, const i
         linear(L->qkv, L->qkv_bias, hn, rows, width, h, xf, xs, qkv, threads);
         const int code = ft_attention_decode(qkv, rows, m->heads, m->kv_heads, d, 1, d, L->q_norm, L->k_norm, m->qk_eps,
                                              cos, sin, L->k_cache, L->v_cache, m->cache_elem, m->capacity, slots,
-                                             positions, scale, scores, q_scratch, attn, threads);
+                                             positions, scale, NULL, 0, scores, q_scratch, attn, threads);
         if (code != 0) return -2;
         for (long i = 0; i < (long)rows * qd; i++) attn[i] = round_elem(attn[i], 2);  // o_proj's input
         ft_linear_bf16(L->o, attn, ey, h, qd, rows, xs, threads);

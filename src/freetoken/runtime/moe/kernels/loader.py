@@ -194,10 +194,11 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.ft_widen_rows_bf16.restype = i32
     # qkv, rows, heads, kv heads, head dim, norm mode (0 none, 1 per head, 2 whole projection), rotary
     # dims, q/k norm weights, eps, cos, sin, k/v caches, element size, capacity, slots, positions, scale,
-    # scores scratch, q scratch, out, threads
+    # sinks (or NULL), window (0: none), scores scratch, q scratch, out, threads
     f32 = ctypes.c_float
     lib.ft_attention_decode.argtypes = [
-        vp, i32, i32, i32, i32, i32, i32, vp, vp, f32, vp, vp, vp, vp, i32, i32, vp, vp, f32, vp, vp, vp, i32
+        vp, i32, i32, i32, i32, i32, i32, vp, vp, f32, vp, vp, vp, vp, i32, i32, vp, vp, f32, vp, i32, vp, vp,
+        vp, i32,
     ]  # fmt: skip
     lib.ft_attention_decode.restype = i32
     # x, residual (or NULL), weight, eps, rows, hidden, element size, normed out, sum out, scratch
