@@ -183,9 +183,11 @@ def main() -> None:
     rows = []
     for family in args.families.split(","):
         layers = LAYERS.get(family, args.layers)
-        rows += run_family(family, layers, batches, args.steps, bandwidth, args.device)
+        new = run_family(family, layers, batches, args.steps, bandwidth, args.device)
+        rows += new
         if not args.json:
-            print(json.dumps(rows[-1]), flush=True)
+            for row in new:
+                print(json.dumps(row), flush=True)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if args.json:
         print(json.dumps({"card": card, "copy_gbps": bandwidth / 1e9, "rows": rows}, indent=2))

@@ -338,7 +338,9 @@ def random_weights(seed: int = 0, std: float = 0.02) -> Callable[..., HostExpert
         gen = torch.Generator(device=device).manual_seed(seed)
         with torch.no_grad():
             for param in model.parameters():
-                if param.dim() == 1:
+                if not param.is_floating_point():  # a table of expert ids (hash-routed layers)
+                    param.random_(0, cfg.num_experts, generator=gen)
+                elif param.dim() == 1:
                     param.fill_(1.0)
                 else:
                     param.normal_(0.0, std, generator=gen)
