@@ -35,6 +35,11 @@ FAMILIES = [
     "kimi_linear",
     "deepseek_v4",
 ]
+# bf16 rounding compounds in a recurrent state: on Qwen3-Next's tiny model the eager bf16 forward itself
+# leaves the fp32 tokens at step 7 of a prompt, where the graph's first differs at step 9, a logit gap of
+# 4.9 % of the largest logit (H200); the fp32 runs are exact
+RECURRENT = {"qwen3_5_moe", "qwen3_next", "kimi_linear"}
+RECURRENT_TIE = 0.06
 BACKENDS = [
     ("fused", {}),
     ("offload", {"cache_size": 3}),
@@ -68,7 +73,7 @@ def test_every_step_is_a_graph_replay_with_the_references_tokens(
     dtype: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    _, folder = family_model
+    family, folder = family_model
     prompts = PROMPTS[:batch]
     if (folder, batch) not in references:
         cpu = build_engine(folder, device="cpu", dtype="float32", moe_backend="fused")
@@ -83,7 +88,8 @@ def test_every_step_is_a_graph_replay_with_the_references_tokens(
         assert not [r.message for r in caplog.records if "eagerly" in r.message]
         if dtype == "float32":
             assert got == want
+        tolerance = RECURRENT_TIE if family in RECURRENT else 0.02
         for prompt, g, w in zip(prompts, got, want, strict=True):
-            assert_same_up_to_a_near_tie(reference, prompt, w, g)
+            assert_same_up_to_a_near_tie(reference, prompt, w, g, tolerance)
     finally:
         engine.close()
