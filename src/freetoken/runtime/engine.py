@@ -219,18 +219,16 @@ class Engine:
 
     def _make_kv_pool(self, slots: int) -> KVSlotPool:
         cfg = self.config
-        layers = getattr(self.model, "attention_layers", tuple(range(cfg.num_layers)))
-        shapes = getattr(self.model, "state_shapes", None)  # hybrid models: recurrent states in slots too
-        states = shapes(self.dtype) if shapes is not None else None
+        states = self.model.state_shapes(self.dtype)  # hybrid models: recurrent states in slots too
         heads, k_dim, v_dim = cfg.kv_dims
         return KVSlotPool(
-            slots, layers, heads, k_dim, self.max_seq_len, self.dtype, self.device, states, v_dim
-        )
+            slots, self.model.attention_layers, heads, k_dim, self.max_seq_len, self.dtype, self.device,
+            states, v_dim,
+        )  # fmt: skip
 
     def new_sequence(self) -> Sequence:
         cfg = self.config
-        cache_class = getattr(self.model, "cache_class", KVCache)  # hybrid models add recurrent state
-        kv = cache_class(
+        kv = self.model.cache_class(  # hybrid models add recurrent state
             cfg.num_layers,
             cfg.kv_dims[0],
             cfg.kv_dims[1],
@@ -471,4 +469,4 @@ def build_engine(
 
 def reuses_kv_prefixes(engine: Engine) -> bool:
     """Whether K/V alone resumes a sequence (no recurrent layers), so a prefix cache of K/V is enough."""
-    return getattr(engine.model, "cache_class", KVCache) is KVCache
+    return engine.model.cache_class is KVCache

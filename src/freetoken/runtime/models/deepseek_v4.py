@@ -70,9 +70,12 @@ class Backbone(nn.Module):
 
 
 class DeepseekV4ForCausalLM(nn.Module):
+    cache_class: type[KVCache] = KVCache  # one row per position per layer (compressed_kv.py)
+
     def __init__(self, cfg: DeepseekV4ModelConfig) -> None:
         super().__init__()
         self.config = cfg
+        self.attention_layers = tuple(range(cfg.num_layers))
         self.model = Backbone(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # sliding layers rotate with the main rope, compressed ones (and their compressors) with theirs
@@ -85,6 +88,10 @@ class DeepseekV4ForCausalLM(nn.Module):
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def state_shapes(self, dtype: torch.dtype) -> dict[int, tuple[tuple[tuple[int, ...], torch.dtype], ...]]:
+        """No recurrent state: the compressors' state is in the KV rows."""
+        return {}
 
     def prepare_decode(self) -> None:
         """Nothing to fuse: the decode reads the checkpoint's projections."""

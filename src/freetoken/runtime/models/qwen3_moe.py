@@ -262,11 +262,18 @@ class Backbone(nn.Module):
 
 
 class Qwen3MoeForCausalLM(nn.Module):
-    """Also Mixtral's and OLMoE's model: their layers differ only in the attention's q/k norms (cfg)."""
+    """Also Mixtral's and OLMoE's model: their layers differ only in the attention's q/k norms (cfg).
+
+    What the engine asks of a model, declared here for every family: `cache_class` (a sequence's cache),
+    `attention_layers` (the layers whose K/V the pool keeps), `state_shapes` (recurrent states the pool
+    keeps per slot), `prepare_decode` and `decode` (the static step)."""
+
+    cache_class: type[KVCache] = KVCache  # a hybrid model's adds its recurrent states
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
+        self.attention_layers = tuple(range(cfg.num_layers))
         self.model = Backbone(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)
@@ -276,6 +283,10 @@ class Qwen3MoeForCausalLM(nn.Module):
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def state_shapes(self, dtype: torch.dtype) -> dict[int, tuple[tuple[tuple[int, ...], torch.dtype], ...]]:
+        """Per recurrent layer, its state tensors' (shape, dtype): none here."""
+        return {}
 
     def prepare_decode(self) -> None:
         """Once, after the weights are loaded: each mixer fuses what its decode reads as one GEMV."""
