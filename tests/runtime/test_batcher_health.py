@@ -44,10 +44,11 @@ def engine(tiny_model: tuple[Path, Any]) -> Engine:
     return build_engine(tiny_model[0], device="cpu", dtype="float32", moe_backend="fused")
 
 
-def wrap(engine: Engine, name: str, hook: Callable[..., Any]) -> None:
-    """Route engine.<name> through hook(real, *args) (an instance attribute: the class is untouched)."""
-    real = getattr(engine, name)
-    setattr(engine, name, lambda *args: hook(real, *args))
+def wrap(owner: Any, name: str, hook: Callable[..., Any]) -> None:
+    """Route owner.<name> (the engine's or its runner's) through hook(real, *args) (an instance attribute:
+    the class is untouched)."""
+    real = getattr(owner, name)
+    setattr(owner, name, lambda *args: hook(real, *args))
 
 
 def test_sampling_failure_fails_that_request_alone(engine: Engine) -> None:
@@ -61,7 +62,7 @@ def test_sampling_failure_fails_that_request_alone(engine: Engine) -> None:
         finite = None if out.finite is None else [f and not b for f, b in zip(out.finite, bad, strict=True)]
         return StepOutput(logits, out.tokens, finite)  # as the device reports a row with NaN logits
 
-    wrap(engine, "_slot_step", decode)
+    wrap(engine.runner, "slot_step", decode)
     batcher = Batcher(engine, max_running=4)
     a, b = Collector(), Collector()
     batcher.submit([1, 2, 3], SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.7), a)
@@ -73,7 +74,7 @@ def test_sampling_failure_fails_that_request_alone(engine: Engine) -> None:
         assert b.error is None and len(b.events) == 6  # b, decoded in the same batches, finished
         assert batcher.health() is None and batcher.stats.failed == 1
         c = Collector()
-        wrap(engine, "_slot_step", lambda real, *args: real(*args))
+        wrap(engine.runner, "slot_step", lambda real, *args: real(*args))
         batcher.submit([7, 8], SamplingParams(max_tokens=3, ignore_eos=True), c)
         assert c.done.wait(30) and c.error is None
     finally:

@@ -3,8 +3,10 @@
 The verbs go through the one scheduler (runtime/scheduler.py) as a batch of one; `serve` runs the same
 scheduler with many. A finished request's KV (and, on a hybrid model, its recurrent-state checkpoints)
 goes into the scheduler's prefix cache, so a request that extends the previous conversation only
-prefills what is new. The engine owns the passes the scheduler calls: `prefill`, `decode_tokens` (one
-batched decode step and its sampling) and `sample_first`.
+prefills what is new. The engine is the facade: it builds the model, the KV pool and the expert executor,
+splits the device memory between them (and re-splits it at safe points), and answers the scheduler's
+passes — `prefill`, `decode_tokens` (one batched decode step and its sampling), `sample_first` — through
+its StepRunner (runner.py), which runs them.
 """
 
 from __future__ import annotations
@@ -12,16 +14,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from freetoken.errors import FreeTokenError
 from freetoken.runtime.config import DEFAULT_CONTEXT, EngineConfig, MoeConfig, parse_cpu_layers
-from freetoken.runtime.decode_graph import MAX_ROWS, SlotDecoder, StepOutput, padded_size
+from freetoken.runtime.decode_graph import MAX_ROWS, SlotDecoder
 from freetoken.runtime.device_sampling import SamplingRows
 from freetoken.runtime.devices import resolve_device
 from freetoken.runtime.kv.cache import KVCache
@@ -41,9 +41,9 @@ from freetoken.runtime.memory import (
 )
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
-from freetoken.runtime.request import Request, Sampled, sample
-from freetoken.runtime.request_decode import accept_drawn, sampling_mode, stage_sampling
-from freetoken.runtime.sampling import NonFiniteLogits, SamplingParams
+from freetoken.runtime.request import Request, Sampled
+from freetoken.runtime.runner import StepRunner
+from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 from freetoken.runtime.sequence import Sequence, TokenEvent
 from freetoken.runtime.text.anchors import AnchorTable
@@ -78,6 +78,7 @@ class Engine:
         # decode over the static KV pool: every model owns its step (CUDA graphs on a GPU)
         model.prepare_decode()
         self.decoder = SlotDecoder(model, self.kv_pool, self.device, SamplingRows(MAX_ROWS, self.device))
+        self.runner = StepRunner(model, config, self.device, self.decoder, self.max_seq_len)
         self.configure_moe(config.moe)
         self.model.eval()
         self.stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
@@ -90,12 +91,14 @@ class Engine:
         prefix = PrefixCache(self.max_seq_len, config.state_checkpoints + 1 if hybrid else 0)
         self.scheduler = Scheduler(self, prefix, max_running=1)
         self._events: list[TokenEvent | Exception] = []  # delivered by the scheduler, returned by step
-        self.recorder: RoutingRecorder | None = None
-        self.heartbeat = time.monotonic()  # when the last forward pass ended: progress, for a watchdog
+
+    @property
+    def recorder(self) -> RoutingRecorder | None:
+        return self.runner.recorder
 
     def record_routing(self, recorder: RoutingRecorder | None) -> None:
         """Hand every MoE layer's routing to `recorder` (None stops recording)."""
-        self.recorder = recorder
+        self.runner.recorder = recorder
         for block in self.model.moe_blocks():
             block.recorder = recorder
 
@@ -139,6 +142,7 @@ class Engine:
         self.backend = backend
         self.executor = build_executor(backend, ctx)
         self.model.attach_executor(self.executor)
+        self.runner.executor = self.executor
         self.decoder.attach(self.executor)
         if self.decoder.native is not None:
             log.info("decode steps on the CPU run as one native call each")
@@ -249,43 +253,32 @@ class Engine:
         )
         return Sequence(kv, checkpoints=store)
 
-    @contextmanager
-    def _pass(self, new_tokens: int, rows: int) -> Iterator[None]:
-        """Around one forward pass of `new_tokens` per sequence over `rows` token rows: the executor's
-        begin/end (also when the pass raises) and the routing recorder's end of pass."""
-        self.executor.begin_pass(new_tokens, rows)
-        try:
-            yield
-        finally:
-            self.executor.end_pass()
-            if self.recorder is not None:
-                self.recorder.end_pass(rows)
+    # -- passes (runner.py runs them; the scheduler calls them here) -----------------------------------------
 
-    @torch.inference_mode()
     def forward(self, seq: Sequence, ids: list[int], all_logits: bool = False) -> torch.Tensor:
         """Append `ids` to `seq` and return logits [T, V] (all_logits) or [1, V] for the last position."""
-        if seq.kv.length + len(ids) > self.max_seq_len:
-            raise FreeTokenError(
-                f"sequence of {seq.kv.length + len(ids)} tokens exceeds the context of {self.max_seq_len}"
-            )
-        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
-        with self._pass(len(ids), len(ids)):
-            logits = self.model(tokens, seq.kv, all_logits=all_logits)
-        seq.kv.advance(len(ids))
-        seq.token_ids.extend(ids)
-        self.heartbeat = time.monotonic()
-        return logits
+        return self.runner.forward(seq, ids, all_logits)
 
-    @torch.inference_mode()
+    def prefill(self, seq: Sequence, ids: list[int]) -> torch.Tensor:
+        """Append a prompt in chunks (runner.py); the last position's logits [1, V]."""
+        return self.runner.prefill(seq, ids)
+
     def decode_batch(self, seqs: list[Sequence], ids: list[int]) -> torch.Tensor:
-        """One decode step for several sequences at once: ids[i] continues seqs[i] -> logits [B, V] (the
-        step decode_tokens runs, in parts of at most MAX_ROWS rows, returning its logits)."""
-        return torch.cat(
-            [
-                self._slot_step(seqs[a : a + MAX_ROWS], ids[a : a + MAX_ROWS], "logits").logits.clone()
-                for a in range(0, len(seqs), MAX_ROWS)
-            ]
-        )
+        """One decode step for several sequences at once: ids[i] continues seqs[i] -> logits [B, V]."""
+        return self.runner.decode_batch(seqs, ids)
+
+    def decode_tokens(self, requests: list[Request]) -> list[Sampled | Exception]:
+        """One decode step for running requests, the next token of each drawn (runner.py)."""
+        return self.runner.decode_tokens(requests)
+
+    def sample_first(self, request: Request, logits: torch.Tensor) -> Sampled:
+        """The first token of a request, from its prefill's last-position logits [V]."""
+        return self.runner.sample_first(request, logits)
+
+    @property
+    def heartbeat(self) -> float:
+        """When the last forward pass ended: progress, for a watchdog."""
+        return self.runner.heartbeat
 
     # -- requests: the three verbs, through the scheduler ----------------------------------------------------
 
@@ -344,102 +337,6 @@ class Engine:
         if now - self._last_probe >= self.moe.reprofile_interval_s:
             self.executor.probe()
             self._last_probe = time.monotonic()
-
-    # -- the scheduler's passes ------------------------------------------------------------------------------
-
-    def decode_tokens(self, requests: list[Request]) -> list[Sampled | Exception]:
-        """One decode step for running requests (each one's next token fed, the one after it drawn); a row
-        whose sampling failed is its exception, so that request fails alone. Over the static KV pool the
-        draw happens inside the step (a graph replay on CUDA), in parts of at most MAX_ROWS rows."""
-        results: list[Sampled | Exception] = []
-        for a in range(0, len(requests), MAX_ROWS):
-            part = requests[a : a + MAX_ROWS]
-            mode = sampling_mode(part)
-            if mode in ("sample", "draw"):
-                stage_sampling(self.decoder.sampling, part)
-            seqs = [request.seq for request in part]
-            out = self._slot_step(seqs, [request.next_token for request in part], mode)  # type: ignore[arg-type,misc]
-            results += [self._named(r) for r in accept_drawn(part, out)]
-        return results
-
-    @torch.inference_mode()
-    def _slot_step(self, seqs: list[Sequence], ids: list[int], mode: str) -> StepOutput:
-        """One decode step over the static KV pool for at most MAX_ROWS sequences."""
-        for seq in seqs:
-            if seq.kv.length + 1 > self.max_seq_len:
-                raise FreeTokenError(
-                    f"sequence of {seq.kv.length + 1} tokens exceeds the context of {self.max_seq_len}"
-                )
-        self._checkpoint_before_decode(seqs, ids)
-        eager = self.executor.graph_blocker(padded_size(len(ids)))
-        if eager is None and self.recorder is not None:
-            eager = "routing is being recorded"
-        with self._pass(1, len(ids)):
-            out = self.decoder.step(ids, [s.kv.length for s in seqs], [s.kv.slot for s in seqs], mode, eager)
-        for seq, token in zip(seqs, ids, strict=True):
-            seq.kv.advance(1)
-            seq.token_ids.append(token)
-        self.heartbeat = time.monotonic()
-        return out
-
-    def sample_first(self, request: Request, logits: torch.Tensor) -> Sampled:
-        """The first token of a request, from its prefill's last-position logits [V]."""
-        try:
-            return sample(request, logits)
-        except NonFiniteLogits as exc:
-            raise self._named(exc) from None
-
-    def _named(self, result: Any) -> Any:
-        """A NaN/Inf failure says which model produced it (the message reaches users as one line)."""
-        if isinstance(result, NonFiniteLogits):
-            return NonFiniteLogits(f"{self.engine_config.model_path}: {result}")
-        return result
-
-    def prefill(self, seq: Sequence, ids: list[int]) -> torch.Tensor:
-        """Append a prompt in chunks of at most `max_prefill_tokens` (bounding activation memory);
-        returns the last position's logits [1, V], the same as one unchunked forward. Checkpoint
-        positions inside a chunk are captured by the recurrent layers during it (no extra passes)."""
-        chunk = self.engine_config.max_prefill_tokens
-        base, end = seq.kv.length, seq.kv.length + len(ids)
-        marks = self._checkpoint_positions(seq, ids, base, end)
-        logits = None
-        for a in range(base, end, chunk):
-            b = min(a + chunk, end)
-            self._maybe_checkpoint(seq, marks)
-            inside = tuple(sorted(p for p in marks if a < p < b))
-            if inside:
-                seq.kv.capture_at = inside  # type: ignore[attr-defined]
-            try:
-                logits = self.forward(seq, ids[a - base : b - base])
-            finally:
-                if inside:
-                    seq.kv.capture_at, captured = (), seq.kv.captured  # type: ignore[attr-defined]
-                    seq.kv.captured = {}  # type: ignore[attr-defined]
-            if inside and seq.checkpoints is not None:
-                for p in inside:
-                    seq.checkpoints.save(p, marks[p], captured[p], owned=True)
-        self._maybe_checkpoint(seq, marks)
-        assert logits is not None
-        return logits
-
-    def _checkpoint_positions(self, seq: Sequence, ids: list[int], start: int, end: int) -> dict[int, str]:
-        store = seq.checkpoints
-        if store is None:
-            return {}
-        offset = max(0, start - store.lookback)  # only the tail: this runs every decode step
-        return store.positions([*seq.token_ids[offset:], *ids], start, end, offset)
-
-    def _checkpoint_before_decode(self, seqs: list[Sequence], ids: list[int]) -> None:
-        """A sequence standing at an anchor saves its recurrent states before the step moves them on."""
-        for seq, token in zip(seqs, ids, strict=True):
-            length = seq.kv.length
-            self._maybe_checkpoint(seq, self._checkpoint_positions(seq, [token], length, length))
-
-    def _maybe_checkpoint(self, seq: Sequence, marks: dict[int, str]) -> None:
-        """Save the recurrent states when the sequence stands at one of `marks`."""
-        position = seq.kv.length
-        if position in marks and position > 0 and seq.checkpoints is not None:
-            seq.checkpoints.save(position, marks[position], seq.kv.linear)  # type: ignore[attr-defined]
 
 
 def build_engine(
