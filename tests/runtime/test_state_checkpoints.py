@@ -204,9 +204,9 @@ def test_prefill_takes_checkpoints_without_extra_passes(
     ]
     ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
     passes: list[int] = []
-    forward = engine.forward
+    forward = engine.runner.forward  # the passes prefill runs
     monkeypatch.setattr(
-        engine, "forward", lambda seq, chunk, **kw: passes.append(len(chunk)) or forward(seq, chunk, **kw)
+        engine.runner, "forward", lambda seq, chunk, *a: passes.append(len(chunk)) or forward(seq, chunk, *a)
     )
     list(engine.generate(ids, SamplingParams(max_tokens=1, ignore_eos=True)))
     assert passes == [len(ids)]
