@@ -19,21 +19,12 @@ import torch
 from torch import nn
 
 from freetoken.runtime.models.deepseek_v4_config import DeepseekV4ModelConfig
+from freetoken.runtime.models.kernels.sinkhorn import sinkhorn
 
 
 def unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) over the last dim (an RMSNorm without weights), in x's dtype."""
     return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
-
-
-def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    """comb [..., N, N] > 0 -> nearly doubly stochastic: columns normalised, then `iters` − 1 rounds of
-    rows then columns (each divided by its sum + eps)."""
-    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-    for _ in range(iters - 1):
-        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-    return comb
 
 
 class HyperConnection(nn.Module):
