@@ -35,10 +35,9 @@ FAMILIES = [
     "kimi_linear",
     "deepseek_v4",
 ]
-# bf16 rounding compounds in a recurrent state: on Qwen3-Next's tiny model the eager bf16 forward itself
-# leaves the fp32 tokens at step 7 of a prompt, and the graph's tokens part from them at steps 5-10 with
-# logit gaps of 5-8 % (H200); so in bf16 these families are held to one step's logits, in fp32 to equal
-# tokens
+# bf16 rounding compounds in a recurrent state: a tiny recurrent model's own eager bf16 forward parts from
+# the fp32 tokens within a few steps (docs/benchmarks.md), so in bf16 these families are held to one
+# step's logits, in fp32 to equal tokens
 RECURRENT = {"qwen3_5_moe", "qwen3_next", "kimi_linear"}
 
 

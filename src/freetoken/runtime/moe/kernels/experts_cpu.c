@@ -39,8 +39,8 @@
 #define UNIT_MAX (1L << 20)
 
 // SUM_AFTER_BARRIER 1: the sum over pairs after a barrier, split over the threads by rows of 256 (the
-// kernel before 2026-12-06, for A/B in benchmarks/cpu_kernel_sweep.py); 0: per row chunk, by the down unit
-// that ends the chunk's last expert. The same additions in the same order either way.
+// earlier kernel, kept for A/B in benchmarks/cpu_kernel_sweep.py); 0: per row chunk, by the down unit that
+// ends the chunk's last expert. The same additions in the same order either way.
 #ifndef SUM_AFTER_BARRIER
 #define SUM_AFTER_BARRIER 0
 #endif

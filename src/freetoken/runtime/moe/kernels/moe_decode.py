@@ -38,7 +38,7 @@ MAX_DECODE_TOKENS = 16  # beyond this a grouped (per-expert) kernel reads each e
 class DecodeBlocks:
     """Tile sizes: rows per program and the reduction chunk, per kernel."""
 
-    gate_up_n: int = 4  # the fastest of benchmarks/moe_decode_kernel.py --sweep on an H200 at batch 1
+    gate_up_n: int = 4  # chosen by benchmarks/moe_decode_kernel.py --sweep (docs/benchmarks.md)
     gate_up_k: int = 256
     down_n: int = 8
     down_k: int = 256
@@ -69,12 +69,10 @@ def _default_blocks(codec: bool, built_in: DecodeBlocks, int8: bool = False) -> 
 
 DEFAULT_BLOCKS = _default_blocks(False, DecodeBlocks())
 # banks of codec blocks: a chunk of several blocks per step keeps more bytes in flight per program (a row of
-# blocks is 3.5-7x shorter in bytes than in bf16), and the down kernel split over choices. The fastest of
-# benchmarks/moe_decode_kernel.py --codec C --sweep on an H200 at batch 1: Q4_K 16x256 / 8x512 split 41.8 us
-# (unsplit 50.3; 8x512 / 8x512 split 49.0), MXFP4 (gpt-oss shapes) 8x512 / 4x1024 split 139.2 us (16x256 /
-# 4x1024 split 171.8); others take 8x512 / 8x512 split. The kernels after the step's first as programmatic
-# dependents (pdl), one sweep on an H100 (2026-12-06): Q4_K 28.2 -> 26.8 us, Q8_0 33.3 -> 32.8 (MXFP4 not
-# measured: off). FREETOKEN_MOE_DECODE_CODEC_BLOCKS sets every codec's.
+# blocks is 3.5-7x shorter in bytes than in bf16), and the down kernel split over choices; the tiles are the
+# fastest of benchmarks/moe_decode_kernel.py --codec C --sweep (its runs: docs/benchmarks.md), programmatic
+# dependents (pdl) where they were measured to help (MXFP4: not measured, off).
+# FREETOKEN_MOE_DECODE_CODEC_BLOCKS sets every codec's.
 CODEC_BLOCKS = {
     "Q4_K": DecodeBlocks(gate_up_n=16, gate_up_k=256, down_n=8, down_k=512, split_choices=1, pdl=1),
     "MXFP4": DecodeBlocks(gate_up_n=8, gate_up_k=512, down_n=4, down_k=1024, split_choices=1),
@@ -85,15 +83,9 @@ DEFAULT_CODEC_BLOCKS = _default_blocks(
 
 
 # the int8-activation sides (moe_decode_int8.py): whole rows a program, eight rows a warp (a thread holds
-# whole chunks). The fastest of moe_decode_kernel.py --sweep on an H200 at batch 1, Q4_K: 8x2048 w1 / 8x1024
-# w1 split 18.7 us (the float path's best 28.0); Q8_0 within 1 % of its best (28.5 us; float 31.9). The
-# same on an H100: Q4_K 19.0 us (float 28.2). With pdl, one sweep on an H100 (2026-12-06): Q4_K 17.9 ->
-# 17.0 us, Q8_0 30.3 -> 29.6; a Q4_K chunk as one tile (chunk_tile) 18.0 at best, with or without it.
-# Q8_0's gate_up rows (2,176 bytes, twice Q4_K's) cut in two parts, a program each: 29.6 -> 26.5 us on that
-# H100 (Q4_K 16.7 -> 17.1: not for it). Then a row a program (a thread holds one block pair of it), unsplit,
-# and down of 4 rows, one call on an H100 (2026-12-06): Q8_0's gate_up alone 14.5 -> 13.0 us (0.59 -> 0.66 x
-# the read), the layer 29.2 -> 26.8 us; Q4_K's gate_up of 1, 2 or 4 rows (whole-row tiles) 8.8-10.3 us
-# against 8.55. FREETOKEN_MOE_DECODE_INT8_BLOCKS sets every codec's.
+# whole chunks), the fastest of moe_decode_kernel.py --sweep; Q8_0's gate_up rows (twice Q4_K's bytes) one
+# a program, its down four rows (the sweeps: docs/benchmarks.md). FREETOKEN_MOE_DECODE_INT8_BLOCKS sets
+# every codec's.
 INT8_BLOCKS = _default_blocks(
     True,
     DecodeBlocks(
@@ -103,10 +95,9 @@ INT8_BLOCKS = _default_blocks(
 )
 INT8_CODEC_BLOCKS = {"Q8_0": replace(INT8_BLOCKS, gate_up_n=1, down_n=4)}
 # rows longer than INT8_BLOCKS' chunk (H > 2048): the 8-row Q4_K tile keeps a chunk's loads of both halves
-# in flight and spills past it (sm_90: 1,136 bytes of stack at H 4096, 544 at 7168; none at 2048); gate and
-# up as one chunk tile of two rows spill nothing (78 / 96 registers) and compile in 1 s at H 7168 (the 8-row
-# tile: 265 s, 5.5 s at 2048; sm_90, two CPU cores). At Qwen3-235B-A22B's experts (H 4096,
-# I 1536, 8 of 16) on an H100 (2026-12-06), gate_up 63.9 -> 32.8 us (0.29 -> 0.56 x the read), two passes.
+# in flight and spills past it on sm_90; gate and up as one chunk tile of two rows spill nothing and compile
+# in about a second where the 8-row tile takes minutes (registers, compile times and speeds:
+# docs/benchmarks.md).
 INT8_WIDE_BLOCKS = {"Q4_K": replace(INT8_BLOCKS, gate_up_n=2, chunk_tile=2, gate_up_joint=1)}
 
 
