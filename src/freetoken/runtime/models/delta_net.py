@@ -99,10 +99,24 @@ def delta_rule(
 ) -> torch.Tensor:
     """q, k [T, Hv, Dk], v [T, Hv, Dv], g, beta [T, Hv], state [Hv, Dk, Dv] (fp32, updated in place)
     -> outputs [T, Hv, Dv] fp32."""
+    return decayed_delta_rule(q, k, v, g.exp()[..., None], beta, state)
+
+
+def decayed_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> torch.Tensor:
+    """The recurrence token by token with the decay factors given: decay [T, H, Dk] (Kimi Delta Attention:
+    one per key channel) or [T, H, 1] (one per head); q, k [T, H, Dk], v [T, H, Dv], beta [T, H], state
+    [H, Dk, Dv] (fp32, updated in place) -> outputs [T, H, Dv] fp32."""
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     s = state
     for t in range(q.shape[0]):
-        s.mul_(g[t].exp()[:, None, None])
+        s.mul_(decay[t][..., None])
         predicted = torch.einsum("hkv,hk->hv", s, k[t])
         s.add_(k[t][:, :, None] * (beta[t][:, None] * (v[t] - predicted))[:, None, :])
         out[t] = torch.einsum("hkv,hk->hv", s, q[t])

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from freetoken.runtime.models.delta_net import LinearState
+from freetoken.runtime.models.delta_net import LinearState, decayed_delta_rule
 from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.layers import fuse_linear_rows
 
@@ -107,7 +107,7 @@ class KimiDeltaAttention(nn.Module):
         g = self.log_decay(x).exp()  # [T, H, D]
         pieces, snapshots = [], []
         for a, b in zip((0, *captures), (*captures, t), strict=True):  # segments ending at the captures
-            pieces.append(kda_rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state.recurrent))
+            pieces.append(decayed_delta_rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state.recurrent))
             if b < t:
                 snapshots.append(LinearState(convs[len(snapshots)], state.recurrent.clone()))
         out = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # [T, H, D] fp32
@@ -149,22 +149,3 @@ def kda_inputs(mixed: torch.Tensor, b: torch.Tensor, heads: int) -> tuple[torch.
     q, k, v = (part.reshape(t, heads, -1).float() for part in mixed.split(mixed.shape[1] // 3, dim=-1))
     d = q.shape[-1]
     return _l2norm(q) * d**-0.5, _l2norm(k), v, torch.sigmoid(b.float())
-
-
-def kda_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-) -> torch.Tensor:
-    """q, k, v, g [T, H, D] (g the decay factors exp(log decay)), beta [T, H], state [H, D, D] fp32 (updated
-    in place) -> outputs [T, H, D] fp32, token by token."""
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    for i in range(q.shape[0]):
-        state.mul_(g[i][..., None])
-        delta = (v[i] - torch.einsum("hkv,hk->hv", state, k[i])) * beta[i][:, None]
-        state.add_(k[i][..., None] * delta[:, None, :])
-        out[i] = torch.einsum("hkv,hk->hv", state, q[i])
-    return out

@@ -12,16 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from freetoken.runtime.moe.kernels.loader import load_library
+from freetoken.runtime.moe.kernels.loader import load_library, pointer
 
 MAX_ROWS = 16
 MAX_HEAD_DIM = 1024
 MAX_KV_WIDTH = 8192  # KVH·D: the kernel holds a row's keys on its stack
 NORM_MODES = {"none": 0, "head": 1, "full": 2}  # q/k norms: none, per head, over the whole projection
-
-
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
 
 
 def native_attention_takes(qkv: torch.Tensor, k_cache: torch.Tensor, head_dim: int) -> bool:
@@ -67,10 +63,10 @@ def cpu_attention_block(
     q_scratch = torch.empty(b * nh * d, dtype=f32)
     out = torch.empty(b, nh * d, dtype=f32)
     code = lib.ft_attention_decode(
-        qkv32.data_ptr(), b, nh, kvh, d, norm, cos.shape[-1], _ptr(qw), _ptr(kw),
+        qkv32.data_ptr(), b, nh, kvh, d, norm, cos.shape[-1], pointer(qw), pointer(kw),
         attn.q_norm.eps if norm else 0.0, cos32.data_ptr(), sin32.data_ptr(), k_cache.data_ptr(),
         v_cache.data_ptr(), k_cache.element_size(), cap, slots64.data_ptr(), positions64.data_ptr(), d**-0.5,
-        _ptr(sinks), attn.window or 0, scores.data_ptr(), q_scratch.data_ptr(), out.data_ptr(),
+        pointer(sinks), attn.window or 0, scores.data_ptr(), q_scratch.data_ptr(), out.data_ptr(),
         torch.get_num_threads(),
     )  # fmt: skip
     if code != 0:

@@ -22,7 +22,7 @@ from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.models.slot_decode import DecodeRows
 from freetoken.runtime.moe.executor import ExpertExecutor
 from freetoken.runtime.moe.kernels.cpu_experts import bf16_activations, codec_ids, kernel_takes
-from freetoken.runtime.moe.kernels.loader import load_library
+from freetoken.runtime.moe.kernels.loader import load_library, pointer
 
 MAX_ROWS = 16
 MAX_EXPERTS = 4096
@@ -65,10 +65,6 @@ class _Decoder(ctypes.Structure):
         ("inv_freq", _P),
         ("rope_scaling", ctypes.c_float),
     ]  # fmt: skip
-
-
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
 
 
 def _bf16(*tensors: torch.Tensor | None) -> bool:
@@ -154,18 +150,19 @@ class CpuDecodeStep:
             gu, dn = codec_ids(self.executor.pool.codec_names(i), int8_act, bf16_act) if moe else (0, 0)
             dense = (None,) * 3 if moe else tuple(p.weight for p in _projections(layer.mlp))
             layers[i] = _Layer(
-                _ptr(layer.input_layernorm.weight), _ptr(attn.qkv_weight), _ptr(attn.qkv_bias), _ptr(q32),
-                _ptr(k32), _ptr(attn.o_proj.weight), _ptr(attn.o_proj.bias),
-                _ptr(layer.post_attention_layernorm.weight), _ptr(layer.mlp.gate.weight) if moe else None,
-                _ptr(gate_up), _ptr(down), *map(_ptr, dense), _ptr(pool.k[kv]), _ptr(pool.v[kv]), gu, dn,
+                pointer(layer.input_layernorm.weight), pointer(attn.qkv_weight), pointer(attn.qkv_bias),
+                pointer(q32), pointer(k32), pointer(attn.o_proj.weight), pointer(attn.o_proj.bias),
+                pointer(layer.post_attention_layernorm.weight),
+                pointer(layer.mlp.gate.weight) if moe else None, pointer(gate_up), pointer(down),
+                *map(pointer, dense), pointer(pool.k[kv]), pointer(pool.v[kv]), gu, dn,
             )  # fmt: skip
         self._layers = layers
         return _Decoder(
             cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_experts,
             cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.vocab_size, pool.capacity,
             pool.k[0].element_size(), int(cfg.norm_topk_prob), cfg.intermediate_size, cfg.rms_norm_eps,
-            model.model.layers[0].self_attn.q_norm.eps, layers, _ptr(model.model.norm.weight),
-            _ptr(model.lm_head.weight), _ptr(model.model.embed_tokens.weight), _ptr(self._inv_freq),
+            model.model.layers[0].self_attn.q_norm.eps, layers, pointer(model.model.norm.weight),
+            pointer(model.lm_head.weight), pointer(model.model.embed_tokens.weight), pointer(self._inv_freq),
             float(model.rotary.scaling),
         )  # fmt: skip
 

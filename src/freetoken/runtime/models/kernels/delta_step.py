@@ -19,8 +19,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from freetoken.runtime.models.delta_net import delta_inputs, delta_rule
-from freetoken.runtime.models.kda import kda_inputs, kda_rule
+from freetoken.runtime.models.delta_net import decayed_delta_rule, delta_inputs
+from freetoken.runtime.models.kda import kda_inputs
 from freetoken.runtime.models.kernels.decode_attention import check_device
 from freetoken.runtime.triton_support import kernel_runs_on, next_pow2
 
@@ -115,6 +115,24 @@ def delta_rule_step(
     [Hv], state [S, Hv, Dk, Dv] fp32 (each live row's slot updated in place), slots [B] int32 ->
     o [B, Hv, Dv] in mixed's dtype."""
     _check_delta(mixed, b, a, state, hk, dk)
+    return _launch(mixed, b, a, a_log, dt_bias, state, slots, hk, dk, a.stride(0), channel_decay=False)
+
+
+def _launch(
+    mixed: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    hk: int,
+    dk: int,
+    stride_a: int,
+    channel_decay: bool,
+) -> torch.Tensor:
+    """The rule's kernel over rows x value heads x value blocks -> o [B, Hv, Dv] in mixed's dtype (`a`:
+    the decay's logits per head, or with `channel_decay` the log decay [B, Hv, Dk] itself)."""
     check_device(mixed)
     rows, hv = b.shape
     dv = state.shape[-1]
@@ -124,8 +142,8 @@ def delta_rule_step(
     block_v = min(VALUE_BLOCK, next_pow2(dv))
     body, _ = _body()
     body.delta_rule_step_kernel[(rows, hv, _cdiv(dv, block_v))](
-        mixed, b, a, a_log, dt_bias, state, slots, out, mixed.stride(0), b.stride(0), a.stride(0), dk**-0.5,
-        HK=hk, HV=hv, DK=dk, DV=dv, BLOCK_K=next_pow2(dk), BLOCK_V=block_v, CHANNEL_DECAY=False,
+        mixed, b, a, a_log, dt_bias, state, slots, out, mixed.stride(0), b.stride(0), stride_a, dk**-0.5,
+        HK=hk, HV=hv, DK=dk, DV=dv, BLOCK_K=next_pow2(dk), BLOCK_V=block_v, CHANNEL_DECAY=channel_decay,
         num_warps=4,
     )  # fmt: skip
     return out
@@ -149,20 +167,8 @@ def kda_rule_step(
     stride free), decay [B, H, D] fp32 (the log decay per key channel), state [S, H, D, D] fp32 (each live
     row's slot updated in place), slots [B] int32 -> o [B, H, D] in mixed's dtype."""
     _check_kda(mixed, b, decay, state)
-    check_device(mixed)
-    rows, heads = b.shape
-    dim = state.shape[-1]
-    out = torch.empty(rows, heads, dim, dtype=mixed.dtype, device=mixed.device)
-    if rows == 0:
-        return out
-    block_v = min(VALUE_BLOCK, next_pow2(dim))
-    body, _ = _body()
-    body.delta_rule_step_kernel[(rows, heads, _cdiv(dim, block_v))](
-        mixed, b, decay, decay, decay, state, slots, out, mixed.stride(0), b.stride(0), 0, dim**-0.5,
-        HK=heads, HV=heads, DK=dim, DV=dim, BLOCK_K=next_pow2(dim), BLOCK_V=block_v, CHANNEL_DECAY=True,
-        num_warps=4,
-    )  # fmt: skip
-    return out
+    heads, dim = b.shape[1], state.shape[-1]
+    return _launch(mixed, b, decay, decay, decay, state, slots, heads, dim, 0, channel_decay=True)
 
 
 def kda_rule_step_reference(
@@ -170,16 +176,8 @@ def kda_rule_step_reference(
 ) -> torch.Tensor:
     """KimiDeltaAttention.forward's recurrence for one new position, row by row."""
     _check_kda(mixed, b, decay, state)
-    rows, heads = b.shape
-    q, k, v, beta = kda_inputs(mixed, b, heads)
-    out = torch.zeros(rows, heads, state.shape[-1], dtype=mixed.dtype, device=mixed.device)
-    for row, slot in enumerate(slots.tolist()):
-        if slot >= 0:
-            one = slice(row, row + 1)
-            out[row] = kda_rule(q[one], k[one], v[one], decay[one].exp(), beta[one], state[slot])[0].to(
-                mixed.dtype
-            )
-    return out
+    q, k, v, beta = kda_inputs(mixed, b, b.shape[1])
+    return _rows_through(q, k, v, decay.exp(), beta, state, slots, mixed.dtype)
 
 
 def delta_rule_step_reference(
@@ -196,11 +194,28 @@ def delta_rule_step_reference(
     """GatedDeltaNet.forward's gates and recurrence for one new position, row by row."""
     _check_delta(mixed, b, a, state, hk, dk)
     q, k, v, g, beta = delta_inputs(mixed, b, a, a_log, dt_bias, hk, dk)
-    out = torch.zeros(v.shape, dtype=mixed.dtype, device=mixed.device)  # [B, Hv, Dv]
+    return _rows_through(q, k, v, g.exp()[..., None], beta, state, slots, mixed.dtype)
+
+
+def _rows_through(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Each live row's one step of the recurrence on its slot of `state` -> o [B, H, Dv] in `dtype` (a
+    padding row's zeros)."""
+    out = torch.zeros(v.shape, dtype=dtype, device=v.device)
     for row, slot in enumerate(slots.tolist()):
         if slot >= 0:
             one = slice(row, row + 1)
-            out[row] = delta_rule(q[one], k[one], v[one], g[one], beta[one], state[slot])[0].to(mixed.dtype)
+            out[row] = decayed_delta_rule(q[one], k[one], v[one], decay[one], beta[one], state[slot])[0].to(
+                dtype
+            )
     return out
 
 

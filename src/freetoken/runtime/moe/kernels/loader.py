@@ -15,8 +15,12 @@ import tempfile
 import warnings
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from freetoken.env import c_compiler, cpu_kernel_choice, kernels_dir
+
+if TYPE_CHECKING:
+    import torch
 
 HERE = Path(__file__).parent
 # the expert kernel, the thread that runs it, the dense layers' GEMV, the decode attention block and norm,
@@ -65,6 +69,11 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", *X86_FLAGS, "-fopenmp", "
 # it cost 0.88-0.91 against 1.05 x the read, so not there).
 PREFETCH_MAX_CORES = 4
 MANY_CORE_DEFINES = ("-DPREFETCH=0", "-DQ8_PREFETCH=2048", "-DQ8_PREFETCH_HINT=2")
+
+
+def pointer(t: torch.Tensor | None) -> int | None:
+    """A tensor's data pointer for a native call (NULL for None)."""
+    return None if t is None else t.data_ptr()
 
 
 def machine_defines() -> tuple[str, ...]:
