@@ -40,14 +40,17 @@ def layer(dtype: torch.dtype, g: torch.Generator, d: int = D) -> SimpleNamespace
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("d", [D, 64, 128])
 @pytest.mark.parametrize("threads", [1, 64])  # 1: per KV group (8 tasks >= 1); 64: per head
+@pytest.mark.parametrize("sinks", [False, True])  # gpt-oss's sink logits and a window of 6 keys
 def test_native_block_equals_the_torch_steps(
-    dtype: torch.dtype, d: int, threads: int, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype, d: int, threads: int, sinks: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # what the block passes the kernel
     g = torch.Generator().manual_seed(3)
     attn = layer(dtype, g, d)
+    if sinks:
+        attn.sinks, attn.window = torch.randn(NH, generator=g).to(dtype), 6
     slots = torch.tensor([2, -1, 0, 1], dtype=torch.int32)  # row 1 pads
-    positions = torch.tensor([5, 0, 17, 0], dtype=torch.int32)
+    positions = torch.tensor([5, 0, 17, 30], dtype=torch.int32)  # within the window and past it
     qkv = torch.randn(4, (NH + 2 * KVH) * d, generator=g).to(dtype)
     cos, sin = RotaryEmbedding(RopeConfig(), d)(positions, dtype)
     caches = torch.randn(2, SLOTS, KVH, CAP, d, generator=g).to(dtype)
@@ -58,7 +61,9 @@ def test_native_block_equals_the_torch_steps(
         qkv[:, :nq], qkv[:, nq : nq + nkv], qkv[:, nq + nkv :], attn.q_norm.weight, attn.k_norm.weight,
         attn.q_norm.eps, cos, sin, k_ref, v_ref, slots, positions,
     )  # fmt: skip
-    want = slot_decode_attention_reference(q, k_ref, v_ref, slots, positions + 1, d**-0.5)
+    want = slot_decode_attention_reference(
+        q, k_ref, v_ref, slots, positions + 1, d**-0.5, attn.sinks, attn.window
+    )
     got = cpu_attention_block(qkv, attn, cos, sin, k_nat, v_nat, slots, positions)
     assert got is not None and got.dtype == dtype
     live = slots >= 0
@@ -120,34 +125,3 @@ def test_every_q_k_norm_and_a_partial_rotary(norm: str, rot: int) -> None:
     live = slots >= 0
     torch.testing.assert_close(got[live], want[live], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k_nat, k_ref, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("d", [D, 64, 128])
-@pytest.mark.parametrize("threads", [1, 64])
-def test_sinks_and_a_window(
-    dtype: torch.dtype, d: int, threads: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """gpt-oss's sink logits and a sliding window of 6 keys (rows past it and within it), on every path."""
-    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    g = torch.Generator().manual_seed(6)
-    attn = layer(dtype, g, d)
-    attn.sinks, attn.window = torch.randn(NH, generator=g).to(dtype), 6
-    slots = torch.tensor([2, -1, 0, 1], dtype=torch.int32)
-    positions = torch.tensor([3, 0, 17, 30], dtype=torch.int32)
-    qkv = torch.randn(4, (NH + 2 * KVH) * d, generator=g).to(dtype)
-    cos, sin = RotaryEmbedding(RopeConfig(), d)(positions, dtype)
-    caches = torch.randn(2, SLOTS, KVH, CAP, d, generator=g).to(dtype)
-    k_ref, v_ref = caches[0].clone(), caches[1].clone()
-    k_nat, v_nat = caches[0].clone(), caches[1].clone()
-    nq, nkv = NH * d, KVH * d
-    q = qk_norm_rope_kv_write_reference(
-        qkv[:, :nq], qkv[:, nq : nq + nkv], qkv[:, nq + nkv :], attn.q_norm.weight, attn.k_norm.weight,
-        attn.q_norm.eps, cos, sin, k_ref, v_ref, slots, positions,
-    )  # fmt: skip
-    want = slot_decode_attention_reference(q, k_ref, v_ref, slots, positions + 1, d**-0.5, attn.sinks, 6)
-    got = cpu_attention_block(qkv, attn, cos, sin, k_nat, v_nat, slots, positions)
-    assert got is not None
-    live = slots >= 0
-    tol = 1e-5 if dtype == torch.float32 else 3e-2
-    assert torch.allclose(got[live].float(), want[live].float(), atol=tol, rtol=tol)

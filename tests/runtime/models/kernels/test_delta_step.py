@@ -25,6 +25,14 @@ def randn(*shape: int, seed: int, scale: float = 1.0, dtype: torch.dtype = torch
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
 
 
+def randomised(layer: torch.nn.Module) -> torch.nn.Module:
+    """Every parameter drawn from N(0, 0.3²) (the global generator, seeded by the caller)."""
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape) * 0.3)
+    return layer
+
+
 # rows: slot 2, padding, slot 0
 SLOTS = torch.tensor([2, -1, 0], dtype=torch.int32)
 LIVE = [0, 2]
@@ -67,10 +75,7 @@ def test_delta_rule_step_matches_the_reference(dtype: torch.dtype) -> None:
 def test_references_step_as_the_eager_layer() -> None:
     """One new token through the two references leaves the eager layer's output and state."""
     torch.manual_seed(0)
-    layer = GatedDeltaNet(32, HK, HV, DK, DV, W, 1e-6)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(torch.randn(p.shape) * 0.3)
+    layer = randomised(GatedDeltaNet(32, HK, HV, DK, DV, W, 1e-6))
     prompt, new = torch.randn(5, 32), torch.randn(1, 32)
     eager = layer.new_state(torch.device("cpu"), torch.float32)
     with torch.no_grad():
@@ -108,10 +113,7 @@ def test_kda_rule_step_matches_the_reference(dtype: torch.dtype) -> None:
 
 def test_kda_references_step_as_the_eager_layer() -> None:
     torch.manual_seed(1)
-    layer = KimiDeltaAttention(32, 2, 8, W, 1e-6)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(torch.randn(p.shape) * 0.3)
+    layer = randomised(KimiDeltaAttention(32, 2, 8, W, 1e-6))
     prompt, new = torch.randn(5, 32), torch.randn(1, 32)
     eager = layer.new_state(torch.device("cpu"), torch.float32)
     with torch.no_grad():
