@@ -77,8 +77,8 @@ class Engine:
         self.resplits = 0  # times the device memory was re-split between the KV pool and the slots
         # decode over the static KV pool: every model owns its step (CUDA graphs on a GPU)
         model.prepare_decode()
-        self.decoder = SlotDecoder(model, self.kv_pool, self.device, SamplingRows(MAX_ROWS, self.device))
-        self.runner = StepRunner(model, config, self.device, self.decoder, self.max_seq_len)
+        decoder = SlotDecoder(model, self.kv_pool, self.device, SamplingRows(MAX_ROWS, self.device))
+        self.runner = StepRunner(model, config, self.device, decoder, self.max_seq_len)
         self.configure_moe(config.moe)
         self.model.eval()
         self.stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.config.eos_token_ids)
@@ -91,6 +91,11 @@ class Engine:
         prefix = PrefixCache(self.max_seq_len, config.state_checkpoints + 1 if hybrid else 0)
         self.scheduler = Scheduler(self, prefix, max_running=1)
         self._events: list[TokenEvent | Exception] = []  # delivered by the scheduler, returned by step
+
+    @property
+    def decoder(self) -> SlotDecoder:
+        """The decode step over the static KV pool (CUDA graphs there), the runner's."""
+        return self.runner.decoder
 
     @property
     def recorder(self) -> RoutingRecorder | None:

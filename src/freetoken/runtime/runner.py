@@ -59,10 +59,7 @@ class StepRunner:
     @torch.inference_mode()
     def forward(self, seq: Sequence, ids: list[int], all_logits: bool = False) -> torch.Tensor:
         """Append `ids` to `seq` and return logits [T, V] (all_logits) or [1, V] for the last position."""
-        if seq.kv.length + len(ids) > self.max_seq_len:
-            raise FreeTokenError(
-                f"sequence of {seq.kv.length + len(ids)} tokens exceeds the context of {self.max_seq_len}"
-            )
+        self._check_room(seq, len(ids))
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
         with self.pass_scope(len(ids), len(ids)):
             logits = self.model(tokens, seq.kv, all_logits=all_logits)
@@ -101,10 +98,7 @@ class StepRunner:
     def slot_step(self, seqs: list[Sequence], ids: list[int], mode: str) -> StepOutput:
         """One decode step over the static KV pool for at most MAX_ROWS sequences."""
         for seq in seqs:
-            if seq.kv.length + 1 > self.max_seq_len:
-                raise FreeTokenError(
-                    f"sequence of {seq.kv.length + 1} tokens exceeds the context of {self.max_seq_len}"
-                )
+            self._check_room(seq, 1)
         self._checkpoint_before_decode(seqs, ids)
         assert self.executor is not None
         eager = self.executor.graph_blocker(padded_size(len(ids)))
@@ -117,6 +111,12 @@ class StepRunner:
             seq.token_ids.append(token)
         self.heartbeat = time.monotonic()
         return out
+
+    def _check_room(self, seq: Sequence, new_tokens: int) -> None:
+        if seq.kv.length + new_tokens > self.max_seq_len:
+            raise FreeTokenError(
+                f"sequence of {seq.kv.length + new_tokens} tokens exceeds the context of {self.max_seq_len}"
+            )
 
     def sample_first(self, request: Request, logits: torch.Tensor) -> Sampled:
         """The first token of a request, from its prefill's last-position logits [V]."""

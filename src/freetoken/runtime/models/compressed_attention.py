@@ -16,12 +16,7 @@ import torch
 from torch import nn
 
 from freetoken.runtime.kv.cache import KVCache
-from freetoken.runtime.models.compressed_decode import (
-    attend_slots,
-    entry_rows,
-    slot_rows,
-    write_closing_entries,
-)
+from freetoken.runtime.models.compressed_decode import attend_slots, entry_rows, write_closing_entries
 from freetoken.runtime.models.compressed_kv import (
     Compressor,
     CompressorColumns,
@@ -37,7 +32,7 @@ from freetoken.runtime.models.deepseek_v4_config import DeepseekV4ModelConfig
 from freetoken.runtime.models.hyper_connections import unit_rms
 from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.layers import SCORE_BUDGET, RMSNorm
-from freetoken.runtime.models.slot_decode import DecodeStep
+from freetoken.runtime.models.slot_decode import DecodeStep, slot_rows
 
 
 class CompressedAttention(nn.Module):

@@ -18,11 +18,7 @@ from collections.abc import Callable
 import torch
 
 from freetoken.runtime.models.compressed_kv import Compressor, CompressorColumns, PairRope, pair_rotary
-
-
-def slot_rows(cache: torch.Tensor, slots: torch.Tensor, at: torch.Tensor, cols: slice) -> torch.Tensor:
-    """cache [S, 1, CAP, W], slots [B], at [B, L] positions (clamped into the slot) -> [B, L, cols]."""
-    return cache[slots.clamp(min=0).long()[:, None], 0, at.clamp(0, cache.shape[2] - 1), cols]
+from freetoken.runtime.models.slot_decode import slot_rows
 
 
 def write_closing_entries(

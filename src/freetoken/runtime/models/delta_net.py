@@ -215,15 +215,15 @@ class GatedDeltaNet(nn.Module):
         state updated in its slot of the pool's state blocks (conv [S, C, W-1], recurrent [S, Hv, Dk, Dv])."""
         ops, slots = step.ops, step.rows.slots
         conv_state, recurrent = step.pool.states[self.layer]
-        b = h.shape[0]
+        rows = h.shape[0]
         if self.in_weight is not None:
             y = ops.linear(h, self.in_weight)  # [B, C + Hv·Dv + 2 Hv]
-            qkv, z, beta, a = torch.split(y, [self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
+            qkv, z, b, a = torch.split(y, [self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
         else:
-            qkv, z, beta, a = self.project(h)
+            qkv, z, b, a = self.project(h)
         mixed = ops.conv_step(qkv, conv_state, self.conv1d.weight, slots)  # [B, C]
-        o = ops.delta_step(mixed, beta, a, self.A_log, self.dt_bias, recurrent, slots, self.hk, self.dk)
-        normed = self.norm(o, z.reshape(b, self.hv, self.dv)).reshape(b, self.value_dim)
+        o = ops.delta_step(mixed, b, a, self.A_log, self.dt_bias, recurrent, slots, self.hk, self.dk)
+        normed = self.norm(o, z.reshape(rows, self.hv, self.dv)).reshape(rows, self.value_dim)
         return self.out_proj(normed)
 
     def state_shapes(self, dtype: torch.dtype) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:

@@ -27,7 +27,7 @@ from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.layers import top_positions
 from freetoken.runtime.models.mla import LatentAttention, interleaved_rotary
 from freetoken.runtime.models.rope import apply_rotary
-from freetoken.runtime.models.slot_decode import DecodeRows, DecodeStep
+from freetoken.runtime.models.slot_decode import DecodeRows, DecodeStep, slot_rows
 
 
 class Indexer(nn.Module):
@@ -155,7 +155,7 @@ class SparseLatentAttention(LatentAttention):
     ) -> torch.Tensor:
         """`_absorbed` for B rows (q_nope [NH, B, dn], q_pe [NH, B, dr]), each over the latents of its kept
         positions top [B, k] (valid [B, k]) of its slot -> [B, NH * dv]."""
-        kept = cache[slots.clamp(min=0).long()[:, None], 0, top]  # [B, k, r + dr]: only what is read
+        kept = slot_rows(cache, slots, top)  # [B, k, r + dr]: only what is read
         c, k_pe = kept.split((self.rank, self.d_rope), dim=-1)
         w = self.kv_b_proj.weight.view(self.heads, self.d_nope + self.d_v, self.rank)
         w_uk, w_uv = w[:, : self.d_nope], w[:, self.d_nope :]  # [NH, dn, r], [NH, dv, r]

@@ -31,7 +31,12 @@ from freetoken.runtime.models.layers import (
     causal_attention,
     fuse_linear_rows,
 )
-from freetoken.runtime.models.qwen3_moe import Qwen3MoeForCausalLM, SparseMoeBlock, decoder_fields
+from freetoken.runtime.models.qwen3_moe import (
+    DecoderLayer,
+    Qwen3MoeForCausalLM,
+    SparseMoeBlock,
+    decoder_fields,
+)
 from freetoken.runtime.models.rope import RotaryEmbedding, partial_rotary
 from freetoken.runtime.models.slot_decode import DecodeStep
 
@@ -204,13 +209,7 @@ class HybridDecoderLayer(nn.Module):
         """The module that mixes positions: the recurrent attention or the full one."""
         return self.recurrent if self.kind == "linear_attention" else self.self_attn
 
-    def decode(
-        self, x: torch.Tensor, residual: torch.Tensor | None, step: DecodeStep
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As qwen3_moe.DecoderLayer.decode: -> (mlp out, residual)."""
-        h, residual = step.add_norm(x, residual, self.input_layernorm)
-        h, residual = step.add_norm(self.mixer.decode(h, step), residual, self.post_attention_layernorm)
-        return self.mlp.decode(h, step), residual
+    decode = DecoderLayer.decode  # the same pre-norm block over whichever mixer the layer has
 
     def _state(self, kv: HybridCache, x: torch.Tensor) -> LinearState:
         state = kv.linear.get(self.layer)

@@ -294,8 +294,8 @@ class Qwen3MoeForCausalLM(nn.Module):
             layer.mixer.prepare_decode()
 
     def decode(self, rows: DecodeRows, pool: KVSlotPool, ops: DecodeOps) -> torch.Tensor:
-        """One new token per row over the static KV pool -> logits [B, V]. The
-        caller advances each sequence's length."""
+        """One new token per row over the static KV pool -> logits [B, V]. The caller advances each
+        sequence's length."""
         x = self.model.embed_tokens(rows.tokens)  # [B, H]
         cos, sin = self.rotary(rows.positions, x.dtype)  # [B, R]
         step = DecodeStep(rows, pool, ops, cos, sin, real=rows.slots >= 0)

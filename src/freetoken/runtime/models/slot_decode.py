@@ -121,3 +121,11 @@ class DecodeStep:
         """The layer's K and V caches [S, KVH, CAP, D]."""
         i = self.pool.index[layer]
         return self.pool.k[i], self.pool.v[i]
+
+
+def slot_rows(
+    cache: torch.Tensor, slots: torch.Tensor, at: torch.Tensor, cols: slice = slice(None)
+) -> torch.Tensor:
+    """Rows of each row's own slot: cache [S, 1, CAP, W], slots [B] (a padding row's -1 reads slot 0), at
+    [B, L] positions (clamped into the slot) -> [B, L, cols]. No host sync."""
+    return cache[slots.clamp(min=0).long()[:, None], 0, at.clamp(0, cache.shape[2] - 1), cols]
