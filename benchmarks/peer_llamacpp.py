@@ -5,9 +5,10 @@
     python benchmarks/peer_llamacpp.py --llama-bench .peers/llama-build-cpu/bin/llama-bench \\
         --gguf small.gguf --device cpu --threads 2 --json
 
-The GGUFs: `make_qwen3moe_gguf.py` (Qwen3-30B-A3B's shapes; experts BF16, Q8_0, Q4_K, Q6_K or Q4_K_M's
-per-layer mix), `make_gpt_oss_gguf.py` (gpt-oss-20b's, MXFP4 experts) and `make_deepseek_gguf.py`
-(DeepSeek-V3's, cut to a few layers), beside this script.
+The GGUFs: `make_family_gguf.py` (a grouped-query family's shapes: Qwen3-30B-A3B, OLMoE, GLM-4.5-Air,
+MiniMax-M2, Mixtral; experts BF16, Q8_0, Q4_K, Q6_K or Q4_K_M's per-layer mix), `make_gpt_oss_gguf.py`
+(gpt-oss-20b's, MXFP4 experts) and `make_deepseek_gguf.py` (DeepSeek-V3's or GLM-5's, cut to a few
+layers), beside this script.
 
 A budget is the fraction of the expert bytes on the GPU. Of the M MoE layers (the file's layers less its
 leading dense ones, D), N = round((1 - budget) · M) keep their experts in host memory: llama.cpp gets

@@ -93,3 +93,34 @@ def write_out(writer: Any) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file(progress=True)
     writer.close()
+
+
+# fp16 scales giving weights of std ~0.015 from random quants and sub-block scales
+BLOCK_SCALE = {"Q8_0": 2e-4, "Q4_K": 5e-5, "Q6_K": 1.2e-5}
+EXPERT_TYPES = ("BF16", "Q8_0", "Q4_K", "Q6_K", "Q4_K_M")
+
+
+def more_bits(layer: int, layers: int) -> bool:
+    """Whether a Q4_K_M file keeps `layer`'s down projection in Q6_K."""
+    eighth = layers // 8
+    return layer < eighth or layer >= 7 * layers // 8 or (layer - eighth) % 3 == 2
+
+
+def expert_types(kind: str, layer: int, layers: int) -> tuple[str, str]:
+    """(gate/up type, down type) of `layer`'s routed experts under --expert-type `kind`: Q4_K_M's gate
+    and up Q4_K, down Q6_K where more_bits says so; any other kind for all three."""
+    if kind == "Q4_K_M":
+        return "Q4_K", "Q6_K" if more_bits(layer, layers) else "Q4_K"
+    return kind, kind
+
+
+def random_experts(rng: np.random.Generator, kind: str, *shape: int) -> np.ndarray:
+    """A bank of `shape` ([E, out, in]) in GGML type `kind`: bf16 bits (std 0.02), or random raw blocks
+    with small finite scales (gguf.quants.dequantize defines their values)."""
+    if kind == "BF16":
+        return random_bf16(rng, *shape)
+    from freetoken.codecs import get_codec
+
+    codec = get_codec(kind)
+    out = np.empty((*shape[:-1], codec.row_bytes(shape[-1])), dtype=np.uint8)
+    return codec.random_blocks(out, rng, BLOCK_SCALE[kind])

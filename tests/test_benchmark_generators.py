@@ -1,5 +1,6 @@
 """The benchmarks' random-weight GGUF generators write files the engine loads as they say: Qwen3-MoE with
-Q4_K_M's per-layer expert types, gpt-oss with MXFP4 experts, DeepSeek-V3 with latent attention."""
+Q4_K_M's per-layer expert types, each grouped-query family with its own attention and router, gpt-oss
+with MXFP4 experts, DeepSeek-V3 with latent attention, GLM-5 with its indexer."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.sampling import SamplingParams
@@ -32,7 +35,7 @@ def decode(path: Path) -> list[int]:
 def test_q4_k_m_layout_by_layer(tmp_path: Path) -> None:
     sys.path.insert(0, str(BENCHMARKS))
     try:
-        from make_qwen3moe_gguf import more_bits
+        from random_gguf import more_bits
     finally:
         sys.path.remove(str(BENCHMARKS))
     assert [more_bits(n, 24) for n in range(24)] == [n < 3 or n >= 21 or (n - 3) % 3 == 2 for n in range(24)]
@@ -44,6 +47,59 @@ def test_q4_k_m_layout_by_layer(tmp_path: Path) -> None:
         want = [("Q4_K", "Q6_K" if more_bits(n, 8) else "Q4_K") for n in range(8)]
         assert [engine.pool.codec_names(n) for n in engine.pool.layers] == want
         assert sorted(engine.pool.describe()["dtypes"]) == ["Q4_K", "Q6_K"]
+    finally:
+        engine.close()
+    assert len(decode(path)) == 4
+
+
+# --family -> (architecture, qk_norm, attention_bias, router_scoring, shared experts, MoE layers, rotary)
+FAMILY_FIELDS = {
+    "qwen3moe": ("qwen3_moe", "head", False, "softmax", 0, (0, 1, 2), 1.0),
+    "olmoe": ("olmoe", "full", False, "softmax", 0, (0, 1, 2), 1.0),
+    "glm4moe": ("glm4_moe", "none", True, "sigmoid", 1, (1, 2), 0.5),
+    "minimax-m2": ("minimax_m2", "full", False, "sigmoid", 0, (0, 1, 2), 0.5),
+    "mixtral": ("mixtral", "none", False, "softmax", 0, (0, 1, 2), 1.0),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_FIELDS))
+def test_family_generator_writes_each_familys_layout(tmp_path: Path, family: str) -> None:
+    path = tmp_path / "f.gguf"
+    shape = ["--top-k", "2", "--moe-inter", "256", "--head-dim", "128", "--dense-inter", "384"]
+    generate(
+        "make_family_gguf.py",
+        path,
+        "--family",
+        family,
+        "--layers",
+        "3",
+        *SMALL,
+        *shape,
+        "--expert-type",
+        "Q8_0",
+    )
+    arch, qk_norm, bias, scoring, shared, moe_layers, rotary = FAMILY_FIELDS[family]
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
+    try:
+        cfg = engine.config
+        assert (cfg.architecture, cfg.qk_norm, cfg.attention_bias, cfg.router_scoring) == (
+            arch,
+            qk_norm,
+            bias,
+            scoring,
+        )
+        assert (cfg.n_shared_experts, cfg.moe_layers, cfg.rope.partial_rotary_factor) == (
+            shared,
+            moe_layers,
+            rotary,
+        )
+        assert (cfg.num_kv_heads, cfg.head_dim, cfg.moe_intermediate_size, cfg.num_experts_per_tok) == (
+            2,
+            128,
+            256,
+            2,
+        )
+        assert engine.pool.describe()["dtypes"] == ["Q8_0"]
     finally:
         engine.close()
     assert len(decode(path)) == 4
@@ -86,6 +142,32 @@ def test_deepseek_generator_writes_latent_attention_and_grouped_routing(tmp_path
     assert len({size for _, size in tensors}) == 1
     assert tensor_split(0.11, tensors) == (tuple(name for name, _ in tensors[:5]), 1 / 6)
     assert tensor_split(0.5, tensors)[1] == 0.5 and tensor_split(0.0, tensors)[1] == 0.0
+
+
+def test_deepseek_generator_writes_glm5_with_its_indexer(tmp_path: Path) -> None:
+    path = tmp_path / "g.gguf"
+    generate("make_deepseek_gguf.py", path, "--family", "glm-dsa", "--layers", "3", "--dense-layers", "1",
+             "--hidden", "256", "--experts", "16", "--moe-inter", "256", "--inter", "384", "--heads", "4",
+             "--q-lora-rank", "64", "--kv-lora-rank", "32", "--vocab", "2048")  # fmt: skip
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
+    try:
+        cfg = engine.config
+        assert (cfg.architecture, cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk) == (
+            "glm_moe_dsa",
+            32,
+            128,
+            2048,
+        )
+        assert (cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.n_group, cfg.indexer_shared_layers) == (
+            192,
+            256,
+            1,
+            (),
+        )
+        assert cfg.moe_layers == (1, 2)
+    finally:
+        engine.close()
+    assert len(decode(path)) == 4
 
 
 def test_bootstrap_times_a_gguf_file_against_its_read(tmp_path: Path) -> None:
