@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from family_graphs import copy_bandwidth, floor_bytes
 
 from freetoken.runtime.devices import sync_device
 from freetoken.runtime.engine import Engine, build_engine
@@ -166,6 +167,9 @@ def measure(args: argparse.Namespace, options: dict[str, Any], batch: int) -> di
     ours["expert_pool"] = engine.pool.describe()
     if options.get("cache_size") == 0:  # every routed expert read by the CPU: the host read bounds decode
         ours["floor_decode_tok_s"] = host_read_floor(engine, options["cpu_threads"])
+    elif options["moe_backend"] == "fused" and args.device.startswith("cuda"):  # every byte read from HBM
+        context = 8 + args.gen // 2  # tg's mean context: a short prompt, then --gen tokens
+        ours["floor_decode_tok_s"] = copy_bandwidth(engine.device) / floor_bytes(engine, 1, context)
     engine.close()
     del engine
     if args.device.startswith("cuda"):
