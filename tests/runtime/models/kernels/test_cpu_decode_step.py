@@ -1,4 +1,7 @@
-"""The whole-step native CPU decode against its reference, the Python step with the CPU ops."""
+"""The whole-step native CPU decode against its reference, the model's own decode with the CPU ops, for
+every grouped-query family it takes (Qwen3-MoE with and without a dense layer; Mixtral's window; OLMoE's
+whole-projection q/k norms and clamp; GLM-4.5's biases, partial rope, grouped sigmoid router, shared
+expert and dense layer; MiniMax-M2's whole-projection norms, partial rope and sigmoid router)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
 from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.sampling import SamplingParams
-from oracle import rel_err
+from oracle import build_family_model, rel_err
 
 pytestmark = pytest.mark.skipif(load_library() is None, reason="needs the compiled CPU kernels")
 
@@ -49,9 +52,17 @@ def step_rows(slots: list[int]) -> DecodeRows:
     )
 
 
-@pytest.fixture(params=[[1], []], ids=["with-a-dense-layer", "all-moe"])
-def model_dir(request: pytest.FixtureRequest, make_model: Callable[..., tuple[Path, Any]]) -> Path:
-    return make_model(mlp_only_layers=request.param)[0]
+FAMILIES = ["qwen3_moe-dense-layer", "qwen3_moe", "mixtral", "olmoe", "glm4_moe", "minimax_m2"]
+
+
+@pytest.fixture(params=FAMILIES)
+def model_dir(
+    request: pytest.FixtureRequest, make_model: Callable[..., tuple[Path, Any]], tmp_path: Path
+) -> Path:
+    if request.param.startswith("qwen3_moe"):
+        return make_model(mlp_only_layers=[1] if request.param.endswith("dense-layer") else [])[0]
+    build_family_model(tmp_path / request.param, request.param)
+    return tmp_path / request.param
 
 
 def test_the_engine_takes_the_native_step_for_a_bf16_model_on_the_cpu_backend(model_dir: Path) -> None:
@@ -91,6 +102,12 @@ def test_native_decode_gives_the_python_steps_greedy_tokens(model_dir: Path) -> 
     want = [e.token_id for e in python.generate(prompt, params) if e.token_id is not None]
     got = [e.token_id for e in native.generate(prompt, params) if e.token_id is not None]
     assert got == want and len(got) == 24
+
+
+def test_gpt_oss_experts_stay_with_the_python_step(tmp_path: Path) -> None:
+    """Its experts' clamped function and biases are not the native step's: declined, not approximated."""
+    build_family_model(tmp_path / "o", "gpt_oss")
+    assert bf16_engine(tmp_path / "o").decoder.native is None
 
 
 def test_a_routing_recorder_sends_the_step_back_to_python(model_dir: Path) -> None:

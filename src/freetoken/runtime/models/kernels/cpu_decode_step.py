@@ -4,9 +4,12 @@ makes some fifteen calls and torch ops a layer. That step is its reference: the 
 it rounds and runs the same kernels, so the two agree to bf16 rounding (summation order inside the
 softmaxes aside).
 
-It takes a Qwen3-MoE model with bf16 weights (experts in bf16 or kept as stored in a codec the expert
-kernel reads: cpu_experts.CODEC_IDS), when the expert executor computes every expert on the host from the
-pool (`host_banks`); it declines a step (the caller runs the Python one) while a routing recorder
+It takes a grouped-query MoE model with bf16 weights — Qwen3-MoE, Mixtral, OLMoE, GLM-4.5, MiniMax-M2:
+q/k norms per head, over the whole projection or none, partial rotary, clamped projections, windows and
+sinks, softmax or sigmoid routers (correction bias, groups, scaling), shared experts, dense layers —
+with experts in bf16 or kept as stored in a codec the expert kernel reads (cpu_experts.CODEC_IDS) and
+plain SiLU between their projections, when the expert executor computes every expert on the host from
+the pool (`host_banks`). It declines a step (the caller runs the Python one) while a routing recorder
 listens, since the routing never leaves the call.
 """
 
@@ -21,6 +24,7 @@ from torch import nn
 from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.models.slot_decode import DecodeRows
 from freetoken.runtime.moe.executor import ExpertExecutor
+from freetoken.runtime.moe.expert_fn import SILU
 from freetoken.runtime.moe.kernels.cpu_experts import bf16_activations, codec_ids, kernel_takes
 from freetoken.runtime.moe.kernels.loader import load_library, pointer
 
@@ -28,6 +32,7 @@ MAX_ROWS = 16
 MAX_EXPERTS = 4096
 MAX_HEAD_DIM = 1024
 CACHE_DTYPES = (torch.bfloat16, torch.float32)
+QK_NORMS = {"none": 0, "head": 1, "full": 2}  # Attention.qk_norm -> attention_decode.c's norm
 ERRORS = {-2: "a position past the KV cache", -4: "a token id outside the vocabulary"}
 _P = ctypes.c_void_p
 _I = ctypes.c_int
@@ -39,11 +44,11 @@ class _Layer(ctypes.Structure):
             (name, _P)
             for name in (
                 "input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "o_bias", "post_norm", "gate",
-                "gate_up", "down", "mlp_gate", "mlp_up", "mlp_down", "k_cache", "v_cache",
+                "gate_up", "down", "gate_bias", "mlp_gate", "mlp_up", "mlp_down", "sinks", "k_cache",
+                "v_cache",
             )
         ],
-        ("gu_codec", _I),
-        ("dn_codec", _I),
+        *[(name, _I) for name in ("gu_codec", "dn_codec", "mlp_inter", "window")],
     ]  # fmt: skip
 
 
@@ -53,11 +58,11 @@ class _Decoder(ctypes.Structure):
             (name, _I)
             for name in (
                 "layers", "hidden", "heads", "kv_heads", "head_dim", "experts", "top_k", "inter", "vocab",
-                "capacity", "cache_elem", "norm_topk_prob", "dense_inter",
+                "capacity", "cache_elem", "norm_topk_prob", "dense_inter", "qk_norm", "rot", "scoring",
+                "n_group", "topk_group",
             )
         ],
-        ("rms_eps", ctypes.c_float),
-        ("qk_eps", ctypes.c_float),
+        *[(name, ctypes.c_float) for name in ("rms_eps", "qk_eps", "clip", "routed_scaling")],
         ("layer", ctypes.POINTER(_Layer)),
         ("final_norm", _P),
         ("lm_head", _P),
@@ -79,7 +84,7 @@ class CpuDecodeStep:
     ) -> None:
         self.model, self.pool, self.executor, self.lib = model, pool, executor, lib
         self.moe_blocks = model.moe_blocks()
-        self._norms32: list[torch.Tensor] = []  # q/k norm weights in fp32, alive as long as the table
+        self._fp32: list[torch.Tensor] = []
         self._generation = -1
         self._scratch = torch.empty(0, dtype=torch.float32)
         self._scratch_rows = 0
@@ -99,26 +104,27 @@ class CpuDecodeStep:
         banks = executor.host_banks()
         if banks is None or pool.dtype not in CACHE_DTYPES or not pool.k[0].is_contiguous():
             return None
-        if cfg.num_experts > MAX_EXPERTS or cfg.head_dim > MAX_HEAD_DIM:
+        if cfg.num_experts > MAX_EXPERTS or cfg.head_dim > MAX_HEAD_DIM or executor.fn != SILU:
+            return None
+        if executor.pool.biased:  # the experts' own biases: the Python step adds them
+            return None
+        if cfg.n_group > 1 and cfg.num_experts % cfg.n_group:
             return None
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            plain_gqa = (
-                isinstance(attn, Attention)
-                and attn.qk_norm == "head"
-                and attn.plain
-                and attn.clip is None
-                and cfg.rotary_dim == attn.head_dim
-            )
-            if not plain_gqa or mlp_routes_otherwise(mlp):
-                return None  # the native step: Qwen3-MoE's per-head q/k norms and softmax router only
-            if isinstance(mlp, SparseMoeBlock) and i in banks and mlp.gate.bias is None:
+            if not isinstance(attn, Attention) or attn.qk_norm not in QK_NORMS:
+                return None
+            shared = mlp.shared_experts if isinstance(mlp, SparseMoeBlock) else None
+            if isinstance(mlp, SparseMoeBlock) and i in banks and not routes_otherwise(mlp):
                 if not kernel_takes(*banks[i], executor.pool.codec_names(i)):
                     return None
-                mlp_weights = (mlp.gate.weight,)
-            elif isinstance(mlp, SwiGLUMLP) and all(p.bias is None for p in _projections(mlp)):
+                mlp_weights = (mlp.gate.weight, *(p.weight for p in (_projections(shared) if shared else ())))
+            elif isinstance(mlp, SwiGLUMLP):
                 mlp_weights = tuple(p.weight for p in _projections(mlp))
             else:
+                return None
+            inner = shared if isinstance(mlp, SparseMoeBlock) else mlp
+            if inner is not None and any(p.bias is not None for p in _projections(inner)):
                 return None
             weights = (
                 layer.input_layernorm.weight, layer.post_attention_layernorm.weight, attn.qkv_weight,
@@ -132,36 +138,56 @@ class CpuDecodeStep:
 
     def _table(self) -> _Decoder:
         """The pointer table; made again whenever the KV pool's storage moves."""
+        from freetoken.runtime.models.qwen3_moe import SparseMoeBlock
+
         model, pool, cfg = self.model, self.pool, self.model.config
         banks = self.executor.host_banks()
         assert banks is not None
         layers = (_Layer * cfg.num_layers)()
-        self._norms32 = []
-        self._inv_freq = model.rotary.inv_freq.float().contiguous()  # [D / 2], alive as long as the table
+        self._fp32: list[torch.Tensor] = []  # fp32 copies the table points at, alive as long as it
+
+        def fp32(t: torch.Tensor | None) -> int | None:
+            if t is None:
+                return None
+            self._fp32.append(t.detach().float().contiguous())
+            return pointer(self._fp32[-1])
+
+        self._inv_freq = model.rotary.inv_freq.float().contiguous()  # [rot / 2], alive as long as the table
+        int8_act, bf16_act = self.executor.ctx.moe.cpu_int8_act, bf16_activations(self.executor.pool.dtype)
+        widest = 0
         for i, layer in enumerate(model.model.layers):
-            attn = layer.self_attn
-            q32, k32 = attn.q_norm.weight.float().contiguous(), attn.k_norm.weight.float().contiguous()
-            self._norms32 += [q32, k32]
+            attn, mlp = layer.self_attn, layer.mlp
+            norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm != "none" else (None, None)
             kv = pool.index[attn.layer]
             moe = i in banks
             gate_up, down = banks[i] if moe else (None, None)
-            int8_act = self.executor.ctx.moe.cpu_int8_act
-            bf16_act = bf16_activations(self.executor.pool.dtype)
             gu, dn = codec_ids(self.executor.pool.codec_names(i), int8_act, bf16_act) if moe else (0, 0)
-            dense = (None,) * 3 if moe else tuple(p.weight for p in _projections(layer.mlp))
+            inner = mlp.shared_experts if moe else mlp
+            dense = _projections(inner) if inner is not None else (None, None, None)
+            inter = dense[0].weight.shape[0] if inner is not None else 0
+            widest = max(widest, inter)
+            correction = getattr(mlp.gate, "e_score_correction_bias", None) if moe else None
             layers[i] = _Layer(
                 pointer(layer.input_layernorm.weight), pointer(attn.qkv_weight), pointer(attn.qkv_bias),
-                pointer(q32), pointer(k32), pointer(attn.o_proj.weight), pointer(attn.o_proj.bias),
+                *map(fp32, norms), pointer(attn.o_proj.weight), pointer(attn.o_proj.bias),
                 pointer(layer.post_attention_layernorm.weight),
-                pointer(layer.mlp.gate.weight) if moe else None, pointer(gate_up), pointer(down),
-                *map(pointer, dense), pointer(pool.k[kv]), pointer(pool.v[kv]), gu, dn,
+                pointer(mlp.gate.weight) if moe else None, pointer(gate_up), pointer(down), fp32(correction),
+                *(pointer(p.weight) if p is not None else None for p in dense), fp32(attn.sinks),
+                pointer(pool.k[kv]), pointer(pool.v[kv]), gu, dn, inter, attn.window or 0,
             )  # fmt: skip
         self._layers = layers
+        first = model.model.layers[0].self_attn
+        router = next(
+            (layer.mlp for layer in model.model.layers if isinstance(layer.mlp, SparseMoeBlock)), None
+        )
+        sigmoid = router is not None and router.scoring == "sigmoid"
         return _Decoder(
             cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_experts,
             cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.vocab_size, pool.capacity,
-            pool.k[0].element_size(), int(cfg.norm_topk_prob), cfg.intermediate_size, cfg.rms_norm_eps,
-            model.model.layers[0].self_attn.q_norm.eps, layers, pointer(model.model.norm.weight),
+            pool.k[0].element_size(), int(cfg.norm_topk_prob), widest, QK_NORMS[first.qk_norm],
+            cfg.rotary_dim, int(sigmoid), cfg.n_group, cfg.topk_group, cfg.rms_norm_eps,
+            first.q_norm.eps if first.qk_norm != "none" else 0.0, float(first.clip or 0.0),
+            float(cfg.routed_scaling_factor), layers, pointer(model.model.norm.weight),
             pointer(model.lm_head.weight), pointer(model.model.embed_tokens.weight), pointer(self._inv_freq),
             float(model.rotary.scaling),
         )  # fmt: skip
@@ -202,11 +228,12 @@ def _projections(mlp: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
     return mlp.gate_proj, mlp.up_proj, mlp.down_proj
 
 
-def mlp_routes_otherwise(mlp: nn.Module) -> bool:
-    """Whether a routed MoE block routes other than the native step does (a softmax over every expert,
-    top-k, renormalised as the config says; no shared experts, no scaling)."""
-    from freetoken.runtime.models.qwen3_moe import SparseMoeBlock
-
-    if not isinstance(mlp, SparseMoeBlock):
-        return False
-    return mlp.scoring != "softmax" or mlp.shared_experts is not None or mlp.scaling != 1.0
+def routes_otherwise(mlp: nn.Module) -> bool:
+    """Whether a routed MoE block routes other than the native step can: a softmax over every expert
+    (top-k, renormalised as the config says, unscaled) or sigmoid scores with a correction bias (groups,
+    scaling); no router bias, no gate on the shared experts."""
+    if mlp.gate.bias is not None or getattr(mlp, "shared_expert_gate", None) is not None:
+        return True
+    if mlp.scoring == "softmax":
+        return mlp.scaling != 1.0
+    return mlp.scoring != "sigmoid"

@@ -1,22 +1,28 @@
-// A whole Qwen3-MoE decode step on the CPU in one call: every layer, the final norm and the LM head,
-// with no interpreter between the kernels. It strings together the kernels the Python step calls one
-// by one (norm_cpu.c, dense_bf16.c, attention_decode.c, experts_cpu.c) and rounds to bf16 where that
-// step rounds (each Linear's output, the attention output, the routing weights, the experts' sum), so
-// it computes what models/slot_decode.py's `decode_step` computes with the CPU ops, layer for layer.
+// A whole decode step of a grouped-query MoE model on the CPU in one call (Qwen3-MoE, Mixtral, OLMoE,
+// GLM-4.5, MiniMax-M2): every layer, the final norm and the LM head, with no interpreter between the
+// kernels. It strings together the kernels the Python step calls one by one (norm_cpu.c, dense_bf16.c,
+// attention_decode.c, experts_cpu.c) and rounds to bf16 where that step rounds (each Linear's output,
+// the attention output, the routing weights, the experts' sum, the shared experts' sum), so it computes
+// what the model's own decode computes with the CPU ops, layer for layer.
 //
 // For B rows (row b: token tokens[b] at position positions[b] of KV slot slots[b]; slot -1: padding):
-//   x = embed[tokens]; cos, sin = round(cos / sin(positions · inv_freq) · scaling)   (rotate-half halves)
+//   x = embed[tokens]; cos, sin = round(cos / sin(positions · inv_freq) · scaling)   [B, rot], rotate-half
 // then per layer:
 //   h, res = add_rms_norm(x, res)              x, res, h: [B, H] bf16
-//   qkv = round(h · Wqkv^T + bqkv)             [B, (NH + 2 KVH) D]
-//   a = round(attention_block(qkv))            q/k norm, rotary, K/V write, attention: [B, NH D]
+//   qkv = round(h · Wqkv^T + bqkv)             [B, (NH + 2 KVH) D], clamped to ±clip where clip > 0
+//   a = round(attention_block(qkv))            q/k norm (none, per head, whole projection), rotary on the
+//                                              first rot dims, K/V write, attention (a window, sinks): [B, NH D]
 //   x = round(a · Wo^T + bo)
 //   h, res = add_rms_norm(x, res)
-//   g = round(h · Wgate^T)                     [B, E]; softmax in fp32, top-k, renormalised (or not),
-//   ids, w = top_k(softmax(g)), w rounded      ids [B, K] (-1 on padding rows); their distinct count
-//                                              into distinct_out[the MoE layer's index]
-//   x = round(experts(h, ids, w))
-// or, in a dense layer (no router): x = round(round(round(silu(round(h · Wg^T))) · round(h · Wu^T)) · Wd^T)
+//   router, by `scoring`:
+//     softmax: g = round(h · Wgate^T) [B, E]; softmax in fp32, top-k, renormalised (or not)
+//     sigmoid: s = sigmoid(h · Wgate^T) in fp32; chosen by s + correction bias among the best topk_group
+//              of n_group groups (a group scored by its two best); weights s, renormalised (or not)
+//   w = round(w · scaling); ids [B, K] (-1 on padding rows); their distinct count into
+//   distinct_out[the MoE layer's index]
+//   x = round(experts(h, ids, w)), then x = round(x + shared(h)) where the layer has shared experts
+// or, in a dense layer (no router): x = mlp(h), mlp(h) = round(round(round(silu(round(h · Wg^T))) ·
+// round(h · Wu^T)) · Wd^T), as the shared experts are
 // then logits = round(add_rms_norm(x, res) · Wlm^T), [B, V] bf16.
 #include <math.h>
 #include <stdint.h>
@@ -54,17 +60,25 @@ typedef struct {
     const uint16_t *gate;        // [E, H]; NULL in a dense layer
     const void *gate_up;         // [E, 2I, H] in gu_codec
     const void *down;            // [E, H, I] in dn_codec
-    const uint16_t *mlp_gate;    // a dense layer's [DI, H]
+    const float *gate_bias;      // [E] fp32: the sigmoid router's correction bias, or NULL
+    const uint16_t *mlp_gate;    // a dense layer's or the shared experts' [DI, H] (NULL: neither)
     const uint16_t *mlp_up;      // [DI, H]
     const uint16_t *mlp_down;    // [H, DI]
+    const float *sinks;          // [NH] fp32 sink logits, or NULL
     void *k_cache, *v_cache;     // [S, KVH, CAP, D] in cache_elem bytes per element
     int gu_codec, dn_codec;      // the expert banks' codecs (quant_dot.h's ids)
+    int mlp_inter;               // DI of mlp_gate/up/down (0: no such MLP)
+    int window;                  // keys a query sees (0: all)
 } ft_decoder_layer;
+
+enum { SCORING_SOFTMAX = 0, SCORING_SIGMOID = 1 };
 
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, experts, top_k, inter, vocab, capacity, cache_elem;
-    int norm_topk_prob, dense_inter;  // dense_inter: DI of the dense layers (0: none)
-    float rms_eps, qk_eps;
+    int norm_topk_prob, dense_inter;  // dense_inter: the widest layer MLP's DI (dense or shared; 0: none)
+    int qk_norm, rot;                 // attention_decode.c's norm (0 none, 1 per head, 2 whole) and rot
+    int scoring, n_group, topk_group;
+    float rms_eps, qk_eps, clip, routed_scaling;  // clip 0: none
     const ft_decoder_layer *layer;  // [layers]
     const uint16_t *final_norm;     // [H]
     const uint16_t *lm_head;        // [V, H]
@@ -98,7 +112,8 @@ long ft_decode_step_scratch(const ft_decoder *m, int rows) {
     n += rows * h;                                       // the experts' sum
     n += (long)rows * m->vocab;                          // LM head output
     n += 2L * rows * m->dense_inter;                     // a dense layer's gate and up
-    n += 2L * rows * m->head_dim;                        // cos, sin
+    n += 2L * rows * m->rot;                             // cos, sin
+    n += rows * h / 2 + 1;                               // the shared experts' output (bf16)
     n += 2L * rows * k + 1;                              // the routing ids (int64, 8-byte aligned)
     return n;
 }
@@ -148,7 +163,54 @@ static void route(const float *logits, int e, int k, int renorm, int64_t *ids, f
     for (int j = 0; j < k; j++) weights[j] = round_elem(renorm ? weights[j] / sum : weights[j], 2);
 }
 
-// A dense SwiGLU layer: x [rows, H] bf16 = the MLP of h, rounding as the torch layer does.
+
+// Sigmoid scores of e fp32 logits; experts chosen by score + bias among the best `topk_group` of `groups`
+// equal groups (a group scored by the sum of its two best; ties: the lower index), k of them (ties: the
+// lower id); weights the chosen scores, renormalised when asked (+1e-20, as the torch router).
+static void route_sigmoid(const float *logits, const float *bias, int e, int k, int groups, int topk_group,
+                          int renorm, int64_t *ids, float *weights) {
+    float s[MAX_EXPERTS], c[MAX_EXPERTS];
+    for (int i = 0; i < e; i++) {
+        s[i] = 1.0f / (1.0f + expf(-logits[i]));
+        c[i] = s[i] + (bias ? bias[i] : 0.0f);
+    }
+    if (groups > 1) {
+        const int per = e / groups;
+        float score[MAX_EXPERTS];
+        for (int g = 0; g < groups; g++) {
+            float a = -INFINITY, b = -INFINITY;  // the group's best two
+            for (int i = g * per; i < (g + 1) * per; i++)
+                if (c[i] > a) b = a, a = c[i];
+                else if (c[i] > b) b = c[i];
+            score[g] = a + b;
+        }
+        char keep[MAX_EXPERTS] = {0};
+        for (int j = 0; j < topk_group; j++) {
+            int best = -1;
+            for (int g = 0; g < groups; g++)
+                if (!keep[g] && (best < 0 || score[g] > score[best])) best = g;
+            keep[best] = 1;
+        }
+        for (int i = 0; i < e; i++)
+            if (!keep[i / per]) c[i] = -INFINITY;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int i = 0; i < e; i++)
+            if (c[i] > -INFINITY && (best < 0 || c[i] > c[best])) best = i;
+        if (best < 0) {  // NaN logits: no expert (the logits come out NaN and the step is refused)
+            ids[j] = -1, weights[j] = 0.0f;
+            continue;
+        }
+        ids[j] = best, weights[j] = s[best], sum += s[best];
+        c[best] = -INFINITY;
+    }
+    for (int j = 0; j < k; j++) weights[j] = renorm ? weights[j] / (sum + 1e-20f) : weights[j];
+}
+
+// A SwiGLU MLP (a dense layer's, or the shared experts'): x [rows, H] bf16 = the MLP of h, rounding as
+// the torch layer does.
 static void dense_mlp(const ft_decoder_layer *L, int di, const uint16_t *hn, int rows, int h, float *xf,
                       float *xs, float *g, float *u, float *y, uint16_t *x, int threads) {
     linear(L->mlp_gate, NULL, hn, rows, di, h, xf, xs, g, threads);
@@ -159,10 +221,10 @@ static void dense_mlp(const ft_decoder_layer *L, int di, const uint16_t *hn, int
     narrow(y, x, (long)rows * h);
 }
 
-// The rotary tables of each row, as the torch step makes them: fp32 angles, cos and sin times the
-// scaling, rounded to bf16.
+// The rotary tables of each row ([rows, rot]), as the torch step makes them: fp32 angles, cos and sin
+// times the scaling, rounded to bf16.
 static void rotary(const ft_decoder *m, int rows, const int64_t *positions, float *cos, float *sin) {
-    const int d = m->head_dim, half = d / 2;
+    const int d = m->rot, half = d / 2;
     for (int r = 0; r < rows; r++)
         for (int i = 0; i < half; i++) {
             const float angle = (float)positions[r] * m->inv_freq[i];
@@ -211,8 +273,9 @@ int ft_decode_step(const ft_decoder *m, int rows, const int64_t *tokens, const i
     float *ey = ex + (long)rows * (k * (m->inter + h) + h);
     float *lm = ey + (long)rows * h;
     float *dense_g = lm + (long)rows * m->vocab, *dense_u = dense_g + (long)rows * m->dense_inter;
-    float *cos = dense_u + (long)rows * m->dense_inter, *sin = cos + (long)rows * d;
-    float *after = sin + (long)rows * d;
+    float *cos = dense_u + (long)rows * m->dense_inter, *sin = cos + (long)rows * m->rot;
+    uint16_t *shared = (uint16_t *)(sin + (long)rows * m->rot);
+    float *after = (float *)shared + ((long)rows * h / 2 + 1);
     int64_t *ids = (int64_t *)(after + ((uintptr_t)after / sizeof(float) & 1));
     for (int r = 0; r < rows; r++) memcpy(x + (long)r * h, m->embed + tokens[r] * h, sizeof(uint16_t) * h);
     rotary(m, rows, positions, cos, sin);
@@ -222,9 +285,12 @@ int ft_decode_step(const ft_decoder *m, int rows, const int64_t *tokens, const i
         const ft_decoder_layer *L = &m->layer[l];
         ft_add_rms_norm(x, l ? res : NULL, L->input_norm, m->rms_eps, rows, h, 2, hn, res, norm);
         linear(L->qkv, L->qkv_bias, hn, rows, width, h, xf, xs, qkv, threads);
-        const int code = ft_attention_decode(qkv, rows, m->heads, m->kv_heads, d, 1, d, L->q_norm, L->k_norm, m->qk_eps,
-                                             cos, sin, L->k_cache, L->v_cache, m->cache_elem, m->capacity, slots,
-                                             positions, scale, NULL, 0, scores, q_scratch, attn, threads);
+        if (m->clip > 0.0f)
+            for (long i = 0; i < (long)rows * width; i++) qkv[i] = fminf(fmaxf(qkv[i], -m->clip), m->clip);
+        const int code = ft_attention_decode(qkv, rows, m->heads, m->kv_heads, d, m->qk_norm, m->rot, L->q_norm,
+                                             L->k_norm, m->qk_eps, cos, sin, L->k_cache, L->v_cache, m->cache_elem,
+                                             m->capacity, slots, positions, scale, L->sinks, L->window, scores,
+                                             q_scratch, attn, threads);
         if (code != 0) return -2;
         for (long i = 0; i < (long)rows * qd; i++) attn[i] = round_elem(attn[i], 2);  // o_proj's input
         ft_linear_bf16(L->o, attn, ey, h, qd, rows, xs, threads);
@@ -236,20 +302,38 @@ int ft_decode_step(const ft_decoder *m, int rows, const int64_t *tokens, const i
             }
         ft_add_rms_norm(x, res, L->post_norm, m->rms_eps, rows, h, 2, hn, res, norm);
         if (!L->gate) {
-            dense_mlp(L, m->dense_inter, hn, rows, h, xf, xs, dense_g, dense_u, ey, x, threads);
+            dense_mlp(L, L->mlp_inter, hn, rows, h, xf, xs, dense_g, dense_u, ey, x, threads);
             continue;
         }
-        linear(L->gate, NULL, hn, rows, e, h, xf, xs, gl, threads);
+        if (m->scoring == SCORING_SIGMOID) {  // fp32 logits: the torch router widens before its GEMV
+            widen(hn, xf, (long)rows * h);
+            ft_linear_bf16(L->gate, xf, gl, e, h, rows, xs, threads);
+        } else {
+            linear(L->gate, NULL, hn, rows, e, h, xf, xs, gl, threads);
+        }
         for (int r = 0; r < rows; r++) {
-            route(gl + (long)r * e, e, k, m->norm_topk_prob, ids + (long)r * k, rw + (long)r * k);
+            int64_t *row_ids = ids + (long)r * k;
+            float *row_w = rw + (long)r * k;
+            if (m->scoring == SCORING_SIGMOID) {
+                route_sigmoid(gl + (long)r * e, L->gate_bias, e, k, m->n_group, m->topk_group, m->norm_topk_prob,
+                              row_ids, row_w);
+                for (int j = 0; j < k; j++) row_w[j] = round_elem(row_w[j] * m->routed_scaling, 2);
+            } else {
+                route(gl + (long)r * e, e, k, m->norm_topk_prob, row_ids, row_w);
+            }
             if (slots[r] < 0)
-                for (int j = 0; j < k; j++) ids[(long)r * k + j] = -1;
+                for (int j = 0; j < k; j++) row_ids[j] = -1;
         }
         widen(hn, xf, (long)rows * h);
         if (ft_moe(L->gate_up, L->gu_codec, L->down, L->dn_codec, e, h, m->inter, xf, ids, rw, rows, k, ex, ey,
                    expert_threads, 0, NULL, NULL) < 0)
             return -3;
         narrow(ey, x, (long)rows * h);
+        if (L->mlp_gate) {  // the shared experts: their own rounded output added to the routed one's
+            dense_mlp(L, L->mlp_inter, hn, rows, h, xf, xs, dense_g, dense_u, ey, shared, threads);
+            for (long i = 0; i < (long)rows * h; i++)
+                store_elem(x, i, load_elem(x, i, 2) + load_elem(shared, i, 2), 2);
+        }
         distinct_out[moe_layer++] = distinct(ids, rows * k, e);
     }
     ft_add_rms_norm(x, res, m->final_norm, m->rms_eps, rows, h, 2, hn, res, norm);
