@@ -11,10 +11,12 @@ that arch, for side-by-side runs with `peer_llamacpp.py` (both engines read the 
 Routed experts in `--expert-type`: BF16 (std 0.02), Q8_0, Q4_K, Q6_K as random raw blocks with small
 finite scales (gguf.quants.dequantize defines their values), or Q4_K_M's layout: gate/up Q4_K in every
 layer, down Q6_K in the layers llama.cpp's quantizer gives more bits (the first and last eighth, and
-every third layer between) and Q4_K elsewhere. Attention, router, shared and dense MLPs and embeddings
-are bf16, norms and biases fp32. Layers of equal parity share their arrays (fast to write; the reads are
-the same). The vocabulary is byte-level BPE padded to --vocab with the family's markers at the end, so
-the output projection costs what the real one does. --layers cuts the model (default: all its layers).
+every third layer between) and Q4_K elsewhere; Q8_0 where a K-quant's 256-weight blocks do not divide
+a row (GLM-4.5's 1408-wide down projection), as llama.cpp's quantizer falls back there. Attention,
+router, shared and dense MLPs and embeddings are bf16, norms and biases fp32. Layers of equal parity
+share their arrays (fast to write; the reads are the same). The vocabulary is byte-level BPE padded to
+--vocab with the family's markers at the end, so the output projection costs what the real one does.
+--layers cuts the model (default: all its layers).
 
   python benchmarks/make_family_gguf.py /dev/shm/glm45air-q4km.gguf --family glm4moe --layers 9 \\
       --expert-type Q4_K_M
@@ -34,6 +36,7 @@ from random_gguf import (
     add_byte_tokenizer,
     add_embeddings,
     expert_types,
+    fitting,
     random_bf16,
     random_experts,
     shape_parser,
@@ -223,6 +226,7 @@ def main(argv: list[str] | None = None, family: str = "qwen3moe") -> None:
         gate_up, down = expert_types(args.expert_type, layer, args.layers)
         for part, kind, shape in (("gate", gate_up, (e, i, h)), ("up", gate_up, (e, i, h)),
                                   ("down", down, (e, h, i))):  # fmt: skip
+            kind = fitting(kind, shape[-1])
             key = (layer % 2, part, kind)
             if key not in banks:
                 banks[key] = random_experts(rng, kind, *shape)

@@ -114,6 +114,16 @@ def expert_types(kind: str, layer: int, layers: int) -> tuple[str, str]:
     return kind, kind
 
 
+def fitting(kind: str, row: int) -> str:
+    """`kind`, or Q8_0 where its blocks do not divide a row of `row` weights (GLM-4.5's 1408-wide down
+    projection in a K-quant): llama.cpp's quantizer likewise falls back to a 32-weight block type there."""
+    if kind == "BF16":
+        return kind
+    from freetoken.codecs import get_codec
+
+    return kind if row % get_codec(kind).block_elements == 0 else "Q8_0"
+
+
 def random_experts(rng: np.random.Generator, kind: str, *shape: int) -> np.ndarray:
     """A bank of `shape` ([E, out, in]) in GGML type `kind`: bf16 bits (std 0.02), or random raw blocks
     with small finite scales (gguf.quants.dequantize defines their values)."""

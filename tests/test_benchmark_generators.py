@@ -105,6 +105,28 @@ def test_family_generator_writes_each_familys_layout(tmp_path: Path, family: str
     assert len(decode(path)) == 4
 
 
+def test_family_generator_falls_back_to_q8_0_where_k_blocks_do_not_divide_a_row(tmp_path: Path) -> None:
+    path = tmp_path / "g.gguf"
+    shape = ["--moe-inter", "1408", "--head-dim", "64", "--dense-inter", "384"]
+    generate(
+        "make_family_gguf.py",
+        path,
+        "--family",
+        "glm4moe",
+        "--layers",
+        "2",
+        *SMALL,
+        *shape,
+        "--expert-type",
+        "Q4_K_M",
+    )
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
+    try:  # the dense first layer has no experts; gate/up rows are 256 wide, down rows 1408
+        assert [engine.pool.codec_names(n) for n in engine.pool.layers] == [("Q4_K", "Q8_0")]
+    finally:
+        engine.close()
+
+
 def test_gpt_oss_generator_keeps_mxfp4_experts(tmp_path: Path) -> None:
     path = tmp_path / "o.gguf"
     generate("make_gpt_oss_gguf.py", path, "--layers", "2", *SMALL, "--moe-inter", "256", "--head-dim", "64")
