@@ -1,13 +1,17 @@
-"""A DeltaNet layer's decode-step kernels against their references (Triton's interpreter runs the kernel
-bodies on CPU), and the references against the eager layer."""
+"""A DeltaNet layer's decode-step kernels against their references — the Triton kernels (Triton's
+interpreter runs their bodies on CPU) and the native CPU calls (delta_step_cpu.c) — and the references
+against the eager layer."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 import torch
 
 from freetoken.runtime.models.delta_net import GatedDeltaNet
 from freetoken.runtime.models.kda import KimiDeltaAttention
+from freetoken.runtime.models.kernels.cpu_delta_step import cpu_conv_step, cpu_delta_step
 from freetoken.runtime.models.kernels.delta_step import (
     causal_conv_step,
     causal_conv_step_reference,
@@ -17,6 +21,7 @@ from freetoken.runtime.models.kernels.delta_step import (
     kda_rule_step,
     kda_rule_step_reference,
 )
+from freetoken.runtime.moe.kernels.loader import load_library
 
 HK, HV, DK, DV, W = 2, 4, 8, 12, 4  # DV 12: a partial value block
 
@@ -38,15 +43,23 @@ SLOTS = torch.tensor([2, -1, 0], dtype=torch.int32)
 LIVE = [0, 2]
 
 
-@pytest.mark.skipif(not delta_step_available("cpu"), reason="needs Triton's interpreter")
+TRITON = pytest.mark.skipif(not delta_step_available("cpu"), reason="needs Triton's interpreter")
+NATIVE = pytest.mark.skipif(load_library() is None, reason="needs the compiled CPU kernels")
+CONV_STEPS = [pytest.param(causal_conv_step, marks=TRITON, id="triton"),
+              pytest.param(cpu_conv_step, marks=NATIVE, id="native")]  # fmt: skip
+DELTA_STEPS = [pytest.param(delta_rule_step, marks=TRITON, id="triton"),
+               pytest.param(cpu_delta_step, marks=NATIVE, id="native")]  # fmt: skip
+
+
+@pytest.mark.parametrize("step", CONV_STEPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_conv_step_matches_the_reference_and_keeps_other_slots(dtype: torch.dtype) -> None:
+def test_conv_step_matches_the_reference_and_keeps_other_slots(step: Callable, dtype: torch.dtype) -> None:
     c = 2 * HK * DK + HV * DV
     x = randn(3, c + 5, seed=1, dtype=dtype)[:, :c]  # a strided view, as a projection's split gives
     weight = randn(c, 1, W, seed=2, scale=0.5, dtype=dtype)
     state = randn(3, c, W - 1, seed=3, dtype=dtype)
     want_state = state.clone()
-    got = causal_conv_step(x, state, weight, SLOTS)
+    got = step(x, state, weight, SLOTS)
     want = causal_conv_step_reference(x, want_state, weight, SLOTS)
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(got[LIVE], want[LIVE], **tol)
@@ -54,16 +67,16 @@ def test_conv_step_matches_the_reference_and_keeps_other_slots(dtype: torch.dtyp
     assert torch.equal(state[0, :, -1], x[2]) and torch.equal(state[2, :, -1], x[0])
 
 
-@pytest.mark.skipif(not delta_step_available("cpu"), reason="needs Triton's interpreter")
+@pytest.mark.parametrize("step", DELTA_STEPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_delta_rule_step_matches_the_reference(dtype: torch.dtype) -> None:
+def test_delta_rule_step_matches_the_reference(step: Callable, dtype: torch.dtype) -> None:
     mixed = randn(3, 2 * HK * DK + HV * DV, seed=4, dtype=dtype)
     ba = randn(3, 2 * HV, seed=5, dtype=dtype)
     b, a = ba[:, :HV], ba[:, HV:]  # row-strided views
     a_log, dt_bias = randn(HV, seed=6, scale=0.5), randn(HV, seed=7, scale=0.5, dtype=dtype)
     state = randn(3, HV, DK, DV, seed=8)
     want_state = state.clone()
-    got = delta_rule_step(mixed, b, a, a_log, dt_bias, state, SLOTS, HK, DK)
+    got = step(mixed, b, a, a_log, dt_bias, state, SLOTS, HK, DK)
     want = delta_rule_step_reference(mixed, b, a, a_log, dt_bias, want_state, SLOTS, HK, DK)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got[LIVE], want[LIVE], **tol)

@@ -34,6 +34,7 @@ SOURCES = tuple(
         "attention_decode.c",
         "norm_cpu.c",
         "decode_step_cpu.c",
+        "delta_step_cpu.c",
         "branch_coordinator.c",
         "spin_team.c",
     )
@@ -218,6 +219,17 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.ft_decode_step.argtypes = [vp, i32, vp, vp, vp, vp, vp, vp, i32, i32]
     lib.ft_decode_step.restype = i32
     lib.ft_decode_step_scratch.argtypes, lib.ft_decode_step_scratch.restype = [vp, i32], ctypes.c_long
+    # a DeltaNet layer's conv step: x, x row stride, element size, state, weight, weight element size,
+    # channels, width, slots (int32), rows, out, threads
+    lib.ft_conv_step.argtypes = [vp, ctypes.c_long, i32, vp, vp, i32, i32, i32, vp, i32, vp, i32]
+    lib.ft_conv_step.restype = i32
+    # its delta rule's step: mixed, its row stride, element size, b, its row stride, a, its row stride, b/a
+    # element size, a_log, dt_bias (fp32), state (fp32), slots (int32), rows, Hk, Hv, Dk, Dv, out, threads
+    lib.ft_delta_step.argtypes = [
+        vp, ctypes.c_long, i32, vp, ctypes.c_long, vp, ctypes.c_long, i32, vp, vp, vp, vp, i32, i32, i32, i32,
+        i32, vp, i32,
+    ]  # fmt: skip
+    lib.ft_delta_step.restype = i32
     # logits, element size, rows, vocab, out [rows, 2] int64 (argmax, finite)
     lib.ft_greedy_rows.argtypes, lib.ft_greedy_rows.restype = [vp, i32, i32, ctypes.c_long, vp], None
     # the stream branch: per-layer gate_up/down pointers, codec ids and experts' functions (or NULL), layers,
