@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from freetoken.runtime.kv.slot_pool import KVSlotPool
 from freetoken.runtime.models.kernels.cpu_attention import cpu_attention_block
-from freetoken.runtime.models.kernels.cpu_delta_step import cpu_conv_step, cpu_delta_step
+from freetoken.runtime.models.kernels.cpu_delta_step import cpu_conv_step, cpu_delta_step, cpu_kda_step
 from freetoken.runtime.models.kernels.cpu_linear import cpu_linear
 from freetoken.runtime.models.kernels.cpu_norm import cpu_add_rms_norm
 from freetoken.runtime.models.kernels.decode_attention import (
@@ -91,8 +91,9 @@ class DecodeOps:
             slot_decode_attention_reference,
             cpu_linear,  # the native bf16 GEMV where it takes the inputs, else F.linear
             cpu_attention_block,  # one native call where it takes the inputs
-            conv_step=cpu_conv_step,  # DeltaNet's: native calls where they take the inputs
+            conv_step=cpu_conv_step,  # DeltaNet's and KDA's: native calls where they take the inputs
             delta_step=cpu_delta_step,
+            kda_step=cpu_kda_step,
         )
 
 

@@ -13,12 +13,16 @@ import pytest
 import torch
 
 from freetoken.runtime.engine import build_engine
-from freetoken.runtime.models.kernels.cpu_delta_step import cpu_conv_step, cpu_delta_step
-from freetoken.runtime.models.kernels.delta_step import causal_conv_step_reference, delta_rule_step_reference
+from freetoken.runtime.models.kernels.cpu_delta_step import cpu_conv_step, cpu_delta_step, cpu_kda_step
+from freetoken.runtime.models.kernels.delta_step import (
+    causal_conv_step_reference,
+    delta_rule_step_reference,
+    kda_rule_step_reference,
+)
 from freetoken.runtime.models.slot_decode import DecodeOps
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.sampling import SamplingParams
-from oracle import build_hybrid_model, build_qwen3_next_model
+from oracle import build_family_model, build_hybrid_model, build_qwen3_next_model
 
 pytestmark = pytest.mark.skipif(load_library() is None, reason="needs the compiled CPU kernels")
 
@@ -44,12 +48,17 @@ def test_an_input_the_kernel_does_not_take_runs_the_reference() -> None:
 
 def test_cpu_ops_take_the_native_delta_step() -> None:
     ops = DecodeOps.for_device(torch.device("cpu"))
-    assert ops.conv_step is cpu_conv_step and ops.delta_step is cpu_delta_step
+    assert (ops.conv_step, ops.delta_step, ops.kda_step) == (cpu_conv_step, cpu_delta_step, cpu_kda_step)
 
 
-@pytest.mark.parametrize(
-    "build", [build_hybrid_model, build_qwen3_next_model], ids=["qwen3_5_moe", "qwen3_next"]
-)
+def build_kimi_linear(folder: Path) -> Any:
+    return build_family_model(folder, "kimi_linear")
+
+
+BUILDS = [build_hybrid_model, build_qwen3_next_model, build_kimi_linear]
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=["qwen3_5_moe", "qwen3_next", "kimi_linear"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_hybrid_decode_through_the_native_step_gives_the_references_tokens(
     tmp_path: Path, build: Callable[[Path], Any], dtype: str
@@ -60,10 +69,13 @@ def test_hybrid_decode_through_the_native_step_gives_the_references_tokens(
     tokens = []
     for native in (True, False):
         engine = build_engine(tmp_path, device="cpu", dtype=dtype, moe_backend="cpu")
-        if not native:  # the same step with the references in place of the two native calls
+        if not native:  # the same step with the references in place of the native calls
             ops = engine.decoder.ops
             engine.decoder.ops = replace(
-                ops, conv_step=causal_conv_step_reference, delta_step=delta_rule_step_reference
+                ops,
+                conv_step=causal_conv_step_reference,
+                delta_step=delta_rule_step_reference,
+                kda_step=kda_rule_step_reference,
             )
         tokens.append([e.token_id for e in engine.generate(prompt, params) if e.token_id is not None])
         engine.close()

@@ -11,7 +11,7 @@ import torch
 
 from freetoken.runtime.models.delta_net import GatedDeltaNet
 from freetoken.runtime.models.kda import KimiDeltaAttention
-from freetoken.runtime.models.kernels.cpu_delta_step import cpu_conv_step, cpu_delta_step
+from freetoken.runtime.models.kernels.cpu_delta_step import cpu_conv_step, cpu_delta_step, cpu_kda_step
 from freetoken.runtime.models.kernels.delta_step import (
     causal_conv_step,
     causal_conv_step_reference,
@@ -49,6 +49,8 @@ CONV_STEPS = [pytest.param(causal_conv_step, marks=TRITON, id="triton"),
               pytest.param(cpu_conv_step, marks=NATIVE, id="native")]  # fmt: skip
 DELTA_STEPS = [pytest.param(delta_rule_step, marks=TRITON, id="triton"),
                pytest.param(cpu_delta_step, marks=NATIVE, id="native")]  # fmt: skip
+KDA_STEPS = [pytest.param(kda_rule_step, marks=TRITON, id="triton"),
+             pytest.param(cpu_kda_step, marks=NATIVE, id="native")]  # fmt: skip
 
 
 @pytest.mark.parametrize("step", CONV_STEPS)
@@ -107,16 +109,16 @@ def test_references_step_as_the_eager_layer() -> None:
     torch.testing.assert_close(recurrent[1], eager.recurrent, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.skipif(not delta_step_available("cpu"), reason="needs Triton's interpreter")
+@pytest.mark.parametrize("step", KDA_STEPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kda_rule_step_matches_the_reference(dtype: torch.dtype) -> None:
+def test_kda_rule_step_matches_the_reference(step: Callable, dtype: torch.dtype) -> None:
     heads, dim = 2, 12
     mixed = randn(3, 3 * heads * dim, seed=9, dtype=dtype)
     b = randn(3, heads + 3, seed=10, dtype=dtype)[:, :heads]  # a row-strided view
     decay = -randn(3, heads, dim, seed=11, scale=0.5).abs()  # log decay <= 0, per key channel
     state = randn(3, heads, dim, dim, seed=12)
     want_state = state.clone()
-    got = kda_rule_step(mixed, b, decay, state, SLOTS)
+    got = step(mixed, b, decay, state, SLOTS)
     want = kda_rule_step_reference(mixed, b, decay, want_state, SLOTS)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got[LIVE], want[LIVE], **tol)

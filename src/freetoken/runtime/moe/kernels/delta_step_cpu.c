@@ -10,6 +10,8 @@
 //   β = sigmoid(b[h]); decay = exp(−exp(a_log[h]) · softplus(a[h] + dt_bias[h]))
 //   S ← decay · S;  S ← S + k ⊗ β·(v − Sᵀk);  o = Sᵀq        S = state[slot, h] [Dk, Dv] fp32
 //   out[row, h] = round(o) in `elem` bytes.
+//   With `log_decay` [B, Hv, Dk] fp32 (Kimi Delta Attention: Hk = Hv), key channel i decays by
+//   exp(log_decay[row, h, i]) instead, and a, a_log, dt_bias go unread.
 // Padding rows (slot < 0) read and write no state; their outputs are left as they were.
 #include <math.h>
 #include <omp.h>
@@ -55,7 +57,7 @@ static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 int ft_delta_step(const void *mixed, long m_stride, int elem, const void *b, long b_stride, const void *a, long a_stride,
                   int ab_elem, const float *a_log, const float *dt_bias, float *state, const int32_t *slots, int rows,
-                  int hk, int hv, int dk, int dv, void *out, int threads) {
+                  int hk, int hv, int dk, int dv, const float *log_decay, void *out, int threads) {
     if (dk > MAX_DK || dv > MAX_DV || hv % hk) return -1;
     const int group = hv / hk;
 #pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
@@ -68,14 +70,16 @@ int ft_delta_step(const void *mixed, long m_stride, int elem, const void *b, lon
             l2normed(mixed, row + (long)kh * dk, elem, dk, 1.0f / sqrtf((float)dk), q);
             l2normed(mixed, row + (long)(hk + kh) * dk, elem, dk, 1.0f, k);
             const float beta = 1.0f / (1.0f + expf(-load_elem(b, (long)r * b_stride + h, ab_elem)));
-            const float g = -expf(a_log[h]) * softplus(load_elem(a, (long)r * a_stride + h, ab_elem) + dt_bias[h]);
-            const float decay = expf(g);
+            const float *channel = log_decay ? log_decay + ((long)r * hv + h) * dk : NULL;
+            const float decay =
+                channel ? 1.0f : expf(-expf(a_log[h]) * softplus(load_elem(a, (long)r * a_stride + h, ab_elem) + dt_bias[h]));
             float *s = state + (((long)slots[r] * hv + h) * dk) * dv;  // [Dk, Dv], rows of Dv contiguous
             const long v_at = row + 2L * hk * dk + (long)h * dv;
             float predicted[MAX_DV] = {0}, delta[MAX_DV], o[MAX_DV] = {0};
             for (int i = 0; i < dk; i++) {  // decay, then Sᵀk: one pass, the value dims vectorised
                 float *si = s + (long)i * dv;
-                for (int j = 0; j < dv; j++) predicted[j] += (si[j] *= decay) * k[i];
+                const float di = channel ? expf(channel[i]) : decay;
+                for (int j = 0; j < dv; j++) predicted[j] += (si[j] *= di) * k[i];
             }
             for (int j = 0; j < dv; j++) delta[j] = beta * (load_elem(mixed, v_at + j, elem) - predicted[j]);
             for (int i = 0; i < dk; i++) {  // the write k ⊗ δ, then Sᵀq: a second pass

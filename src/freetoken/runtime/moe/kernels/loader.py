@@ -224,10 +224,11 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.ft_conv_step.argtypes = [vp, ctypes.c_long, i32, vp, vp, i32, i32, i32, vp, i32, vp, i32]
     lib.ft_conv_step.restype = i32
     # its delta rule's step: mixed, its row stride, element size, b, its row stride, a, its row stride, b/a
-    # element size, a_log, dt_bias (fp32), state (fp32), slots (int32), rows, Hk, Hv, Dk, Dv, out, threads
+    # element size, a_log, dt_bias (fp32), state (fp32), slots (int32), rows, Hk, Hv, Dk, Dv, the log decay
+    # per key channel (fp32, or NULL), out, threads
     lib.ft_delta_step.argtypes = [
         vp, ctypes.c_long, i32, vp, ctypes.c_long, vp, ctypes.c_long, i32, vp, vp, vp, vp, i32, i32, i32, i32,
-        i32, vp, i32,
+        i32, vp, vp, i32,
     ]  # fmt: skip
     lib.ft_delta_step.restype = i32
     # logits, element size, rows, vocab, out [rows, 2] int64 (argmax, finite)
