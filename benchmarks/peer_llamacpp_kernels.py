@@ -2,9 +2,11 @@
 
     python benchmarks/peer_llamacpp_kernels.py --llama-bench .peers/llama-build-cuda/bin/llama-bench
     python benchmarks/peer_llamacpp_kernels.py --llama-bench BIN --codecs Q4_K --ncu /path/to/ncu --json
+    python benchmarks/peer_llamacpp_kernels.py --llama-bench BIN --family mixtral --codecs Q4_K,Q6_K
 
-For each codec a 4-layer GGUF of Qwen3-30B-A3B's shapes with experts of that codec is written by
-`make_qwen3moe_gguf.py` (its dense weights bf16, so llama.cpp's quantized GEMVs, `mul_mat_vec_q`, are
+For each codec a 4-layer GGUF of a family's shapes (`--family`, make_family_gguf.py's: Qwen3-30B-A3B by
+default, Mixtral-8x7B's wide experts, MiniMax-M2's, OLMoE's, GLM-4.5-Air's) with experts of that codec is
+written by `make_family_gguf.py` (its dense weights bf16, so llama.cpp's quantized GEMVs, `mul_mat_vec_q`, are
 the MoE ones); `ncu --clock-control none` times every such kernel of a batch-1 decode (`llama-bench -p 0`,
 every expert on the GPU) with the DRAM bytes it read: the fused gate/up launch (the most bytes) and down.
 Ours: the int8-activation sides of the fused MoE decode step (`int8_blocks`, the shipped tiles) on random
@@ -124,6 +126,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-bench", type=Path, required=True, help="a CUDA build of llama-bench")
     ap.add_argument("--codecs", default="Q4_K,Q8_0")
+    ap.add_argument("--family", default="qwen3moe", help="make_family_gguf.py's family: its expert shapes")
     ap.add_argument("--ncu", default=shutil.which("ncu") or "ncu", help="Nsight Compute's command line")
     ap.add_argument("--dir", type=Path, default=None, help="where the GGUFs are written (a temporary folder)")
     ap.add_argument("--json", action="store_true")
@@ -134,15 +137,21 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA GPU")
+    from make_family_gguf import FAMILIES
     from moe_decode_kernel import read_bandwidth
 
-    shape = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8}  # make_qwen3moe_gguf.py's defaults
+    if args.family not in FAMILIES:
+        raise SystemExit(f"--family {args.family!r}: one of {', '.join(sorted(FAMILIES))}")
+    published = FAMILIES[args.family].shape
+    shape = {"hidden": published["hidden"], "inter": published["moe_inter"], "experts": published["experts"],
+             "top_k": published["top_k"]}  # fmt: skip
     read = read_bandwidth()
     rows = []
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for codec in args.codecs.split(","):
             gguf = Path(tmp) / f"{codec}.gguf"
-            make = [sys.executable, str(HERE / "make_qwen3moe_gguf.py"), str(gguf), "--layers", "4"]
+            make = [sys.executable, str(HERE / "make_family_gguf.py"), str(gguf), "--layers", "4"]
+            make += ["--family", args.family]
             subprocess.run([*make, "--expert-type", codec], check=True, capture_output=True)
             theirs = llama_kernels(args.llama_bench, gguf, args.ncu)
             gguf.unlink()
@@ -163,7 +172,8 @@ def main() -> None:
                     }
                 )
     if args.json:
-        print(json.dumps({"device": torch.cuda.get_device_name(), "read_GBps": read / 1e9, "rows": rows}))
+        device = torch.cuda.get_device_name()
+        print(json.dumps({"device": device, "family": args.family, "read_GBps": read / 1e9, "rows": rows}))
         return
     print(f"{torch.cuda.get_device_name()}, read {read / 1e9:.0f} GB/s, batch 1, {shape}")
     print("codec  kernel   MB      ours us (x read)   llama.cpp us (x read)   ours / llama.cpp")
