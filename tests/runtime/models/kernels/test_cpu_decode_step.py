@@ -5,6 +5,7 @@ expert and dense layer; MiniMax-M2's whole-projection norms, partial rope and si
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from freetoken.runtime.engine import Engine, build_engine
-from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep
+from freetoken.runtime.models.kernels.cpu_decode_step import CpuDecodeStep, declined
 from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows
 from freetoken.runtime.moe.kernels.loader import load_library
 from freetoken.runtime.sampling import SamplingParams
@@ -104,10 +105,18 @@ def test_native_decode_gives_the_python_steps_greedy_tokens(model_dir: Path) -> 
     assert got == want and len(got) == 24
 
 
-def test_gpt_oss_experts_stay_with_the_python_step(tmp_path: Path) -> None:
-    """Its experts' clamped function and biases are not the native step's: declined, not approximated."""
+def test_gpt_oss_experts_stay_with_the_python_step(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Its experts' clamped function and biases are not the native step's: declined, not approximated,
+    and -v's log says why."""
     build_family_model(tmp_path / "o", "gpt_oss")
-    assert bf16_engine(tmp_path / "o").decoder.native is None
+    with caplog.at_level(logging.INFO, logger="freetoken"):
+        engine = bf16_engine(tmp_path / "o")
+    assert engine.decoder.native is None
+    assert (
+        declined(engine.model, engine.kv_pool, engine.executor)
+        == "the experts' function or biases are not plain SiLU ones"
+    )
+    assert "run through the model's own decode: the experts' function" in caplog.text
 
 
 def test_a_routing_recorder_sends_the_step_back_to_python(model_dir: Path) -> None:

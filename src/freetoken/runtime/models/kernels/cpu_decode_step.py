@@ -91,49 +91,11 @@ class CpuDecodeStep:
 
     @staticmethod
     def build(model: nn.Module, pool: KVSlotPool, executor: ExpertExecutor) -> CpuDecodeStep | None:
-        """The native step for this model and executor, or None where it does not apply."""
-        from freetoken.runtime.models.layers import SwiGLUMLP
-        from freetoken.runtime.models.qwen3_moe import Attention, DecoderLayer, SparseMoeBlock
-
+        """The native step for this model and executor, or None where it does not apply (`declined`)."""
+        if declined(model, pool, executor) is not None:
+            return None
         lib = load_library()
-        if lib is None or pool.device.type != "cpu":
-            return None
-        if not all(type(layer) is DecoderLayer for layer in model.model.layers):
-            return None  # the native step: grouped-query attention layers only
-        cfg = model.config
-        banks = executor.host_banks()
-        if banks is None or pool.dtype not in CACHE_DTYPES or not pool.k[0].is_contiguous():
-            return None
-        if cfg.num_experts > MAX_EXPERTS or cfg.head_dim > MAX_HEAD_DIM or executor.fn != SILU:
-            return None
-        if executor.pool.biased:  # the experts' own biases: the Python step adds them
-            return None
-        if cfg.n_group > 1 and cfg.num_experts % cfg.n_group:
-            return None
-        for i, layer in enumerate(model.model.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            if not isinstance(attn, Attention) or attn.qk_norm not in QK_NORMS:
-                return None
-            shared = mlp.shared_experts if isinstance(mlp, SparseMoeBlock) else None
-            if isinstance(mlp, SparseMoeBlock) and i in banks and not routes_otherwise(mlp):
-                if not kernel_takes(*banks[i], executor.pool.codec_names(i)):
-                    return None
-                mlp_weights = (mlp.gate.weight, *(p.weight for p in (_projections(shared) if shared else ())))
-            elif isinstance(mlp, SwiGLUMLP):
-                mlp_weights = tuple(p.weight for p in _projections(mlp))
-            else:
-                return None
-            inner = shared if isinstance(mlp, SparseMoeBlock) else mlp
-            if inner is not None and any(p.bias is not None for p in _projections(inner)):
-                return None
-            weights = (
-                layer.input_layernorm.weight, layer.post_attention_layernorm.weight, attn.qkv_weight,
-                attn.qkv_bias, attn.o_proj.weight, attn.o_proj.bias, *mlp_weights,
-            )  # fmt: skip
-            if not _bf16(*weights):
-                return None
-        if not _bf16(model.model.norm.weight, model.lm_head.weight):
-            return None
+        assert lib is not None
         return CpuDecodeStep(model, pool, executor, lib)
 
     def _table(self) -> _Decoder:
@@ -222,6 +184,56 @@ class CpuDecodeStep:
             raise MemoryError(f"native decode step failed (code {code})")
         self.executor.count_host_steps(distinct)
         return logits
+
+
+def declined(model: nn.Module, pool: KVSlotPool, executor: ExpertExecutor) -> str | None:
+    """Why the native step does not take this model and executor (what `-v` says), or None: it does."""
+    from freetoken.runtime.models.layers import SwiGLUMLP
+    from freetoken.runtime.models.qwen3_moe import Attention, DecoderLayer, SparseMoeBlock
+
+    if pool.device.type != "cpu":
+        return "not a CPU device"
+    if load_library() is None:
+        return "the CPU kernels are not built"
+    if not all(type(layer) is DecoderLayer for layer in model.model.layers):
+        return "not every layer is grouped-query attention (the model's own decode runs, its ops native)"
+    cfg = model.config
+    banks = executor.host_banks()
+    if banks is None:
+        return "experts are computed outside the host pool (slots on the device)"
+    if pool.dtype not in CACHE_DTYPES or not pool.k[0].is_contiguous():
+        return f"a {pool.dtype} KV cache"
+    if cfg.num_experts > MAX_EXPERTS or cfg.head_dim > MAX_HEAD_DIM:
+        return f"{cfg.num_experts} experts or a head of {cfg.head_dim} dims"
+    if executor.fn != SILU or executor.pool.biased:
+        return "the experts' function or biases are not plain SiLU ones"
+    if cfg.n_group > 1 and cfg.num_experts % cfg.n_group:
+        return f"{cfg.num_experts} experts do not split into {cfg.n_group} groups"
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        if not isinstance(attn, Attention) or attn.qk_norm not in QK_NORMS:
+            return f"layer {i}'s attention"
+        shared = mlp.shared_experts if isinstance(mlp, SparseMoeBlock) else None
+        if isinstance(mlp, SparseMoeBlock) and i in banks and not routes_otherwise(mlp):
+            if not kernel_takes(*banks[i], executor.pool.codec_names(i)):
+                return f"layer {i}'s expert codecs {executor.pool.codec_names(i)}"
+            mlp_weights = (mlp.gate.weight, *(p.weight for p in (_projections(shared) if shared else ())))
+        elif isinstance(mlp, SwiGLUMLP):
+            mlp_weights = tuple(p.weight for p in _projections(mlp))
+        else:
+            return f"layer {i}'s router"
+        inner = shared if isinstance(mlp, SparseMoeBlock) else mlp
+        if inner is not None and any(p.bias is not None for p in _projections(inner)):
+            return f"layer {i}'s MLP has biases"
+        weights = (
+            layer.input_layernorm.weight, layer.post_attention_layernorm.weight, attn.qkv_weight,
+            attn.qkv_bias, attn.o_proj.weight, attn.o_proj.bias, *mlp_weights,
+        )  # fmt: skip
+        if not _bf16(*weights):
+            return "weights not in bf16"
+    if not _bf16(model.model.norm.weight, model.lm_head.weight):
+        return "weights not in bf16"
+    return None
 
 
 def _projections(mlp: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
