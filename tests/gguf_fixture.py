@@ -201,6 +201,34 @@ BLOCK_SCALE = {
 }  # MXFP4: the power of two nearest, as its e8m0 scales hold
 
 
+def add_tokenizer(w: Any, folder: Path, pre: str) -> None:
+    """The tokenizer files in `folder` as a GGUFWriter's gpt2-style vocabulary with `pre`'s splits."""
+    tok = _tokenizer_fields(folder)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tok["tokens"])
+    w.add_token_types(tok["types"])
+    w.add_token_merges(tok["merges"])
+    w.add_eos_token_id(tok["eos"])
+    w.add_chat_template(tok["chat_template"])
+
+
+def ftw_logits_match(path: Path, ftw: Path, prompt: list[int]) -> bool:
+    """Whether a GGUF converted to FTW at `ftw` gives the GGUF's own fp32 logits for `prompt`, exactly."""
+    import torch
+
+    from freetoken.runtime.engine import build_engine
+    from freetoken.runtime.loading.convert import convert_to_ftw
+
+    convert_to_ftw(path, ftw, dtype="float32")
+    a = build_engine(path, device="cpu", dtype="float32", moe_backend="fused")
+    b = build_engine(ftw, device="cpu", dtype="float32", moe_backend="fused")
+    return torch.equal(
+        a.forward(a.new_sequence(), prompt, all_logits=True),
+        b.forward(b.new_sequence(), prompt, all_logits=True),
+    )
+
+
 def random_blocks(qtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     """Random raw blocks of a GGML type for a weight of `shape` (last dim = row length): every bit pattern
     of the quants and packed sub-block scales, small finite super-block scales. -> uint8 [..., row bytes]"""
@@ -286,14 +314,7 @@ def write_gguf(
             w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
     elif arch == "olmoe" and cfg.clip_qkv is not None:
         w.add_clamp_kqv(cfg.clip_qkv)
-    tok = _tokenizer_fields(folder)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tok["tokens"])
-    w.add_token_types(tok["types"])
-    w.add_token_merges(tok["merges"])
-    w.add_eos_token_id(tok["eos"])
-    w.add_chat_template(tok["chat_template"])
+    add_tokenizer(w, folder, "default")
     qt = Q[qtype]
 
     def add(name: str, array: np.ndarray) -> None:

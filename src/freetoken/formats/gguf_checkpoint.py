@@ -17,6 +17,7 @@ import torch
 
 from freetoken.codecs import Codec, codec_for_ggml
 from freetoken.errors import FreeTokenError
+from freetoken.formats import gguf_qwen35
 from freetoken.formats.ftw import populate_mapping
 from freetoken.formats.gguf_header import TensorInfo, read_header
 from freetoken.formats.range_read import Piece, RangeReader, byte_views
@@ -84,14 +85,19 @@ _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 _ONE_EXPERT = re.compile(r"ffn_(gate|up|down)\.(\d+)\.weight")  # older Mixtral files: expert by expert
 # archs whose q/k rows llama.cpp's converter permuted for its interleaved rope (HF's pairs are halves apart)
 ROPE_PERMUTED = ("llama",)
+# per arch: its own layer names over LAYER_NAMES, and what reading its converted tensors undoes
+# (a module with LAYER_NAMES, converted(name), from_file(name, tensor, fields), hf_shape(name, shape))
+CONVERSIONS = {gguf_qwen35.ARCH: gguf_qwen35}
+ARCH_LAYER_NAMES = {arch: {**LAYER_NAMES, **module.LAYER_NAMES} for arch, module in CONVERSIONS.items()}
 
 
-def hf_name(name: str) -> str | None:
+def hf_name(name: str, arch: str = "") -> str | None:
     if name in GLOBAL_NAMES:
         return GLOBAL_NAMES[name]
     match = _LAYER.fullmatch(name)
-    if match and match.group(2) in LAYER_NAMES:
-        return f"model.layers.{match.group(1)}.{LAYER_NAMES[match.group(2)]}"
+    names = ARCH_LAYER_NAMES.get(arch, LAYER_NAMES)
+    if match and match.group(2) in names:
+        return f"model.layers.{match.group(1)}.{names[match.group(2)]}"
     one = _ONE_EXPERT.fullmatch(match.group(2)) if match else None
     if match and one:
         return f"model.layers.{match.group(1)}.mlp.experts.{one.group(2)}.{one.group(1)}_proj.weight"
@@ -167,10 +173,11 @@ class GgufCheckpoint:
                 raise FreeTokenError(f"{shard}: not a readable GGUF file ({exc})") from None
             self._files.append(file)
             self.fields = {**header.fields, **self.fields}  # the first shard's value wins
+            arch = str(self.get("general.architecture", ""))
             for info in header.tensors:
                 if self._multi_token_block(info.name):  # next-token-prediction blocks: not read
                     continue
-                name = hf_name(info.name)
+                name = hf_name(info.name, arch)
                 if name is None:
                     self.unknown.append(info.name)
                 else:
@@ -203,7 +210,9 @@ class GgufCheckpoint:
         if name in self.joined:  # [H, r, dn] and [H, dv, r] -> [H · (dn + dv), r]
             (heads, rank, nope), (_, v_dim, _) = (self.shape(part) for part in self.joined[name])
             return heads * (nope + v_dim), rank
-        return tuple(reversed(self.tensors[name].info.ne))
+        shape = tuple(reversed(self.tensors[name].info.ne))
+        module = CONVERSIONS.get(str(self.get("general.architecture", "")))
+        return module.hf_shape(name, shape) if module is not None else shape
 
     def nbytes(self, name: str) -> int:
         if name in self.joined:
@@ -245,7 +254,7 @@ class GgufCheckpoint:
         if as_stored:
             return self._stored_shape(name), torch.uint8
         dtype = PLAIN_DTYPES.get(self.tensors[name].tensor_type.name)
-        if dtype is None or self._permuted_heads(name):
+        if dtype is None or self._permuted_heads(name) or self._converted(name) is not None:
             return None
         return self.shape(name), dtype
 
@@ -265,11 +274,23 @@ class GgufCheckpoint:
         """In the HF shape: BF16 and F16 tensors as they are stored (a read-only view of the file where no
         row permutation applies: the caller copies it once, into its own dtype), other types dequantised
         to float32."""
-        from gguf.quants import dequantize
 
         if name in self.joined:  # per head: k_b transposed back, then v_b, as transformers' kv_b_proj
             k_b, v_b = (self.read(part) for part in self.joined[name])
             return torch.cat((k_b.transpose(1, 2), v_b), dim=1).reshape(self.shape(name))
+        undo = self._converted(name)
+        if undo is not None:
+            return undo(name, self._read_file_values(name), self.fields)
+        return self._read_file_values(name)
+
+    def _converted(self, name: str) -> Any:
+        """The function that undoes the converter's change to `name` (CONVERSIONS), or None."""
+        module = CONVERSIONS.get(str(self.get("general.architecture", "")))
+        return module.from_file if module is not None and module.converted(name) else None
+
+    def _read_file_values(self, name: str) -> torch.Tensor:
+        from gguf.quants import dequantize
+
         tensor = self.tensors[name]
         widths = {"BF16": (np.int16, torch.bfloat16), "F16": (np.float16, torch.float16)}
         widen = widths.get(tensor.tensor_type.name)

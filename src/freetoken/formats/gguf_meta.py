@@ -12,6 +12,7 @@ from freetoken.formats.gguf_spm import build_spm_tokenizer
 ARCHITECTURES = {
     "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
     "gpt-oss": "gpt_oss", "llama": "mixtral", "deepseek2": "deepseek_v3", "glm-dsa": "glm_moe_dsa",
+    "qwen35moe": "qwen3_5_moe_text",
 }  # fmt: skip
 # per arch: the transformers class, and whether llama.cpp's graph renormalises the top-k weights (its
 # qwen3moe graph always does; its olmoe graph never does)
@@ -28,6 +29,8 @@ ARCH_FIELDS: dict[str, dict[str, Any]] = {
     "deepseek2": {"architectures": ["DeepseekV3ForCausalLM"], "rope_interleave": True},
     # GLM-5: deepseek2's latent attention with the sparse indexer (layers without one reuse the last)
     "glm-dsa": {"architectures": ["GlmMoeDsaForCausalLM"], "rope_interleave": True},
+    # Qwen3.5/3.6 MoE: gated DeltaNet layers and gated attention every full_attention_interval-th
+    "qwen35moe": {"architectures": ["Qwen3_5MoeForCausalLM"], "norm_topk_prob": True},
 }
 # archs whose config calls an expert's size `intermediate_size` (the file's expert_feed_forward_length)
 EXPERT_SIZE_AS_INTERMEDIATE = ("minimax-m2", "gpt-oss")
@@ -57,6 +60,13 @@ CONFIG_KEYS = {
     "index_n_heads": "attention.indexer.head_count",
     "index_head_dim": "attention.indexer.key_length",
     "index_topk": "attention.indexer.top_k",
+    # qwen35moe's DeltaNet layers and shared expert
+    "linear_conv_kernel_dim": "ssm.conv_kernel",
+    "linear_key_head_dim": "ssm.state_size",
+    "linear_num_key_heads": "ssm.group_count",
+    "linear_num_value_heads": "ssm.time_step_rank",
+    "full_attention_interval": "full_attention_interval",
+    "shared_expert_intermediate_size": "expert_shared_feed_forward_length",
 }
 # archs with latent attention (their geometry read by _latent_attention_fields)
 LATENT_ATTENTION = ("deepseek2", "glm-dsa")
@@ -67,6 +77,9 @@ PRE_TOKENIZER_SPLITS: dict[str, str | tuple[str, ...]] = {
     # Qwen2/3: digits one at a time, contractions, letters with one leading non-letter, punctuation runs
     "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    # Qwen3.5/3.6: Qwen2's, with combining marks kept inside words
+    "qwen35": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     # DeepSeek-V3/R1: numbers in threes, runs of CJK ideographs and kana, then words and punctuation
     "deepseek-v3": (
         r"\p{N}{1,3}",
@@ -130,6 +143,12 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
     raw["num_hidden_layers"] -= int(ckpt.get(f"{arch}.nextn_predict_layers", 0) or 0)  # MTP blocks: not read
     if arch in EXPERT_SIZE_AS_INTERMEDIATE and "moe_intermediate_size" in raw:
         raw["intermediate_size"] = raw.pop("moe_intermediate_size")
+    inner = ckpt.get(f"{arch}.ssm.inner_size")  # qwen35moe's DeltaNet: value heads x their dims
+    if inner is not None and raw.get("linear_num_value_heads"):
+        raw["linear_value_head_dim"] = int(inner) // raw["linear_num_value_heads"]
+    recurrent = ckpt.get(f"{arch}.attention.recurrent_layers")  # newer files: each layer's kind
+    if recurrent is not None:
+        raw["layer_types"] = ["linear_attention" if r else "full_attention" for r in recurrent]
     rotary = ckpt.get(f"{arch}.rope.dimension_count")
     if arch in LATENT_ATTENTION:
         _latent_attention_fields(ckpt, arch, raw, int(rotary))
