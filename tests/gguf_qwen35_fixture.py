@@ -51,8 +51,6 @@ def converted(name: str, a: np.ndarray, cfg: Any) -> np.ndarray:
         return a + 1.0
     if name.endswith("conv1d.weight"):
         a = a.reshape(a.shape[0], -1)
-    if name.endswith("mlp.shared_expert_gate.weight"):
-        return a.reshape(-1)
     if nk != nv:
         if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
             a = np.concatenate([a[:qk], tiled(a[qk:], 0, nk, r, dv)])

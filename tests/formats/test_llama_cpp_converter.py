@@ -1,0 +1,56 @@
+"""GGUFs written by llama.cpp's own converter (`make llama-cpp-converter`; `make test` fetches it, and
+these tests skip where it could not be had) give transformers' logits and greedy tokens under every
+backend: the reader follows what the converter writes, not only our own fixture's reading of its rules."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from freetoken.runtime.engine import build_engine
+from freetoken.runtime.sampling import SamplingParams
+from oracle import HYBRID_BACKEND_CASES, build_hybrid_model, rel_err
+
+ROOT = Path(__file__).resolve().parents[2]
+CONVERTER = Path(os.environ.get("FREETOKEN_LLAMA_CPP_CONVERTER", ROOT / ".cache" / "llama-cpp-converter"))
+PROMPT = [5, 77, 301, 12, 9, 250, 33, 401]
+
+pytestmark = pytest.mark.skipif(
+    not (CONVERTER / "convert_hf_to_gguf.py").is_file(), reason="llama.cpp's converter not fetched"
+)
+
+
+def convert(model_dir: Path, out: Path, architecture: str) -> Path:
+    driver = ROOT / "tests" / "llama_cpp_convert.py"
+    args = [sys.executable, str(driver), str(CONVERTER), str(model_dir), str(out), architecture]
+    run = subprocess.run(args, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
+    folder = tmp_path_factory.mktemp("qwen35")
+    hf = build_hybrid_model(folder)
+    return hf, convert(folder, folder / "llama-cpp.gguf", "Qwen3_5MoeForCausalLM")
+
+
+@pytest.mark.parametrize(("backend", "options"), HYBRID_BACKEND_CASES)
+def test_qwen35moe_from_llama_cpps_converter_gives_transformers_tokens(
+    qwen35: tuple[object, Path], backend: str, options: dict[str, object]
+) -> None:
+    hf, path = qwen35
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend=backend, **options)
+    with torch.no_grad():
+        want = hf(torch.tensor([PROMPT])).logits[0]  # type: ignore[operator]
+        ref = hf.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False)  # type: ignore[attr-defined]
+    assert rel_err(engine.forward(engine.new_sequence(), PROMPT, all_logits=True), want) < 1e-4
+    engine.reset()
+    got = [e.token_id for e in engine.generate(PROMPT, SamplingParams(max_tokens=8, ignore_eos=True))]
+    assert got == ref[0, len(PROMPT) :].tolist()
+    engine.close()
