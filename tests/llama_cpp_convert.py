@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-PRE_TOKENIZERS = {"Qwen3_5MoeForCausalLM": "qwen35"}
+PRE_TOKENIZERS = {"Qwen3_5MoeForCausalLM": "qwen35", "Qwen3NextForCausalLM": "qwen2"}
 
 
 def main() -> None:

@@ -127,17 +127,17 @@ HYBRID_BACKEND_CASES = [
 ]
 
 
-def build_qwen3_next_model(folder: Path, seed: int = 0) -> Any:
+def build_qwen3_next_model(folder: Path, seed: int = 0, **overrides: Any) -> Any:
     """Save a random transformers Qwen3NextForCausalLM into `folder`: HYBRID_TINY's layers, layer 1 a
-    dense MLP (`mlp_only_layers`), top-k not renormalised (the default of Qwen3-MoE, not of Qwen3-Next)."""
+    dense MLP (`mlp_only_layers`), top-k not renormalised (the default of Qwen3-MoE, not of Qwen3-Next);
+    `overrides` change those."""
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_demo_tokenizer(folder)
     torch.manual_seed(seed)
-    cfg = Qwen3NextConfig(
-        vocab_size=vocab, intermediate_size=40, mlp_only_layers=[1], norm_topk_prob=False, **HYBRID_TINY
-    )
+    shape = dict(intermediate_size=40, mlp_only_layers=[1], norm_topk_prob=False)
+    cfg = Qwen3NextConfig(vocab_size=vocab, **{**HYBRID_TINY, **shape, **overrides})
     model = Qwen3NextForCausalLM(cfg).eval()
     return save_redrawn(model, folder, seed)
 

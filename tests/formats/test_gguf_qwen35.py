@@ -1,6 +1,6 @@
 """A Qwen3.5/3.6-MoE GGUF as llama.cpp's converter writes it (`qwen35moe`: norms as 1 + w, −exp(A_log),
 value heads tiled) gives transformers' logits and greedy tokens under every backend, its experts kept
-in their stored codec."""
+in their stored codec; so does a Qwen3-Next one (`qwen3next`: in_proj_qkvz in two halves)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from freetoken.runtime.engine import build_engine
 from freetoken.runtime.sampling import SamplingParams
 from gguf_fixture import ftw_logits_match
 from gguf_qwen35_fixture import write_qwen35_gguf
-from oracle import HYBRID_BACKEND_CASES, build_hybrid_model, rel_err
+from oracle import HYBRID_BACKEND_CASES, build_hybrid_model, build_qwen3_next_model, rel_err
 
 PROMPT = [5, 77, 301, 12, 9, 250, 33, 401]
 
@@ -89,3 +89,20 @@ def test_the_qwen35_pre_tokenizer_keeps_combining_marks_in_words(qwen35: tuple[P
 
 def test_the_gguf_converts_to_ftw_and_matches(qwen35: tuple[Path, object, Path], tmp_path: Path) -> None:
     assert ftw_logits_match(qwen35[2], tmp_path / "ftw", PROMPT)
+
+
+def test_qwen3_next_with_a_dense_layer_gives_transformers_tokens(tmp_path: Path) -> None:
+    """qwen3next: the fused in_proj_qkvz joined back from the file's two halves; its dense layer 1."""
+    hf = build_qwen3_next_model(tmp_path, norm_topk_prob=True)  # what llama.cpp's qwen3next graph does
+    path = write_qwen35_gguf(hf, tmp_path, tmp_path / "next.gguf", arch="qwen3next")
+    engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
+    assert engine.config.architecture == "qwen3_next" and engine.config.mlp_only_layers == (1,)
+    with torch.no_grad():
+        want = hf(torch.tensor([PROMPT])).logits[0]
+        ref = hf.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False)[
+            0, len(PROMPT) :
+        ].tolist()
+    assert rel_err(engine.forward(engine.new_sequence(), PROMPT, all_logits=True), want) < 1e-4
+    engine.reset()
+    assert [e.token_id for e in engine.generate(PROMPT, SamplingParams(max_tokens=8, ignore_eos=True))] == ref
+    engine.close()

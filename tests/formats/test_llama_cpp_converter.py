@@ -14,7 +14,7 @@ import torch
 
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.sampling import SamplingParams
-from oracle import HYBRID_BACKEND_CASES, build_hybrid_model, rel_err
+from oracle import HYBRID_BACKEND_CASES, build_hybrid_model, build_qwen3_next_model, rel_err
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERTER = Path(os.environ.get("FREETOKEN_LLAMA_CPP_CONVERTER", ROOT / ".cache" / "llama-cpp-converter"))
@@ -33,18 +33,30 @@ def convert(model_dir: Path, out: Path, architecture: str) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def qwen35(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
-    folder = tmp_path_factory.mktemp("qwen35")
-    hf = build_hybrid_model(folder)
-    return hf, convert(folder, folder / "llama-cpp.gguf", "Qwen3_5MoeForCausalLM")
+# HF architecture -> a tiny model of it llama.cpp's arch reads (Qwen3-Next: every layer MoE, top-k
+# renormalised, as llama.cpp's qwen3next graph has them)
+BUILDS = {
+    "Qwen3_5MoeForCausalLM": build_hybrid_model,
+    "Qwen3NextForCausalLM": lambda folder: build_qwen3_next_model(
+        folder, mlp_only_layers=[], norm_topk_prob=True
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(BUILDS))
+def converted(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[object, Path]:
+    folder = tmp_path_factory.mktemp("model")
+    hf = BUILDS[request.param](folder)
+    return hf, convert(folder, folder / "llama-cpp.gguf", request.param)
 
 
 @pytest.mark.parametrize(("backend", "options"), HYBRID_BACKEND_CASES)
-def test_qwen35moe_from_llama_cpps_converter_gives_transformers_tokens(
-    qwen35: tuple[object, Path], backend: str, options: dict[str, object]
+def test_a_file_from_llama_cpps_converter_gives_transformers_tokens(
+    converted: tuple[object, Path], backend: str, options: dict[str, object]
 ) -> None:
-    hf, path = qwen35
+    hf, path = converted
     engine = build_engine(path, device="cpu", dtype="float32", moe_backend=backend, **options)
     with torch.no_grad():
         want = hf(torch.tensor([PROMPT])).logits[0]  # type: ignore[operator]

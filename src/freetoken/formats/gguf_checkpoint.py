@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import struct
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 
 from freetoken.codecs import Codec, codec_for_ggml
 from freetoken.errors import FreeTokenError
-from freetoken.formats import gguf_qwen35
+from freetoken.formats import gguf_qwen_hybrid
 from freetoken.formats.ftw import populate_mapping
 from freetoken.formats.gguf_header import TensorInfo, read_header
 from freetoken.formats.range_read import Piece, RangeReader, byte_views
@@ -87,7 +88,7 @@ _ONE_EXPERT = re.compile(r"ffn_(gate|up|down)\.(\d+)\.weight")  # older Mixtral 
 ROPE_PERMUTED = ("llama",)
 # per arch: its own layer names over LAYER_NAMES, and what reading its converted tensors undoes
 # (a module with LAYER_NAMES, converted(name), from_file(name, tensor, fields), hf_shape(name, shape))
-CONVERSIONS = {gguf_qwen35.ARCH: gguf_qwen35}
+CONVERSIONS = {arch: gguf_qwen_hybrid for arch in gguf_qwen_hybrid.ARCHS}
 ARCH_LAYER_NAMES = {arch: {**LAYER_NAMES, **module.LAYER_NAMES} for arch, module in CONVERSIONS.items()}
 
 
@@ -102,6 +103,14 @@ def hf_name(name: str, arch: str = "") -> str | None:
     if match and one:
         return f"model.layers.{match.group(1)}.mlp.experts.{one.group(2)}.{one.group(1)}_proj.weight"
     return None
+
+
+Join = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _join_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
+    """Per head: k_b transposed back, then v_b, as transformers' kv_b_proj."""
+    return torch.cat((k_b.transpose(1, 2), v_b), dim=1)
 
 
 def file_view(array: np.ndarray) -> torch.Tensor:
@@ -184,12 +193,18 @@ class GgufCheckpoint:
                     self.tensors[name] = GgufTensor(info, file, shard)
         if self.unknown:
             raise FreeTokenError(f"{self.path}: unknown tensors {self.unknown[:5]}")
-        # latent attention's kv_b_proj from its two halves: name -> (k_b name, v_b name)
-        self.joined = {
-            name.replace(SPLIT_KV_B[0], "self_attn.kv_b_proj.weight"): (name, name.replace(*SPLIT_KV_B))
-            for name in self.tensors
-            if name.endswith(SPLIT_KV_B[0])
-        }
+        # one HF tensor from two of the file's: name -> (the two parts' names, what joins them)
+        self.joined: dict[str, tuple[tuple[str, str], Join]] = {}
+        for name in self.tensors:
+            if name.endswith(SPLIT_KV_B[0]):  # latent attention's kv_b_proj from its per-head halves
+                whole = name.replace(SPLIT_KV_B[0], "self_attn.kv_b_proj.weight")
+                self.joined[whole] = ((name, name.replace(*SPLIT_KV_B)), _join_kv_b)
+            if arch == "qwen3next" and name.endswith(gguf_qwen_hybrid.QKV):  # its fused q, k, v, z
+                parts = (name, name.replace(gguf_qwen_hybrid.QKV, gguf_qwen_hybrid.Z))
+                self.joined[name.replace(gguf_qwen_hybrid.QKV, gguf_qwen_hybrid.QKVZ)] = (
+                    parts,
+                    lambda qkv, z: gguf_qwen_hybrid.join_qkvz(qkv, z, self.fields),
+                )
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
@@ -203,20 +218,22 @@ class GgufCheckpoint:
         return bool(extra and match) and int(match.group(1)) >= int(self.get(f"{arch}.block_count")) - extra
 
     def names(self) -> list[str]:
-        parts = {part for pair in self.joined.values() for part in pair}
+        parts = {part for pair, _ in self.joined.values() for part in pair}
         return [name for name in self.tensors if name not in parts] + list(self.joined)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        if name in self.joined:  # [H, r, dn] and [H, dv, r] -> [H · (dn + dv), r]
-            (heads, rank, nope), (_, v_dim, _) = (self.shape(part) for part in self.joined[name])
-            return heads * (nope + v_dim), rank
+        if name in self.joined:
+            first, second = (self.shape(part) for part in self.joined[name][0])
+            if len(first) == 3:  # kv_b: [H, r, dn] and [H, dv, r] -> [H · (dn + dv), r]
+                return first[0] * (first[2] + second[1]), first[1]
+            return first[0] + second[0], first[1]  # in_proj_qkvz: the rows of both
         shape = tuple(reversed(self.tensors[name].info.ne))
         module = CONVERSIONS.get(str(self.get("general.architecture", "")))
         return module.hf_shape(name, shape) if module is not None else shape
 
     def nbytes(self, name: str) -> int:
         if name in self.joined:
-            return sum(self.nbytes(part) for part in self.joined[name])
+            return sum(self.nbytes(part) for part in self.joined[name][0])
         return int(self.tensors[name].n_bytes)
 
     def type_name(self, name: str) -> str:
@@ -275,9 +292,9 @@ class GgufCheckpoint:
         row permutation applies: the caller copies it once, into its own dtype), other types dequantised
         to float32."""
 
-        if name in self.joined:  # per head: k_b transposed back, then v_b, as transformers' kv_b_proj
-            k_b, v_b = (self.read(part) for part in self.joined[name])
-            return torch.cat((k_b.transpose(1, 2), v_b), dim=1).reshape(self.shape(name))
+        if name in self.joined:
+            (first, second), join = self.joined[name]
+            return join(self.read(first), self.read(second)).reshape(self.shape(name))
         undo = self._converted(name)
         if undo is not None:
             return undo(name, self._read_file_values(name), self.fields)

@@ -12,7 +12,7 @@ from freetoken.formats.gguf_spm import build_spm_tokenizer
 ARCHITECTURES = {
     "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
     "gpt-oss": "gpt_oss", "llama": "mixtral", "deepseek2": "deepseek_v3", "glm-dsa": "glm_moe_dsa",
-    "qwen35moe": "qwen3_5_moe_text",
+    "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next",
 }  # fmt: skip
 # per arch: the transformers class, and whether llama.cpp's graph renormalises the top-k weights (its
 # qwen3moe graph always does; its olmoe graph never does)
@@ -31,6 +31,8 @@ ARCH_FIELDS: dict[str, dict[str, Any]] = {
     "glm-dsa": {"architectures": ["GlmMoeDsaForCausalLM"], "rope_interleave": True},
     # Qwen3.5/3.6 MoE: gated DeltaNet layers and gated attention every full_attention_interval-th
     "qwen35moe": {"architectures": ["Qwen3_5MoeForCausalLM"], "norm_topk_prob": True},
+    # Qwen3-Next: the same layers with fused DeltaNet projections (llama.cpp's graph renormalises top-k)
+    "qwen3next": {"architectures": ["Qwen3NextForCausalLM"], "norm_topk_prob": True},
 }
 # archs whose config calls an expert's size `intermediate_size` (the file's expert_feed_forward_length)
 EXPERT_SIZE_AS_INTERMEDIATE = ("minimax-m2", "gpt-oss")
@@ -60,7 +62,7 @@ CONFIG_KEYS = {
     "index_n_heads": "attention.indexer.head_count",
     "index_head_dim": "attention.indexer.key_length",
     "index_topk": "attention.indexer.top_k",
-    # qwen35moe's DeltaNet layers and shared expert
+    # qwen35moe's and qwen3next's DeltaNet layers and shared expert
     "linear_conv_kernel_dim": "ssm.conv_kernel",
     "linear_key_head_dim": "ssm.state_size",
     "linear_num_key_heads": "ssm.group_count",
