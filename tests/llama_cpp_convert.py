@@ -3,16 +3,23 @@
     python tests/llama_cpp_convert.py CONVERTER_DIR MODEL_DIR OUT.gguf HF_ARCHITECTURE
 
 The tiny models carry the demo tokenizer, whose hash the converter's pre-tokenizer table does not know;
-the converter class is subclassed to name the family's own pre-tokenizer instead (its splits matter to
-the tokenizer's test, not to the weights). Multi-token-prediction blocks are left out (the tiny models
-have none). Run as its own process: the converter puts its own `gguf` package first on the path."""
+the converter class is subclassed to write it as byte-level BPE with the family's own pre-tokenizer
+named (its splits matter to the tokenizer's test, not to the weights). Multi-token-prediction blocks
+are left out (the tiny models have none). Run as its own process: the converter puts its own `gguf`
+package first on the path."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-PRE_TOKENIZERS = {"Qwen3_5MoeForCausalLM": "qwen35", "Qwen3NextForCausalLM": "qwen2"}
+PRE_TOKENIZERS = {
+    "Qwen3_5MoeForCausalLM": "qwen35",
+    "Qwen3NextForCausalLM": "qwen2",
+    "DeepseekV32ForCausalLM": "deepseek-v3",
+    "KimiLinearForCausalLM": "kimi-k2",
+    "DeepseekV4ForCausalLM": "deepseek-v3",
+}
 
 
 def main() -> None:
@@ -29,6 +36,9 @@ def main() -> None:
 
         def get_vocab_base_pre(self, tokenizer: object) -> str:
             return PRE_TOKENIZERS[architecture]
+
+        def set_vocab(self) -> None:  # the demo tokenizer as byte-level BPE (DeepSeek's would ask for a BOS)
+            self._set_vocab_gpt2()
 
     Converter(
         model_dir, gguf.LlamaFileType.ALL_F32, out, is_big_endian=False, use_temp_file=False, eager=True,

@@ -14,7 +14,13 @@ import torch
 
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.sampling import SamplingParams
-from oracle import HYBRID_BACKEND_CASES, build_hybrid_model, build_qwen3_next_model, rel_err
+from oracle import (
+    HYBRID_BACKEND_CASES,
+    build_family_model,
+    build_hybrid_model,
+    build_qwen3_next_model,
+    rel_err,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERTER = Path(os.environ.get("FREETOKEN_LLAMA_CPP_CONVERTER", ROOT / ".cache" / "llama-cpp-converter"))
@@ -39,6 +45,11 @@ BUILDS = {
     "Qwen3_5MoeForCausalLM": build_hybrid_model,
     "Qwen3NextForCausalLM": lambda folder: build_qwen3_next_model(
         folder, mlp_only_layers=[], norm_topk_prob=True
+    ),
+    # its indexer keeping 4 positions, so the choice (and the indexer's weights) matter; 16 index heads
+    # keep scores from tying at zero (test_sparse_attention_keeps_the_indexers_choice says why)
+    "DeepseekV32ForCausalLM": lambda folder: build_family_model(
+        folder, "deepseek_v32", index_topk=4, index_n_heads=16
     ),
 }
 

@@ -12,7 +12,7 @@ from freetoken.formats.gguf_spm import build_spm_tokenizer
 ARCHITECTURES = {
     "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
     "gpt-oss": "gpt_oss", "llama": "mixtral", "deepseek2": "deepseek_v3", "glm-dsa": "glm_moe_dsa",
-    "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next",
+    "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next", "deepseek32": "deepseek_v32",
 }  # fmt: skip
 # per arch: the transformers class, and whether llama.cpp's graph renormalises the top-k weights (its
 # qwen3moe graph always does; its olmoe graph never does)
@@ -27,6 +27,8 @@ ARCH_FIELDS: dict[str, dict[str, Any]] = {
     "llama": {"architectures": ["MixtralForCausalLM"]},
     # DeepSeek-V3/R1, Kimi-K2: latent attention, rope on interleaved pairs (llama.cpp's norm rope)
     "deepseek2": {"architectures": ["DeepseekV3ForCausalLM"], "rope_interleave": True},
+    # DeepSeek-V3.2: deepseek2's latent attention with the sparse attention's indexer in every layer
+    "deepseek32": {"architectures": ["DeepseekV32ForCausalLM"], "rope_interleave": True},
     # GLM-5: deepseek2's latent attention with the sparse indexer (layers without one reuse the last)
     "glm-dsa": {"architectures": ["GlmMoeDsaForCausalLM"], "rope_interleave": True},
     # Qwen3.5/3.6 MoE: gated DeltaNet layers and gated attention every full_attention_interval-th
@@ -71,7 +73,7 @@ CONFIG_KEYS = {
     "shared_expert_intermediate_size": "expert_shared_feed_forward_length",
 }
 # archs with latent attention (their geometry read by _latent_attention_fields)
-LATENT_ATTENTION = ("deepseek2", "glm-dsa")
+LATENT_ATTENTION = ("deepseek2", "deepseek32", "glm-dsa")
 # token_type values (llama.cpp): 3 = control, 4 = user defined
 CONTROL, USER_DEFINED = 3, 4
 # `tokenizer.ggml.pre` -> the splits applied in turn before the byte-level BPE (llama.cpp's regexes)
