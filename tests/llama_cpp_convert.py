@@ -1,6 +1,8 @@
 """Run llama.cpp's own HF -> GGUF converter (`make llama-cpp-converter` fetches it) on a tiny model folder:
 
-    python tests/llama_cpp_convert.py CONVERTER_DIR MODEL_DIR OUT.gguf HF_ARCHITECTURE
+    python tests/llama_cpp_convert.py CONVERTER_DIR MODEL_DIR OUT.gguf HF_ARCHITECTURE [fuse]
+
+(`fuse`: the experts' gate and up banks as one, as the converter's --fuse-gate-up-exps writes them.)
 
 The tiny models carry the demo tokenizer, whose hash the converter's pre-tokenizer table does not know;
 the converter class is subclassed to write it as byte-level BPE with the family's own pre-tokenizer
@@ -43,7 +45,7 @@ def main() -> None:
     Converter(
         model_dir, gguf.LlamaFileType.ALL_F32, out, is_big_endian=False, use_temp_file=False, eager=True,
         metadata_override=None, model_name=None, split_max_tensors=0, split_max_size=0, dry_run=False,
-        small_first_shard=False, remote_hf_model_id=None,
+        small_first_shard=False, remote_hf_model_id=None, fuse_gate_up_exps=sys.argv[5:] == ["fuse"],
     ).write()  # fmt: skip
 
 

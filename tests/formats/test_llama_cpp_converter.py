@@ -31,9 +31,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def convert(model_dir: Path, out: Path, architecture: str) -> Path:
+def convert(model_dir: Path, out: Path, architecture: str, *options: str) -> Path:
     driver = ROOT / "tests" / "llama_cpp_convert.py"
-    args = [sys.executable, str(driver), str(CONVERTER), str(model_dir), str(out), architecture]
+    args = [sys.executable, str(driver), str(CONVERTER), str(model_dir), str(out), architecture, *options]
     run = subprocess.run(args, capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     return out
@@ -77,3 +77,21 @@ def test_a_file_from_llama_cpps_converter_gives_transformers_tokens(
     got = [e.token_id for e in engine.generate(PROMPT, SamplingParams(max_tokens=8, ignore_eos=True))]
     assert got == ref[0, len(PROMPT) :].tolist()
     engine.close()
+
+
+def test_fused_gate_up_expert_banks_read_as_the_split_ones(tmp_path: Path) -> None:
+    """--fuse-gate-up-exps writes each layer's gate and up banks as one ffn_gate_up_exps [E, 2I, H]."""
+    hf = build_hybrid_model(tmp_path)
+    split = convert(tmp_path, tmp_path / "split.gguf", "Qwen3_5MoeForCausalLM")
+    fused = convert(tmp_path, tmp_path / "fused.gguf", "Qwen3_5MoeForCausalLM", "fuse")
+    from gguf import GGUFReader
+
+    assert any(t.name.endswith("ffn_gate_up_exps.weight") for t in GGUFReader(fused).tensors)
+    logits = []
+    for path in (split, fused):
+        engine = build_engine(path, device="cpu", dtype="float32", moe_backend="cpu")
+        logits.append(engine.forward(engine.new_sequence(), PROMPT, all_logits=True))
+        engine.close()
+    assert torch.equal(logits[0], logits[1])
+    with torch.no_grad():
+        assert rel_err(logits[1], hf(torch.tensor([PROMPT])).logits[0]) < 1e-4

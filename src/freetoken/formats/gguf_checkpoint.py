@@ -40,6 +40,7 @@ LAYER_NAMES = {
     "ffn_gate_exps.weight": "mlp.experts.gate_proj",
     "ffn_up_exps.weight": "mlp.experts.up_proj",
     "ffn_down_exps.weight": "mlp.experts.down_proj",
+    "ffn_gate_up_exps.weight": "mlp.experts.gate_up_proj",  # newer files: [E, 2I, H], gate rows first
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
