@@ -1,9 +1,11 @@
 """GGUFs written by llama.cpp's own converter (`make llama-cpp-converter`; `make test` fetches it, and
 these tests skip where it could not be had) give transformers' logits and greedy tokens under every
-backend: the reader follows what the converter writes, not only our own fixture's reading of its rules."""
+backend: the reader follows what the converter writes, not only our own fixture's reading of its rules.
+Qwen3.5-MoE, Qwen3-Next, Kimi-Linear and DeepSeek-V3.2."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,6 +41,25 @@ def convert(model_dir: Path, out: Path, architecture: str, *options: str) -> Pat
     return out
 
 
+def kimi_as_published(folder: Path) -> object:
+    """A tiny Kimi-Linear whose config also carries the published spelling llama.cpp's converter reads
+    (`linear_attn_config` with 1-based layer lists, `first_k_dense_replace`); every layer MoE and one
+    expert group, as llama.cpp's kimi-linear graph has them (the converter writes no group count)."""
+    hf = build_family_model(folder, "kimi_linear", mlp_layer_types=["sparse"] * 3, num_expert_group=1)
+    config = json.loads((folder / "config.json").read_text())
+    kinds = config["layer_types"]
+    config["linear_attn_config"] = {
+        "full_attn_layers": [i + 1 for i, kind in enumerate(kinds) if kind == "full_attention"],
+        "kda_layers": [i + 1 for i, kind in enumerate(kinds) if kind == "linear_attention"],
+        "num_heads": config["linear_num_heads"],
+        "head_dim": config["linear_head_dim"],
+        "short_conv_kernel_size": config["linear_conv_kernel_dim"],
+    }
+    config["first_k_dense_replace"] = 0
+    (folder / "config.json").write_text(json.dumps(config))
+    return hf
+
+
 # HF architecture -> a tiny model of it llama.cpp's arch reads (Qwen3-Next: every layer MoE, top-k
 # renormalised, as llama.cpp's qwen3next graph has them)
 BUILDS = {
@@ -48,6 +69,7 @@ BUILDS = {
     ),
     # its indexer keeping 4 positions, so the choice (and the indexer's weights) matter; 16 index heads
     # keep scores from tying at zero (test_sparse_attention_keeps_the_indexers_choice says why)
+    "KimiLinearForCausalLM": kimi_as_published,
     "DeepseekV32ForCausalLM": lambda folder: build_family_model(
         folder, "deepseek_v32", index_topk=4, index_n_heads=16
     ),

@@ -18,7 +18,7 @@ import torch
 
 from freetoken.codecs import Codec, codec_for_ggml
 from freetoken.errors import FreeTokenError
-from freetoken.formats import gguf_qwen_hybrid
+from freetoken.formats import gguf_kimi, gguf_qwen_hybrid
 from freetoken.formats.ftw import populate_mapping
 from freetoken.formats.gguf_header import TensorInfo, read_header
 from freetoken.formats.range_read import Piece, RangeReader, byte_views
@@ -89,7 +89,7 @@ _ONE_EXPERT = re.compile(r"ffn_(gate|up|down)\.(\d+)\.weight")  # older Mixtral 
 ROPE_PERMUTED = ("llama",)
 # per arch: its own layer names over LAYER_NAMES, and what reading its converted tensors undoes
 # (a module with LAYER_NAMES, converted(name), from_file(name, tensor, fields), hf_shape(name, shape))
-CONVERSIONS = {arch: gguf_qwen_hybrid for arch in gguf_qwen_hybrid.ARCHS}
+CONVERSIONS = {arch: module for module in (gguf_qwen_hybrid, gguf_kimi) for arch in module.ARCHS}
 ARCH_LAYER_NAMES = {arch: {**LAYER_NAMES, **module.LAYER_NAMES} for arch, module in CONVERSIONS.items()}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from freetoken.errors import FreeTokenError
+from freetoken.formats import gguf_kimi
 from freetoken.formats.gguf_checkpoint import GgufCheckpoint
 from freetoken.formats.gguf_spm import build_spm_tokenizer
 
@@ -13,6 +14,7 @@ ARCHITECTURES = {
     "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
     "gpt-oss": "gpt_oss", "llama": "mixtral", "deepseek2": "deepseek_v3", "glm-dsa": "glm_moe_dsa",
     "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next", "deepseek32": "deepseek_v32",
+    "kimi-linear": "kimi_linear",
 }  # fmt: skip
 # per arch: the transformers class, and whether llama.cpp's graph renormalises the top-k weights (its
 # qwen3moe graph always does; its olmoe graph never does)
@@ -33,6 +35,8 @@ ARCH_FIELDS: dict[str, dict[str, Any]] = {
     "glm-dsa": {"architectures": ["GlmMoeDsaForCausalLM"], "rope_interleave": True},
     # Qwen3.5/3.6 MoE: gated DeltaNet layers and gated attention every full_attention_interval-th
     "qwen35moe": {"architectures": ["Qwen3_5MoeForCausalLM"], "norm_topk_prob": True},
+    # Kimi-Linear: delta attention and rope-less latent attention layers over DeepSeek-V3's MoE
+    "kimi-linear": {"architectures": ["KimiLinearForCausalLM"], "norm_topk_prob": True},
     # Qwen3-Next: the same layers with fused DeltaNet projections (llama.cpp's graph renormalises top-k)
     "qwen3next": {"architectures": ["Qwen3NextForCausalLM"], "norm_topk_prob": True},
 }
@@ -71,9 +75,11 @@ CONFIG_KEYS = {
     "linear_num_value_heads": "ssm.time_step_rank",
     "full_attention_interval": "full_attention_interval",
     "shared_expert_intermediate_size": "expert_shared_feed_forward_length",
+    # kimi-linear's delta attention
+    "linear_head_dim": "kda.head_dim",
 }
 # archs with latent attention (their geometry read by _latent_attention_fields)
-LATENT_ATTENTION = ("deepseek2", "deepseek32", "glm-dsa")
+LATENT_ATTENTION = ("deepseek2", "deepseek32", "glm-dsa", "kimi-linear")
 # token_type values (llama.cpp): 3 = control, 4 = user defined
 CONTROL, USER_DEFINED = 3, 4
 # `tokenizer.ggml.pre` -> the splits applied in turn before the byte-level BPE (llama.cpp's regexes)
@@ -150,6 +156,9 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
     inner = ckpt.get(f"{arch}.ssm.inner_size")  # qwen35moe's DeltaNet: value heads x their dims
     if inner is not None and raw.get("linear_num_value_heads"):
         raw["linear_value_head_dim"] = int(inner) // raw["linear_num_value_heads"]
+    if arch == "kimi-linear":  # which layers are latent attention: those with KV heads
+        kda = next(n for n in ckpt.names() if n.endswith("self_attn.b_proj.weight"))
+        raw.update(gguf_kimi.config_fields(list(raw.pop("num_key_value_heads")), ckpt.shape(kda)[0]))
     recurrent = ckpt.get(f"{arch}.attention.recurrent_layers")  # newer files: each layer's kind
     if recurrent is not None:
         raw["layer_types"] = ["linear_attention" if r else "full_attention" for r in recurrent]
