@@ -186,14 +186,19 @@ def test_sizes_and_expert_bytes(world: dict[str, Path]) -> None:
     expected = sum(int(t.n_bytes) for t in q8 if "_exps" in t.name)
     assert expected == TINY_EXPERT_NUMEL // 32 * 34  # Q8_0: blocks of 32 weights in 34 bytes
     assert entries[str(world["gguf-repo"] / "tiny-Q8_0.gguf")].expert_bytes == expected
+    # how they are stored: the GGUF's expert tensor types, the FTW banks' dtype
+    assert entries[str(world["gguf-repo"] / "tiny-Q8_0.gguf")].expert_types == ("Q8_0",)
+    assert entries["tiny.gguf"].expert_types == ("F32",)
+    assert entries["mymodel"].expert_types == ("bfloat16",)
+    assert entries["acme/tiny-moe"].expert_types == ()  # not read from safetensors headers
 
 
 def test_gguf_header_agrees_with_the_gguf_package(world: dict[str, Path]) -> None:
     import gguf
 
-    fields, sizes = gguf_header(world["q8"])
+    fields, tensors = gguf_header(world["q8"])
     reader = gguf.GGUFReader(world["q8"])
-    assert sizes == {t.name: int(t.n_bytes) for t in reader.tensors}
+    assert tensors == {t.name: (int(t.n_bytes), int(t.tensor_type)) for t in reader.tensors}
     for key in ("general.architecture", "tokenizer.ggml.model", "qwen3moe.expert_count"):
         assert fields[key] == reader.fields[key].contents()
     assert fields["tokenizer.ggml.tokens"] is None  # arrays are skipped

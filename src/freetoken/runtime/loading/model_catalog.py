@@ -45,12 +45,14 @@ class ModelEntry:
     reason: str | None  # why FreeToken cannot run it; None exactly when supported
     size_bytes: int
     expert_bytes: int | None  # the routed experts' weights as stored; None when not cheaply known
+    expert_types: tuple[str, ...] = ()  # how the file stores them (GGUF types, FTW codecs); () unknown
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "path": str(self.path)}
 
 
-Meta = tuple[str | None, str | None, int | None]  # (architecture, why it cannot run, expert bytes)
+# (architecture, why it cannot run, expert bytes, expert types as stored)
+Meta = tuple[str | None, str | None, int | None, tuple[str, ...]]
 
 
 def hf_cache_dir() -> Path:
@@ -100,23 +102,26 @@ def config_expert_bytes(raw: dict[str, Any]) -> int | None:
     return moe_layers * experts * 3 * hidden * inter * BYTES_PER_ELEMENT[dtype] if experts > 0 else None
 
 
-def _ftw_expert_bytes(folder: Path) -> tuple[int | None, str | None]:
+def _ftw_experts(folder: Path) -> tuple[int | None, tuple[str, ...], str | None]:
+    """(expert bytes, their codecs or dtypes, a problem) from an FTW manifest."""
     path = folder / FTW_MANIFEST
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         if raw.get("format") != FTW_FORMAT or raw.get("version") not in FTW_VERSIONS:
             versions = " or ".join(map(str, FTW_VERSIONS))
-            return None, f"{path}: not an FTW manifest this FreeToken reads (version {versions})"
-        return sum(int(t["nbytes"]) for t in raw["tensors"] if t.get("kind") in ("gate_up", "down")), None
+            return None, (), f"{path}: not an FTW manifest this FreeToken reads (version {versions})"
+        banks = [t for t in raw["tensors"] if t.get("kind") in ("gate_up", "down")]
+        types = tuple(sorted({str(t.get("codec") or t["dtype"]) for t in banks}))
+        return sum(int(t["nbytes"]) for t in banks), types, None
     except (OSError, ValueError, AttributeError, KeyError, TypeError) as exc:  # JSON and UTF-8 errors too
-        return None, f"{path}: unreadable FTW manifest ({type(exc).__name__}: {exc})"
+        return None, (), f"{path}: unreadable FTW manifest ({type(exc).__name__}: {exc})"
 
 
 def folder_meta(folder: Path, fmt: str) -> Meta:
     try:
         raw = read_json(folder / "config.json")
     except FreeTokenError as exc:
-        return None, str(exc), None
+        return None, str(exc), None, ()
     model_type, archs = raw.get("model_type"), raw.get("architectures")
     arch = next(
         (a for a in (model_type, *(archs if isinstance(archs, list) else ())) if isinstance(a, str)), None
@@ -127,34 +132,47 @@ def folder_meta(folder: Path, fmt: str) -> Meta:
     elif model_type not in ARCHITECTURES:
         reason = f"architecture {model_type!r} is not supported (supported: {supported})"
     if fmt == "ftw":
-        experts, problem = _ftw_expert_bytes(folder)
-        return arch, reason or problem, experts
+        experts, types, problem = _ftw_experts(folder)
+        return arch, reason or problem, experts, types
     if reason is None and not any(folder.glob("*.safetensors")):
         reason = f"{folder}: no .safetensors weights"
-    return arch, reason, config_expert_bytes(raw)
+    return arch, reason, config_expert_bytes(raw), ()
 
 
-def gguf_header(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
-    """(scalar and string key/values, bytes of each tensor) of one GGUF file, parsed from its header:
-    arrays are skipped, not built (the gguf package's reader takes seconds on a 150k-token vocabulary)."""
+def gguf_header(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+    """(scalar and string key/values, (bytes, GGML type id) of each tensor) of one GGUF file, parsed from
+    its header: arrays are skipped, not built (the gguf package's reader takes seconds on a 150k-token
+    vocabulary)."""
     from freetoken.formats.gguf_header import read_header
 
     header = read_header(path, arrays=False)
-    return header.fields, {t.name: t.n_bytes for t in header.tensors}
+    return header.fields, {t.name: (t.n_bytes, t.ggml_type) for t in header.tensors}
+
+
+def gguf_type_name(type_id: int) -> str:
+    """A GGML type id's name as the gguf package spells it (Q4_K, BF16, ...), or `type N`."""
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(type_id).name
+    except ValueError:
+        return f"type {type_id}"
 
 
 def gguf_meta(path: Path) -> Meta:
     fields: dict[str, Any] = {}
-    experts = 0
+    experts, types = 0, set()
     for shard in gguf_files(path):
         if not shard.is_file():
-            return None, f"{path}: shard {shard.name} is missing", None
+            return None, f"{path}: shard {shard.name} is missing", None, ()
         try:
-            shard_fields, sizes = gguf_header(shard)
+            shard_fields, tensors = gguf_header(shard)
         except (OSError, ValueError, KeyError, struct.error) as exc:
-            return None, f"{shard}: not a readable GGUF file ({type(exc).__name__}: {exc})", None
+            return None, f"{shard}: not a readable GGUF file ({type(exc).__name__}: {exc})", None, ()
         fields = {**shard_fields, **fields}
-        experts += sum(n for name, n in sizes.items() if GGUF_EXPERTS.fullmatch(name))
+        banks = [info for name, info in tensors.items() if GGUF_EXPERTS.fullmatch(name)]
+        experts += sum(n for n, _ in banks)
+        types |= {gguf_type_name(t) for _, t in banks}
     arch, kind, reason = fields.get("general.architecture"), fields.get("tokenizer.ggml.model"), None
     if arch not in GGUF_ARCHITECTURES:
         reason = f"GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHITECTURES)})"
@@ -164,7 +182,7 @@ def gguf_meta(path: Path) -> Meta:
         reason = (
             f"tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' and SentencePiece 'llama' are)"
         )
-    return (arch if isinstance(arch, str) else None), reason, experts or None
+    return (arch if isinstance(arch, str) else None), reason, experts or None, tuple(sorted(types))
 
 
 def inspect_path(path: Path, name: str, source: str, size: int | None = None) -> ModelEntry:
@@ -178,14 +196,14 @@ def inspect_path(path: Path, name: str, source: str, size: int | None = None) ->
             fmt, meta = "gguf", gguf_meta(path)
             size = size if size is not None else sum(_size(p) for p in gguf_files(path))
         elif path.exists():
-            fmt, meta = "", (None, f"{path}: not a model folder (no config.json) or .gguf file", None)
+            fmt, meta = "", (None, f"{path}: not a model folder (no config.json) or .gguf file", None, ())
         else:
-            fmt, meta = "", (None, f"{path}: no such file or folder", None)
+            fmt, meta = "", (None, f"{path}: no such file or folder", None, ())
     except OSError as exc:  # a folder it may not look into, say
-        fmt, meta = "", (None, f"{path}: cannot read ({exc.strerror or exc})", None)
-    arch, reason, experts = meta
+        fmt, meta = "", (None, f"{path}: cannot read ({exc.strerror or exc})", None, ())
+    arch, reason, experts, types = meta
     size = _size(path) if size is None else size
-    return ModelEntry(name, path, source, fmt, arch, reason is None, reason, size, experts)
+    return ModelEntry(name, path, source, fmt, arch, reason is None, reason, size, experts, types)
 
 
 def is_model(path: Path) -> bool:
