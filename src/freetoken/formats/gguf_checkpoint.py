@@ -194,6 +194,7 @@ class GgufCheckpoint:
                     self.tensors[name] = GgufTensor(info, file, shard)
         if self.unknown:
             raise FreeTokenError(f"{self.path}: unknown tensors {self.unknown[:5]}")
+        self.conversion = CONVERSIONS.get(arch)  # what reading undoes of the converter's changes, if any
         # one HF tensor from two of the file's: name -> (the two parts' names, what joins them)
         self.joined: dict[str, tuple[tuple[str, str], Join]] = {}
         for name in self.tensors:
@@ -229,8 +230,7 @@ class GgufCheckpoint:
                 return first[0] * (first[2] + second[1]), first[1]
             return first[0] + second[0], first[1]  # in_proj_qkvz: the rows of both
         shape = tuple(reversed(self.tensors[name].info.ne))
-        module = CONVERSIONS.get(str(self.get("general.architecture", "")))
-        return module.hf_shape(name, shape) if module is not None else shape
+        return self.conversion.hf_shape(name, shape) if self.conversion is not None else shape
 
     def nbytes(self, name: str) -> int:
         if name in self.joined:
@@ -303,8 +303,8 @@ class GgufCheckpoint:
 
     def _converted(self, name: str) -> Any:
         """The function that undoes the converter's change to `name` (CONVERSIONS), or None."""
-        module = CONVERSIONS.get(str(self.get("general.architecture", "")))
-        return module.from_file if module is not None and module.converted(name) else None
+        conversion = self.conversion
+        return conversion.from_file if conversion is not None and conversion.converted(name) else None
 
     def _read_file_values(self, name: str) -> torch.Tensor:
         from gguf.quants import dequantize

@@ -153,7 +153,7 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
     raw["num_hidden_layers"] -= int(ckpt.get(f"{arch}.nextn_predict_layers", 0) or 0)  # MTP blocks: not read
     if arch in EXPERT_SIZE_AS_INTERMEDIATE and "moe_intermediate_size" in raw:
         raw["intermediate_size"] = raw.pop("moe_intermediate_size")
-    inner = ckpt.get(f"{arch}.ssm.inner_size")  # qwen35moe's DeltaNet: value heads x their dims
+    inner = ckpt.get(f"{arch}.ssm.inner_size")  # qwen35moe's and qwen3next's DeltaNet: value heads x dims
     if inner is not None and raw.get("linear_num_value_heads"):
         raw["linear_value_head_dim"] = int(inner) // raw["linear_num_value_heads"]
     if arch == "kimi-linear":  # which layers are latent attention: those with KV heads

@@ -58,6 +58,7 @@ class SlotDecoder:
         self.model, self.pool, self.device, self.sampling = model, pool, device, sampling
         self.ops = DecodeOps.for_device(device)
         self.native: CpuDecodeStep | None = None  # the whole step in one native call (CPU): attach
+        self.native_off: str | None = None  # why there is none (what -v says on the CPU)
         pin = device.type == "cuda"
         # row-major, so the first `size` rows are one contiguous block: a single async copy each way
         self._staged = torch.zeros(MAX_ROWS, 3, dtype=torch.int64, pin_memory=pin)  # token, position, slot
@@ -113,7 +114,8 @@ class SlotDecoder:
         """A new expert executor: the graphs are forgotten (they hold the old one's banks), its native step
         taken (CPU), and the step's wait follows the threads it keeps busy on the host."""
         self.reset()
-        self.native = CpuDecodeStep.build(self.model, self.pool, executor)
+        step = CpuDecodeStep.build(self.model, self.pool, executor)
+        self.native, self.native_off = (None, step) if isinstance(step, str) else (step, None)
         self.follow_host_threads(executor.host_threads())
 
     def follow_host_threads(self, threads: int) -> None:

@@ -39,7 +39,6 @@ from freetoken.runtime.memory import (
     probe_slot_bytes,
     slot_ceiling,
 )
-from freetoken.runtime.models.kernels.cpu_decode_step import declined
 from freetoken.runtime.moe.counters import MoeCounters
 from freetoken.runtime.moe.executor import ExecutorContext, build_executor, resolve_backend
 from freetoken.runtime.request import Request, Sampled
@@ -153,8 +152,8 @@ class Engine:
         if self.decoder.native is not None:
             log.info("decode steps on the CPU run as one native call each")
         elif self.device.type == "cpu":
-            reason = declined(self.model, self.kv_pool, self.executor)
-            log.info("decode steps on the CPU run through the model's own decode: %s", reason)
+            why = self.decoder.native_off
+            log.info("decode steps on the CPU run through the model's own decode: %s", why)
         self.moe_counters.reset()
 
     def close(self) -> None:

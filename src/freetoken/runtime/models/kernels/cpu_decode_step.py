@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from freetoken.runtime.kv.slot_pool import KVSlotPool
+from freetoken.runtime.models.kernels.cpu_attention import NORM_MODES
 from freetoken.runtime.models.slot_decode import DecodeRows
 from freetoken.runtime.moe.executor import ExpertExecutor
 from freetoken.runtime.moe.expert_fn import SILU
@@ -32,7 +33,6 @@ MAX_ROWS = 16
 MAX_EXPERTS = 4096
 MAX_HEAD_DIM = 1024
 CACHE_DTYPES = (torch.bfloat16, torch.float32)
-QK_NORMS = {"none": 0, "head": 1, "full": 2}  # Attention.qk_norm -> attention_decode.c's norm
 ERRORS = {-2: "a position past the KV cache", -4: "a token id outside the vocabulary"}
 _P = ctypes.c_void_p
 _I = ctypes.c_int
@@ -90,10 +90,11 @@ class CpuDecodeStep:
         self._scratch_rows = 0
 
     @staticmethod
-    def build(model: nn.Module, pool: KVSlotPool, executor: ExpertExecutor) -> CpuDecodeStep | None:
-        """The native step for this model and executor, or None where it does not apply (`declined`)."""
-        if declined(model, pool, executor) is not None:
-            return None
+    def build(model: nn.Module, pool: KVSlotPool, executor: ExpertExecutor) -> CpuDecodeStep | str:
+        """The native step for this model and executor, or why it does not apply (`declined`)."""
+        reason = declined(model, pool, executor)
+        if reason is not None:
+            return reason
         lib = load_library()
         assert lib is not None
         return CpuDecodeStep(model, pool, executor, lib)
@@ -146,7 +147,7 @@ class CpuDecodeStep:
         return _Decoder(
             cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_experts,
             cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.vocab_size, pool.capacity,
-            pool.k[0].element_size(), int(cfg.norm_topk_prob), widest, QK_NORMS[first.qk_norm],
+            pool.k[0].element_size(), int(cfg.norm_topk_prob), widest, NORM_MODES[first.qk_norm],
             cfg.rotary_dim, int(sigmoid), cfg.n_group, cfg.topk_group, cfg.rms_norm_eps,
             first.q_norm.eps if first.qk_norm != "none" else 0.0, float(first.clip or 0.0),
             float(cfg.routed_scaling_factor), layers, pointer(model.model.norm.weight),
@@ -211,7 +212,7 @@ def declined(model: nn.Module, pool: KVSlotPool, executor: ExpertExecutor) -> st
         return f"{cfg.num_experts} experts do not split into {cfg.n_group} groups"
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        if not isinstance(attn, Attention) or attn.qk_norm not in QK_NORMS:
+        if not isinstance(attn, Attention) or attn.qk_norm not in NORM_MODES:
             return f"layer {i}'s attention"
         shared = mlp.shared_experts if isinstance(mlp, SparseMoeBlock) else None
         if isinstance(mlp, SparseMoeBlock) and i in banks and not routes_otherwise(mlp):
