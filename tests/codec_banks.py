@@ -30,8 +30,17 @@ CODEC_CASES = [  # (gate_up codec, down codec), H, I, tiles, the experts' functi
     (("Q8_0", "Q4_K"), 96, 512, DecodeBlocks(32, 64, 32, 1024, split_choices=1), "clamped_silu"),
     (("Q6_K", "Q6_K"), 768, 256, DecodeBlocks(32, 512, 32, 256), "clamped"),
     (("Q4_K", "Q6_K"), 256, 512, DecodeBlocks(32, 256, 32, 1024, split_choices=1), "clamped_silu"),
+    # the types quant_lowbit_triton reads: super-blocks (a chunk of two past a row of 1.5), blocks of 32
+    (("Q5_K", "IQ4_XS"), 768, 256, DecodeBlocks(16, 512, 16, 256), "clamped"),
+    (("Q2_K", "Q3_K"), 256, 256, DecodeBlocks(16, 256, 16, 256), "clamped_silu"),
+    (("IQ2_XXS", "IQ2_XS"), 256, 256, DecodeBlocks(16, 256, 16, 256), "clamped"),
+    (("IQ3_XXS", "IQ3_S"), 256, 256, DecodeBlocks(16, 256, 16, 256), "clamped_silu"),
+    (("Q4_0", "Q5_0"), 96, 160, DecodeBlocks(16, 64, 16, 128), "clamped"),
+    (("IQ4_NL", "Q2_K"), 160, 256, DecodeBlocks(16, 64, 16, 256), "clamped_silu"),
 ]
 SCALES = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}  # block scales giving values about 1
+SCALES |= {"Q5_K": 5e-4, "IQ4_XS": 1e-4, "Q2_K": 1e-2, "Q3_K": 1e-3, "IQ2_XXS": 2e-3, "IQ2_XS": 2e-3}
+SCALES |= {"IQ3_XXS": 1e-3, "IQ3_S": 1e-3, "Q4_0": 5e-2, "Q5_0": 3e-2, "IQ4_NL": 3e-3}
 
 
 def check_codec_banks(

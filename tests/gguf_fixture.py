@@ -197,7 +197,15 @@ BLOCK_SCALE = {
     "Q8_0": 5e-3,
     "IQ4_XS": 2e-4,
     "MXFP4": 2**-4,
-    "IQ3_S": 1e-3,
+    "IQ3_S": 1e-4,
+    "IQ3_XXS": 1e-4,
+    "Q4_0": 5e-3,
+    "Q5_0": 3e-3,
+    "IQ4_NL": 3e-4,
+    "Q2_K": 1e-3,
+    "Q3_K": 3e-4,
+    "IQ2_XXS": 3e-4,
+    "IQ2_XS": 3e-4,
 }  # MXFP4: the power of two nearest, as its e8m0 scales hold
 
 
@@ -231,12 +239,27 @@ def ftw_logits_match(path: Path, ftw: Path, prompt: list[int]) -> bool:
 
 def random_blocks(qtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     """Random raw blocks of a GGML type for a weight of `shape` (last dim = row length): every bit pattern
-    of the quants and packed sub-block scales, small finite super-block scales. -> uint8 [..., row bytes]"""
-    from freetoken.codecs import get_codec
+    of the quants and packed sub-block scales, small finite super-block scales; a type no codec of ours
+    is (Q4_1, Q5_1) quantizes random values by gguf's quantizer. -> uint8 [..., row bytes]"""
+    from freetoken.codecs import CODECS, get_codec
 
+    if qtype not in CODECS:
+        import gguf.quants as gq
+        from gguf import GGMLQuantizationType as Q
+
+        values = np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 0.05
+        return gq.quantize(values, Q[qtype])
     codec = get_codec(qtype)
     out = np.empty((*shape[:-1], codec.row_bytes(shape[-1])), dtype=np.uint8)
     return codec.random_blocks(out, np.random.default_rng(seed), BLOCK_SCALE[qtype])
+
+
+def expert_count(cfg: Any) -> int:
+    """Routed experts, whatever the family's config calls them."""
+    for key in ("n_routed_experts", "num_local_experts", "num_experts"):
+        if getattr(cfg, key, None):
+            return int(getattr(cfg, key))
+    raise AttributeError(f"{type(cfg).__name__}: no routed expert count")
 
 
 def write_gguf(
@@ -285,7 +308,7 @@ def write_gguf(
         w.add_value_length(cfg.head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_expert_count(getattr(cfg, "n_routed_experts", None) or cfg.num_experts)
+    w.add_expert_count(expert_count(cfg))
     w.add_expert_used_count(cfg.num_experts_per_tok)
     if arch in ("qwen3moe", "glm4moe", "minimax-m2", "gpt-oss", *LATENT):
         w.add_expert_feed_forward_length(i_moe)
@@ -356,7 +379,7 @@ def write_gguf(
             add(f"blk.{layer}.ffn_down_exps.weight", sd[experts + "down_proj"].transpose(0, 2, 1))
             add(f"blk.{layer}.ffn_down_exps.bias", sd[experts + "down_proj_bias"])
         elif prefix + "mlp.experts.gate_up_proj" in sd and expert_types is not None:
-            e, h = cfg.num_experts, cfg.hidden_size
+            e, h = expert_count(cfg), cfg.hidden_size
             pair = (
                 expert_types if isinstance(expert_types, tuple) else expert_types[layer % len(expert_types)]
             )

@@ -73,9 +73,10 @@ def build_hf_model(folder: Path, seed: int = 0, std: float = 0.15, **overrides: 
     return model
 
 
-def build_hybrid_model(folder: Path, seed: int = 0, wrapped: bool = False) -> Any:
-    """Save a random transformers Qwen3_5MoeForCausalLM (HYBRID_TINY, demo tokenizer) into `folder`; with
-    `wrapped`, inside Qwen3_5MoeForConditionalGeneration with a tiny vision tower, as Qwen publishes it."""
+def build_hybrid_model(folder: Path, seed: int = 0, wrapped: bool = False, **overrides: Any) -> Any:
+    """Save a random transformers Qwen3_5MoeForCausalLM (HYBRID_TINY with `overrides`, demo tokenizer) into
+    `folder`; with `wrapped`, inside Qwen3_5MoeForConditionalGeneration with a tiny vision tower, as Qwen
+    publishes it."""
     from transformers import (
         Qwen3_5MoeConfig,
         Qwen3_5MoeForCausalLM,
@@ -93,7 +94,8 @@ def build_hybrid_model(folder: Path, seed: int = 0, wrapped: bool = False) -> An
         )
         model = Qwen3_5MoeForConditionalGeneration(cfg_vl).eval()
     else:
-        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(vocab_size=vocab, **HYBRID_TINY)).eval()
+        text = Qwen3_5MoeTextConfig(vocab_size=vocab, **{**HYBRID_TINY, **overrides})
+        model = Qwen3_5MoeForCausalLM(text).eval()
     return save_redrawn(model, folder, seed)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from freetoken.codecs import get_codec
 from freetoken.errors import FreeTokenError
 from freetoken.formats.gguf_checkpoint import GgufCheckpoint
 from freetoken.runtime.engine import build_engine
@@ -54,9 +55,14 @@ def test_quantised_files_load_exactly(tiny_model: tuple[Path, Any], tmp_path: Pa
     engine = build_engine(path, device="cpu", dtype="float32", moe_backend="fused")
     for name, param in engine.model.named_parameters():
         assert torch.equal(param, sd[name]), name
-    for layer in (0, 2):
-        assert torch.equal(engine.pool.gate_up[layer], sd[f"model.layers.{layer}.mlp.experts.gate_up_proj"])
-        assert torch.equal(engine.pool.down[layer], sd[f"model.layers.{layer}.mlp.experts.down_proj"])
+    for layer in (0, 2):  # kept as stored: the pool's blocks dequantise to the package's values
+        banks = (engine.pool.gate_up[layer], engine.pool.down[layer])
+        gate_up, down = (
+            get_codec(codec).dequantize(bank.numpy(), n)
+            for codec, bank, n in zip(engine.pool.codec_names(layer), banks, (64, 32), strict=True)
+        )
+        assert np.array_equal(gate_up, sd[f"model.layers.{layer}.mlp.experts.gate_up_proj"].numpy())
+        assert np.array_equal(down, sd[f"model.layers.{layer}.mlp.experts.down_proj"].numpy())
     with torch.no_grad():
         want = ref(torch.tensor([PROMPT])).logits[0]
     assert rel_err(engine.forward(engine.new_sequence(), PROMPT, all_logits=True), want) < 1e-4

@@ -128,7 +128,14 @@ CODECS: dict[str, Codec] = {
         _ggml("IQ4_XS", 23, 256, 136, (0,)),
         _ggml("MXFP4", 39, 32, 17, e8m0_offsets=(0,)),
         _ggml("IQ3_S", 21, 256, 110, (0,)),
-        _ggml("IQ3_XXS", 18, 256, 98),
+        _ggml("IQ3_XXS", 18, 256, 98, (0,)),
+        _ggml("Q4_0", 2, 32, 18, (0,)),
+        _ggml("Q5_0", 6, 32, 22, (0,)),
+        _ggml("Q2_K", 10, 256, 84, (80, 82)),
+        _ggml("Q3_K", 11, 256, 110, (108,)),
+        _ggml("IQ2_XXS", 16, 256, 66, (0,)),
+        _ggml("IQ2_XS", 17, 256, 74, (0,)),
+        _ggml("IQ4_NL", 20, 32, 18, (0,)),
         Codec("FP8", 128, 132),  # block-scaled e4m3 rows: fp32 scale + 128 values (codecs/fp8.py)
         Codec("NVFP4", 128, 76),  # multiplier, 8 e4m3 block scales, 64 bytes of e2m1 (codecs/nvfp4.py)
     )

@@ -1,18 +1,17 @@
-"""Dequantisers in torch for the codecs the device computes from as stored (Q8_0, Q4_K, Q6_K, MXFP4): rows of
-blocks on any device, for steps too large for the fused decode kernel (dequantise the used experts, then
-a plain GEMM). The reference each is tested against is the codec's `dequantize` (gguf's)."""
+"""Dequantisers in torch for every GGML type the device keeps as stored: rows of blocks on any device, for
+steps too large for the fused decode kernel (dequantise the used experts, then a plain GEMM) and for the
+cpu device standing in for an accelerator. Q8_0, Q4_K, Q6_K and MXFP4 here; the others in torch_lowbit.py.
+The reference each is tested against is the codec's `dequantize` (gguf's)."""
 
 from __future__ import annotations
 
 import torch
 
-DEVICE_CODECS = ("Q8_0", "Q4_K", "Q6_K", "MXFP4")
+from freetoken.codecs.torch_lowbit import DECODERS
+from freetoken.codecs.torch_lowbit import half as _half
+
+DEVICE_CODECS = ("Q8_0", "Q4_K", "Q6_K", "MXFP4", *DECODERS)
 _MXFP4_DOUBLED = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
-
-
-def _half(raw: torch.Tensor) -> torch.Tensor:
-    """[..., 2] uint8 -> [...] fp32 (little-endian fp16)."""
-    return raw.contiguous().view(torch.float16)[..., 0].float()
 
 
 def _shifts(bits: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -55,4 +54,8 @@ def dequantize_rows(raw: torch.Tensor, codec: str, elements: int) -> torch.Tenso
         exponent = b[..., :1].to(torch.int32) - 128  # [..., nb, 1]
         scale = torch.ldexp(torch.ones(exponent.shape, device=raw.device), exponent)
         return (table[codes] * scale).reshape(*lead, elements)
+    if codec in DECODERS:
+        block_bytes, decode = DECODERS[codec]
+        blocks = raw.shape[-1] // block_bytes
+        return decode(raw.reshape(*lead, blocks, block_bytes)).reshape(*lead, elements)
     raise ValueError(f"no torch dequantiser for {codec}; these have one: {', '.join(DEVICE_CODECS)}")

@@ -1,8 +1,8 @@
 """GGUF experts kept as stored: the cpu backend's pool holds the file's blocks (no dequantisation),
 reports them in `expert_pool`, and decodes the greedy tokens of transformers given the package's
-dequantisation of the same file. Backends with slots keep the codecs the device kernels read (Q8_0, Q4_K,
-Q6_K, MXFP4) in the pool and the slots alike, when every layer keeps its experts so (pairs may differ
-between layers, as in Q4_K_M files); others are dequantised at load."""
+dequantisation of the same file. Backends with slots keep the codecs the device kernels read (every GGML
+type of the codec registry) in the pool and the slots alike, when every layer keeps its experts so (pairs
+may differ between layers, as in Q4_K_M files); others are dequantised at load."""
 
 from __future__ import annotations
 
@@ -129,19 +129,32 @@ def test_slots_hold_the_blocks_as_stored(q8_file: tuple[Path, Any], backend: str
         # by layer (the tiny model's MoE layers are 0 and 2)
         ([("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q4_K", "Q4_K")], True),
         ([("Q8_0", "Q4_K"), ("Q8_0", "Q4_K"), ("Q6_K", "Q8_0")], True),
-        (("Q4_K", "Q5_K"), False),
-        ([("Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q4_K", "Q5_K")], False),
+        ([("Q3_K", "Q5_K"), ("Q3_K", "Q5_K"), ("Q2_K", "Q3_K")], True),
+        (("IQ2_XXS", "IQ3_S"), True),
+        (("Q4_K", "Q4_1"), False),
+        ([("Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q4_K", "Q4_1")], False),
     ],
-    ids=["Q4_K", "MXFP4", "Q4_K+Q6_K", "Q4_K_M-layers", "crossed-layers", "Q4_K+Q5_K", "one-layer-Q5_K"],
+    ids=[
+        "Q4_K",
+        "MXFP4",
+        "Q4_K+Q6_K",
+        "Q4_K_M-layers",
+        "crossed-layers",
+        "Q3_K_M-layers",
+        "IQ2_XXS+IQ3_S",
+        "Q4_K+Q4_1",
+        "one-layer-Q4_1",
+    ],
 )
 @pytest.mark.parametrize("backend", ["offload", "hybrid"])
 def test_slots_take_the_device_codecs_in_every_layer(
     make_model: Any, tmp_path: Path, expert_types: Any, kept: bool, backend: str
 ) -> None:
-    """Q8_0, Q4_K, Q6_K and MXFP4 experts stay as stored in slots, the pair free to differ by layer (slots
-    as long as the largest pair's expert; fills and kernels see each layer's rows); a layer the device
-    kernels cannot read (Q5_K) makes every layer dequantise at load. The greedy tokens are the reference's
-    either way, with slots changing hands between layers of different pairs (3 slots, 2 layers)."""
+    """Experts of every type the device kernels read stay as stored in slots, the pair free to differ by
+    layer (slots as long as the largest pair's expert; fills and kernels see each layer's rows); a layer
+    of a type they cannot read (Q4_1, no codec of ours) makes every layer dequantise at load. The greedy
+    tokens are the reference's either way, with slots changing hands between layers of different pairs (3
+    slots, 2 layers)."""
     folder, hf = make_model(hidden_size=256, moe_intermediate_size=256, num_experts=4)
     path = write_gguf(hf, folder, tmp_path / "k.gguf", "F32", expert_types=expert_types)
     ref = type(hf)(hf.config).eval()
@@ -216,3 +229,25 @@ def test_the_native_decode_step_reads_the_blocks_as_the_python_step_does(
     assert native.pool.stored and native.decoder.native is not None
     python.decoder.native = None
     assert greedy(native, PROMPTS[:3], TOKENS) == greedy(python, PROMPTS[:3], TOKENS)
+
+
+def test_widening_is_said_with_its_reason(
+    make_model: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing widens silently: a layer of a type no codec reads (Q4_1) is dequantised at load, and so, for
+    slots, is every other layer; the log (`-v`) says which and why."""
+    folder, hf = make_model(hidden_size=256, moe_intermediate_size=256, num_experts=4)
+    types = [("Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q4_K", "Q4_1")]  # MoE layers 0 and 2
+    path = write_gguf(hf, folder, tmp_path / "k.gguf", "F32", expert_types=types)
+    with caplog.at_level("INFO", logger="freetoken.loading"):
+        engine = build_engine(path, device="cpu", dtype="float32", moe_backend="offload", cache_size=3)
+    engine.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "freetoken.loading"]
+    assert "layer 2: experts (Q4_1/Q4_K) widened at load: no codec reads Q4_1" in lines[-1]
+    assert lines[0].startswith("layer 0: experts (Q4_K/Q6_K) widened at load: slots hold one form")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="freetoken.loading"):
+        fused = build_engine(path, device="cpu", dtype="float32", moe_backend="fused")  # no slots
+    assert list(fused.pool.stored) == [0]  # layer by layer
+    assert [r.getMessage()[:8] for r in caplog.records if r.name == "freetoken.loading"] == ["layer 2:"]
+    fused.close()

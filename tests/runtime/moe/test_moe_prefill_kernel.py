@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from codec_banks import SCALES  # block scales giving values about 1
 from freetoken.codecs import get_codec
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
 from freetoken.runtime.moe.experts import grouped_experts
@@ -16,7 +17,6 @@ from freetoken.runtime.moe.kernels.moe_prefill import PrefillBlocks, grouped_moe
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 
 SMALL = PrefillBlocks(block_m=16, block_n=16, block_k=16)  # chunks cut H and I partway (72, 40)
-SCALES = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}
 
 
 def case(t: int, k: int, slots: int, h: int = 72, i: int = 40, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -69,7 +69,17 @@ def test_every_function_and_biases_match(fn: ExpertFn) -> None:
 
 @pytest.mark.parametrize(
     ("codecs", "h", "i"),
-    [(("Q8_0", "Q8_0"), 96, 64), (("Q4_K", "Q6_K"), 256, 512), (("MXFP4", "Q4_K"), 64, 256)],
+    [
+        (("Q8_0", "Q8_0"), 96, 64),
+        (("Q4_K", "Q6_K"), 256, 512),
+        (("MXFP4", "Q4_K"), 64, 256),
+        (("Q5_K", "IQ4_XS"), 256, 256),
+        (("Q2_K", "Q3_K"), 256, 256),
+        (("IQ2_XXS", "IQ2_XS"), 256, 256),
+        (("IQ3_XXS", "IQ3_S"), 256, 256),
+        (("Q4_0", "Q5_0"), 96, 64),
+        (("IQ4_NL", "Q4_0"), 64, 96),
+    ],
 )
 def test_banks_of_codec_blocks_are_dequantised_in_registers(codecs: tuple[str, str], h: int, i: int) -> None:
     """Blocks as stored, against the sum over gguf's dequantisation of the same blocks; 20 tokens over 4

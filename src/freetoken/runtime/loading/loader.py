@@ -52,11 +52,11 @@ def stored_expert_codecs(
 ) -> tuple[frozenset[str], bool]:
     """(codecs whose expert blocks the pool keeps as the file stores them, whether every layer must keep
     its experts as stored for any to be). Every expert computed on this CPU from the pool (the cpu backend
-    on a cpu device with no slots): what the CPU expert kernel computes from, layer by layer. `fused` on
-    CUDA: what the decode kernel reads in place (DEVICE_CODECS), layer by layer. The slot backends: those
-    too, in every layer or none, as slots hold blocks for every layer or values for every layer (pairs may
-    differ between layers; the cpu device standing in dequantises in torch). Other codecs, and other
-    cases, are dequantised at load."""
+    on a cpu device with no slots): what the CPU expert kernel computes from. Otherwise what the device
+    reads in place (DEVICE_CODECS: the Triton kernels on CUDA, torch's dequantisers of the used experts
+    on a cpu device standing in). `fused` keeps them layer by layer; the backends with a slot bank (the
+    cpu one too) in every layer or none, as slots hold blocks for every layer or values for every layer
+    (pairs may differ between layers). Other codecs, and other cases, are dequantised at load."""
     from freetoken.codecs.torch_dequant import DEVICE_CODECS
     from freetoken.runtime.moe.kernels.cpu_experts import CODEC_IDS, kernel_available
     from freetoken.runtime.moe.kernels.moe_decode import triton_available
@@ -64,11 +64,10 @@ def stored_expert_codecs(
     moe = config.moe
     no_slots = moe.cache_size in (None, 0) and moe.cache_ratio is None and moe.vram_budget is None
     if backend == "cpu" and device.type == "cpu" and no_slots and kernel_available():
-        return frozenset(CODEC_IDS), False
+        return frozenset(CODEC_IDS), True
     device_kernel = device.type == "cpu" or (device.type == "cuda" and triton_available())
-    if backend == "fused":
-        return (frozenset(DEVICE_CODECS) if device.type == "cuda" and device_kernel else frozenset()), False
-    return (frozenset(DEVICE_CODECS) if device_kernel else frozenset()), True
+    kept = frozenset(DEVICE_CODECS) if device_kernel else frozenset()
+    return kept, backend != "fused"
 
 
 def load_model(

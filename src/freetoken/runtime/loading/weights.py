@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from freetoken.codecs import Codec
+from freetoken.codecs import CODECS, Codec
 from freetoken.errors import FreeTokenError
 from freetoken.formats.gguf_checkpoint import GgufCheckpoint
 from freetoken.formats.safetensors_dir import SafetensorsCheckpoint
@@ -79,6 +80,7 @@ def plan_checkpoint(
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
+log = logging.getLogger("freetoken.loading")
 
 
 def multi_token_block(name: str, cfg: ModelConfig) -> bool:
@@ -117,6 +119,35 @@ def stored_codecs(ckpt: object, plan: CheckpointPlan, keep: frozenset[str]) -> d
         floats = gate.block_elements == down.block_elements == 1
         if gate == up and {gate.name, down.name} <= keep and not floats:
             out[layer] = (gate, down)
+    return out
+
+
+def widening_reasons(
+    ckpt: object, plan: CheckpointPlan, keep: frozenset[str], stored: dict[int, tuple[Codec, Codec]]
+) -> dict[int, str]:
+    """Why each layer whose experts the file stores in blocks is not kept so (`stored`: the layers that
+    are) and is dequantised at load instead: layer -> one line."""
+    type_name = getattr(ckpt, "type_name", None)
+    if type_name is None:
+        return {}
+    out: dict[int, str] = {}
+    for layer, items in plan.experts.items():
+        parts = {target.part: type_name(name) for name, target in items if target.part not in BIAS_PARTS}
+        types = sorted(set(parts.values()))
+        if layer in stored or all(t in ("F32", "F16", "BF16") for t in types):
+            continue
+        unread = [t for t in types if t not in CODECS]
+        if unread:
+            why = f"no codec reads {', '.join(unread)} (the gguf package dequantises it)"
+        elif not keep:
+            why = "this backend on this device keeps no expert type as stored"
+        elif not set(types) <= keep:
+            why = f"{', '.join(t for t in types if t not in keep)} is not read as stored here"
+        elif parts.get("gate", parts.get("gate_up")) != parts.get("up", parts.get("gate_up")):
+            why = "its gate and up projections are stored in different types"
+        else:
+            why = "slots hold one form for every layer, and another layer's experts cannot stay as stored"
+        out[layer] = f"layer {layer}: experts ({'/'.join(types)}) widened at load: {why}"
     return out
 
 
@@ -173,6 +204,8 @@ def load_weights(
     stored = stored_codecs(ckpt, plan, keep_stored)
     if all_stored:
         stored = in_every_layer(stored, cfg.moe_layers)
+    for line in widening_reasons(ckpt, plan, keep_stored, stored).values():
+        log.info(line)
     pool = HostExpertPool.allocate(
         cfg.moe_layers,
         cfg.num_experts,

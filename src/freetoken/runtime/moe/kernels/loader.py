@@ -48,6 +48,8 @@ HEADERS = tuple(
         "kquant_dot_int8.h",
         "kquant_bf16_dot.h",
         "table_dot.h",
+        "iq_grids.h",
+        "lowbit_dot.h",
         "widen_row.h",
         "row_dots.h",
         "expert_fn.h",

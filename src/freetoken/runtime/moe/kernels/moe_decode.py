@@ -17,6 +17,7 @@ import torch
 from freetoken.codecs import get_codec
 from freetoken.env import moe_decode_blocks
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
+from freetoken.runtime.moe.kernels.codec_table import LEGACY_CODECS, SUPERBLOCK_CODECS, codec_table
 from freetoken.runtime.moe.kernels.moe_decode_int8 import (
     down_int8,
     gate_up_int8,
@@ -28,8 +29,9 @@ from freetoken.runtime.moe.kernels.moe_decode_int8 import (
 from freetoken.runtime.triton_support import next_pow2
 
 # codecs the kernels read as stored, by the numbers quant_dot_triton.py (and the CPU kernel) use
-QUANT_CODECS = {"Q8_0": 1, "Q4_K": 3, "Q6_K": 4, "MXFP4": 12}
+QUANT_CODECS = {"Q8_0": 1, "Q4_K": 3, "Q6_K": 4, "MXFP4": 12, **SUPERBLOCK_CODECS, **LEGACY_CODECS}
 CODEC_GRANULE = {0: 1, 1: 32, 3: 256, 4: 256, 12: 32}  # a codec kernel's BLOCK_K is a multiple of its block
+CODEC_GRANULE |= dict.fromkeys(SUPERBLOCK_CODECS.values(), 256) | dict.fromkeys(LEGACY_CODECS.values(), 32)
 SUM_BLOCK = 256  # outputs per program of the sum over choices after a split down kernel
 MAX_DECODE_TOKENS = 16  # beyond this a grouped (per-expert) kernel reads each expert once, not per pair
 
@@ -164,7 +166,7 @@ def fused_moe_decode(
     x = x.contiguous()
     act = torch.empty(pairs, i, dtype=torch.float32, device=x.device)
     out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-
+    table = codec_table(x.device)
     if bias is None:
         bias_bank, bias_ids = act, ids  # never read
     else:
@@ -192,8 +194,8 @@ def fused_moe_decode(
         )  # fmt: skip
     else:
         gate_up_act[(pairs, -(-i // b.gate_up_n))](
-            x, ids, gate_up_bank, act, bias_bank, bias_ids, gate_up_bank.stride(0), gate_up_bank.stride(1),
-            fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=b.gate_up_n,
+            x, ids, gate_up_bank, act, bias_bank, bias_ids, table, gate_up_bank.stride(0),
+            gate_up_bank.stride(1), fn.alpha, fn.limit, H=h, INTER=i, K=k, BLOCK_N=b.gate_up_n,
             BLOCK_K=_block_k(b.gate_up_k, gu_code), ACT=fn.code, HAS_BIAS=bias is not None, CODEC=gu_code,
             PDL=pdl, **b.launch(),
         )  # fmt: skip
@@ -206,7 +208,7 @@ def fused_moe_decode(
         )  # fmt: skip
     else:
         down[(t, -(-h // b.down_n), k if split else 1)](
-            act, ids, weights, down_bank, target, down_bank.stride(0), down_bank.stride(1),
+            act, ids, weights, down_bank, target, table, down_bank.stride(0), down_bank.stride(1),
             H=h, INTER=i, K=k, BLOCK_N=b.down_n, BLOCK_K=_block_k(b.down_k, dn_code), CODEC=dn_code,
             SPLIT=split, PDL=pdl, **pdl_launch(pdl), **b.launch(down=True),
         )  # fmt: skip

@@ -34,6 +34,7 @@ def gate_up_act_kernel(
     act_ptr,  # [T * K, I] fp32 out
     bias_ptr,  # [E, 2I] fp32 (HAS_BIAS)
     bias_ids_ptr,  # [T * K] int: expert ids of the pairs (HAS_BIAS)
+    table_ptr,  # uint8: quant_lowbit_triton.codec_table (the codebook types read it)
     stride_we,
     stride_wn,
     alpha,
@@ -74,11 +75,11 @@ def gate_up_act_kernel(
         gate_rows = base + offs_n * stride_wn
         up_rows = gate_rows + INTER * stride_wn
         xt = x_ptr + token * H
-        part_gate = quant_row_part(gate_rows, xt, 0, rows_live, H, CODEC, BLOCK_K)
-        part_up = quant_row_part(up_rows, xt, 0, rows_live, H, CODEC, BLOCK_K)
+        part_gate = quant_row_part(gate_rows, xt, 0, rows_live, H, table_ptr, CODEC, BLOCK_K)
+        part_up = quant_row_part(up_rows, xt, 0, rows_live, H, table_ptr, CODEC, BLOCK_K)
         for k0 in range(BLOCK_K, H, BLOCK_K):
-            part_gate += quant_row_part(gate_rows, xt, k0, rows_live, H, CODEC, BLOCK_K)
-            part_up += quant_row_part(up_rows, xt, k0, rows_live, H, CODEC, BLOCK_K)
+            part_gate += quant_row_part(gate_rows, xt, k0, rows_live, H, table_ptr, CODEC, BLOCK_K)
+            part_up += quant_row_part(up_rows, xt, k0, rows_live, H, table_ptr, CODEC, BLOCK_K)
         acc_gate = quant_row_sums(part_gate)
         acc_up = quant_row_sums(part_up)
     if HAS_BIAS:
@@ -90,10 +91,11 @@ def gate_up_act_kernel(
 
 
 @triton.jit
-def _down_pair(act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC,
-               WAIT: tl.constexpr):  # fmt: skip
-    """[BLOCK_N] fp32: rows offs_n of pair's expert's down projection times its activation (0 for a
-    skipped pair); WAIT: for the gate_up kernel (PDL) before the first activation is read."""
+def _down_pair(act_ptr, ids_ptr, weights_ptr, w_ptr, table_ptr, pair, offs_n, stride_we, stride_wn, H, INTER,
+               BLOCK_K, CODEC, WAIT: tl.constexpr):  # fmt: skip
+    """[BLOCK_N] fp32: rows offs_n of pair's expert's down projection times its activation, times the
+    pair's routing weight (0 for a skipped pair); WAIT: for the gate_up kernel (PDL) before the first
+    activation is read."""
     expert = tl.load(ids_ptr + pair)
     rows_live = offs_n < tl.where(expert >= 0, H, 0)
     base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
@@ -112,11 +114,11 @@ def _down_pair(act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, I
     else:
         rows = base + offs_n * stride_wn
         a = act_ptr + pair * INTER
-        part = quant_row_part(rows, a, 0, rows_live, INTER, CODEC, BLOCK_K)
+        part = quant_row_part(rows, a, 0, rows_live, INTER, table_ptr, CODEC, BLOCK_K)
         for k0 in range(BLOCK_K, INTER, BLOCK_K):
-            part += quant_row_part(rows, a, k0, rows_live, INTER, CODEC, BLOCK_K)
+            part += quant_row_part(rows, a, k0, rows_live, INTER, table_ptr, CODEC, BLOCK_K)
         acc = quant_row_sums(part)
-    return acc
+    return acc * tl.where(expert >= 0, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
 
 
 @triton.jit
@@ -126,6 +128,7 @@ def down_sum_kernel(
     weights_ptr,  # [T * K] routing weights
     w_ptr,  # [S, H, I], rows contiguous
     out_ptr,  # [T, H] in the activations' dtype; with SPLIT, [T * K, H] fp32 weighted partials
+    table_ptr,  # uint8: quant_lowbit_triton.codec_table
     stride_we,
     stride_wn,
     H: tl.constexpr,
@@ -145,19 +148,17 @@ def down_sum_kernel(
     if SPLIT:
         pair = token * K + tl.program_id(2)
         acc = _down_pair(
-            act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC, PDL
-        )
-        weight = tl.where(tl.load(ids_ptr + pair) >= 0, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
-        tl.store(out_ptr + pair * H + offs_n, acc * weight, mask=mask_n)
+            act_ptr, ids_ptr, weights_ptr, w_ptr, table_ptr, pair, offs_n, stride_we, stride_wn, H, INTER,
+            BLOCK_K, CODEC, PDL,
+        )  # fmt: skip
+        tl.store(out_ptr + pair * H + offs_n, acc, mask=mask_n)
     else:
         total = tl.zeros([BLOCK_N], dtype=tl.float32)
         for choice in range(K):
-            pair = token * K + choice
-            acc = _down_pair(
-                act_ptr, ids_ptr, w_ptr, pair, offs_n, stride_we, stride_wn, H, INTER, BLOCK_K, CODEC, PDL
-            )
-            weight = tl.where(tl.load(ids_ptr + pair) >= 0, tl.load(weights_ptr + pair).to(tl.float32), 0.0)
-            total += acc * weight
+            total += _down_pair(
+                act_ptr, ids_ptr, weights_ptr, w_ptr, table_ptr, token * K + choice, offs_n, stride_we,
+                stride_wn, H, INTER, BLOCK_K, CODEC, PDL,
+            )  # fmt: skip
         tl.store(out_ptr + token * H + offs_n, total.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import torch
 
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
+from freetoken.runtime.moe.kernels.codec_table import LEGACY_CODECS, SUPERBLOCK_CODECS, codec_table
 from freetoken.runtime.moe.kernels.moe_decode import check_banks
 
 
@@ -35,7 +36,8 @@ DEFAULT_BLOCKS = PrefillBlocks()
 # banks of codec blocks: a K-quant tile is one super-block of a row (256 weights, dequantised in registers
 # beside the dot), so fewer columns a program; Q8_0 / MXFP4 take whole 32-weight blocks
 CODEC_BLOCKS = PrefillBlocks(block_n=32, num_stages=1)
-CODEC_BLOCK_K = {1: 64, 3: 256, 4: 256, 12: 64}
+CODEC_BLOCK_K = {1: 64, 3: 256, 4: 256, 12: 64} | dict.fromkeys(SUPERBLOCK_CODECS.values(), 256)
+CODEC_BLOCK_K |= dict.fromkeys(LEGACY_CODECS.values(), 64)
 
 
 def block_rows(pairs: int, experts: int) -> int:
@@ -118,8 +120,9 @@ def grouped_moe(
         bias_bank = bias.gate_up.float().contiguous()
         bias_ids = bias.ids.reshape(-1).contiguous()
     n_blocks = pb.block_expert.numel()
+    table = codec_table(x.device)
     gate_up_act[(n_blocks, -(-i // b.block_n))](
-        x, pb.sorted_pairs, pb.block_expert, gate_up_bank, act, bias_bank, bias_ids,
+        x, pb.sorted_pairs, pb.block_expert, gate_up_bank, act, bias_bank, bias_ids, table,
         gate_up_bank.stride(0), gate_up_bank.stride(1), fn.alpha, fn.limit, pb.pairs, slots,
         H=h, INTER=i, K=k, BLOCK_M=block_m, BLOCK_N=b.block_n, BLOCK_K=CODEC_BLOCK_K.get(gu_code, b.block_k),
         ACT=fn.code, HAS_BIAS=bias is not None, CODEC=gu_code, FP32=fp32,
@@ -127,7 +130,7 @@ def grouped_moe(
     )  # fmt: skip
     part = torch.zeros(pb.pairs, h, dtype=x.dtype, device=x.device)  # pairs with no expert stay zero
     down[(n_blocks, -(-h // b.block_n))](
-        act, pb.sorted_pairs, pb.block_expert, topk_weights.reshape(-1).contiguous(), down_bank, part,
+        act, pb.sorted_pairs, pb.block_expert, topk_weights.reshape(-1).contiguous(), down_bank, part, table,
         down_bank.stride(0), down_bank.stride(1), pb.pairs, slots,
         H=h, INTER=i, BLOCK_M=block_m, BLOCK_N=b.block_n, BLOCK_K=CODEC_BLOCK_K.get(dn_code, b.block_k),
         CODEC=dn_code, FP32=fp32, num_warps=b.num_warps, num_stages=b.num_stages,

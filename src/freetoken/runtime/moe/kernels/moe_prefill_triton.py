@@ -24,7 +24,7 @@ from freetoken.runtime.moe.kernels.quant_dot_triton import quant_tile
 
 
 @triton.jit
-def _weight_tile(w_ptr, expert, stride_we, stride_wn, offs_n, n_live, k0, K_LEN, BLOCK_K, CODEC):
+def _weight_tile(w_ptr, table_ptr, expert, stride_we, stride_wn, offs_n, n_live, k0, K_LEN, BLOCK_K, CODEC):
     """[BLOCK_K, BLOCK_N] of W[expert, offs_n, k0 : k0 + BLOCK_K]ᵀ (zeros past the row or n_live): a
     bank's own dtype, fp32 from a codec's blocks."""
     base = w_ptr + expert.to(tl.int64) * stride_we
@@ -33,7 +33,7 @@ def _weight_tile(w_ptr, expert, stride_we, stride_wn, offs_n, n_live, k0, K_LEN,
         ptrs = base + offs_n[None, :] * stride_wn + offs_k[:, None]
         return tl.load(ptrs, mask=n_live[None, :] & (offs_k < K_LEN)[:, None], other=0.0)
     else:
-        return tl.trans(quant_tile(base + offs_n * stride_wn, k0, n_live, K_LEN, CODEC, BLOCK_K))
+        return tl.trans(quant_tile(base + offs_n * stride_wn, k0, n_live, K_LEN, table_ptr, CODEC, BLOCK_K))
 
 
 @triton.jit
@@ -65,6 +65,7 @@ def gate_up_act_kernel(
     act_ptr,  # [P, I] out, in x's dtype
     bias_ptr,  # [E, 2I] fp32 (HAS_BIAS)
     bias_ids_ptr,  # [P] int: expert ids of the pairs (HAS_BIAS)
+    table_ptr,  # uint8: quant_lowbit_triton.codec_table
     stride_we,
     stride_wn,
     alpha,
@@ -94,9 +95,11 @@ def gate_up_act_kernel(
                 x_ptr + tokens[:, None].to(tl.int64) * H + offs_k[None, :],
                 mask=live_m[:, None] & (offs_k < H)[None, :], other=0.0,
             )  # fmt: skip
-            gate = _weight_tile(w_ptr, expert, stride_we, stride_wn, offs_n, n_live, k0, H, BLOCK_K, CODEC)
+            gate = _weight_tile(
+                w_ptr, table_ptr, expert, stride_we, stride_wn, offs_n, n_live, k0, H, BLOCK_K, CODEC
+            )
             up = _weight_tile(
-                w_ptr, expert, stride_we, stride_wn, offs_n + INTER, n_live, k0, H, BLOCK_K, CODEC
+                w_ptr, table_ptr, expert, stride_we, stride_wn, offs_n + INTER, n_live, k0, H, BLOCK_K, CODEC
             )
             acc_gate = _dot(a, gate, acc_gate, FP32)
             acc_up = _dot(a, up, acc_up, FP32)
@@ -118,6 +121,7 @@ def down_kernel(
     weights_ptr,  # [P] routing weights
     w_ptr,  # [S, H, I]
     part_ptr,  # [P, H] out, in the activations' dtype
+    table_ptr,  # uint8: quant_lowbit_triton.codec_table
     stride_we,
     stride_wn,
     P,
@@ -141,7 +145,9 @@ def down_kernel(
                 act_ptr + rows[:, None] * INTER + offs_k[None, :],
                 mask=live_m[:, None] & (offs_k < INTER)[None, :], other=0.0,
             )  # fmt: skip
-            w = _weight_tile(w_ptr, expert, stride_we, stride_wn, offs_n, n_live, k0, INTER, BLOCK_K, CODEC)
+            w = _weight_tile(
+                w_ptr, table_ptr, expert, stride_we, stride_wn, offs_n, n_live, k0, INTER, BLOCK_K, CODEC
+            )
             acc = _dot(a, w, acc, FP32)
         weight = tl.load(weights_ptr + rows, mask=live_m, other=0.0).to(tl.float32)
         out = part_ptr + rows[:, None] * H + offs_n[None, :]

@@ -51,7 +51,17 @@ enum {
     FT_CODEC_MXFP4_ACT8 = 13,
     FT_CODEC_FP8 = 14,
     FT_CODEC_NVFP4 = 15,
-    FT_CODEC_BF16_ACT16 = 16  // bf16 rows against bf16 activations (bf16 dot instructions)
+    FT_CODEC_BF16_ACT16 = 16,  // bf16 rows against bf16 activations (bf16 dot instructions)
+    // lowbit_dot.h's, against fp32 activations (decoded a chunk at a time); lowbit_codec() is this range
+    FT_CODEC_Q4_0 = 17,
+    FT_CODEC_Q5_0 = 18,
+    FT_CODEC_Q2_K = 19,
+    FT_CODEC_Q3_K = 20,
+    FT_CODEC_IQ2_XXS = 21,
+    FT_CODEC_IQ2_XS = 22,
+    FT_CODEC_IQ3_XXS = 23,
+    FT_CODEC_IQ3_S = 24,
+    FT_CODEC_IQ4_NL = 25
 };
 #define Q8_BLOCK 32
 #define Q8_0_BYTES 34
@@ -76,6 +86,15 @@ static inline void codec_block(int codec, int *elements, int *bytes) {
         case FT_CODEC_MXFP4_ACT8: *elements = 32, *bytes = 17; return;
         case FT_CODEC_FP8: *elements = 128, *bytes = 132; return;
         case FT_CODEC_NVFP4: *elements = 128, *bytes = 76; return;
+        case FT_CODEC_Q4_0:
+        case FT_CODEC_IQ4_NL: *elements = 32, *bytes = 18; return;
+        case FT_CODEC_Q5_0: *elements = 32, *bytes = 22; return;
+        case FT_CODEC_Q2_K: *elements = 256, *bytes = 84; return;
+        case FT_CODEC_Q3_K:
+        case FT_CODEC_IQ3_S: *elements = 256, *bytes = 110; return;
+        case FT_CODEC_IQ2_XXS: *elements = 256, *bytes = 66; return;
+        case FT_CODEC_IQ2_XS: *elements = 256, *bytes = 74; return;
+        case FT_CODEC_IQ3_XXS: *elements = 256, *bytes = 98; return;
         default: *elements = 0, *bytes = 0;
     }
 }

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from freetoken.runtime.moe.kernels.quant_dot_triton import (
+from freetoken.runtime.moe.kernels.block_bits_triton import (
     fp16_low,
     k4_header,
     k4_scale_min,

@@ -7,7 +7,7 @@ block], so each block's scale is read once (not once per weight) and the quants 
 contiguous run of bytes. A chunk's products stay a tile (quant_row_part) that the caller adds to the
 previous chunks' elementwise; rows are summed once, at the end (quant_row_sums): summing every chunk
 crossed the warps through shared memory, and that, not HBM, bounded the kernel (the L1 at 80 % of its
-throughput, DRAM at 12 %). Quants become fp32 by their bits under 2^23's exponent (_as_float).
+throughput, DRAM at 12 %). Quants become fp32 by their bits under 2^23's exponent (as_float).
 
 Codecs by the CPU kernel's numbers (cpu_experts.CODEC_IDS): 1 Q8_0 (34-byte blocks of 32: fp16 scale,
 int8 quants), 3 Q4_K (144-byte super-blocks of 256: fp16 d and dmin, 12 bytes of 6-bit scales and mins
@@ -26,68 +26,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _fp16_at(ptr, mask):
-    """The little-endian fp16 at byte pointers `ptr` (2-byte aligned: every codec's scales are), as fp32."""
-    return tl.load(ptr.to(tl.pointer_type(tl.float16)), mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def fp16_low(word):
-    """The fp16 in the low half of int32 words, as fp32."""
-    return (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _as_float(small, offset: tl.constexpr):
-    """Small non-negative ints (int32, < 2^23) as fp32 minus `offset`, exact, without a conversion
-    instruction: 2^23 + n is n's bits under 2^23's exponent (the int-to-float unit runs at a quarter of
-    the FMA rate)."""
-    return (small | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + offset)
+from freetoken.runtime.moe.kernels.block_bits_triton import (
+    as_float,
+    fp16_at,
+    fp16_low,
+    k4_header,
+    k4_scale_min_words,
+)
+from freetoken.runtime.moe.kernels.quant_lowbit_triton import legacy_weights, superblock_weights
 
 
 @triton.jit
 def _e2m1_doubled(code):
     """Twice the e2m1 value of 4-bit codes (int32): magnitudes 0 1 2 3 4 6 8 12, bit 3 the sign."""
     mag = code & 7
-    doubled = _as_float(tl.where(mag < 4, mag, (2 + (mag & 1)) << ((mag >> 1) - 1)), 0.0)
+    doubled = as_float(tl.where(mag < 4, mag, (2 + (mag & 1)) << ((mag >> 1) - 1)), 0.0)
     return tl.where(code >= 8, -doubled, doubled)
-
-
-@triton.jit
-def k4_scale_min(s0, s1, s2, sub):
-    """Q4_K's 6-bit scales and mins of sub-blocks `sub` (in 0..7) from a super-block's 12 scale bytes as
-    three int32 words (bytes 0-3, 4-7, 8-11), all broadcast to one shape -> two fp32 of that shape
-    (gguf's get_scale_min_k4)."""
-    shift = 8 * (sub & 3)
-    low = sub < 4
-    b0 = (s0 >> shift) & 255  # byte sub (sub < 4) or sub − 4
-    b1 = (s1 >> shift) & 255  # byte sub + 4 or sub
-    b2 = (s2 >> shift) & 255  # byte sub + 4 (sub >= 4)
-    scale = tl.where(low, b0 & 63, (b2 & 15) | ((b0 >> 6) << 4))
-    minimum = tl.where(low, b1 & 63, (b2 >> 4) | ((b1 >> 6) << 4))
-    return scale.to(tl.float32), minimum.to(tl.float32)
-
-
-@triton.jit
-def k4_scale_min_words(s0, s1, s2, sub):
-    """k4_scale_min of header words [N] and sub-blocks `sub` [S] -> two [N, S] fp32."""
-    return k4_scale_min(s0[:, None], s1[:, None], s2[:, None], sub[None, :])
-
-
-@triton.jit
-def k4_header(base, live):
-    """A Q4_K super-block's header (16 bytes at 4-byte aligned byte pointers `base` [N]) as four int32
-    words: d | dmin << 16, then the scale bytes 0-3, 4-7, 8-11."""
-    words = base.to(tl.pointer_type(tl.int32))
-    head = tl.load(words, mask=live, other=0)
-    return (
-        head,
-        tl.load(words + 1, mask=live, other=0),
-        tl.load(words + 2, mask=live, other=0),
-        tl.load(words + 3, mask=live, other=0),
-    )
 
 
 @triton.jit
@@ -106,8 +60,8 @@ def _q4k_halves(base, live):
     dmin = fp16_low(head >> 16)[:, None]
     sc_lo, min_lo = k4_scale_min_words(s0, s1, s2, 2 * c)  # [BLOCK_N, 4]
     sc_hi, min_hi = k4_scale_min_words(s0, s1, s2, 2 * c + 1)
-    w_lo = _as_float(quants & 15, 0.0) * (d * sc_lo)[:, :, None] - (dmin * min_lo)[:, :, None]
-    w_hi = _as_float(quants >> 4, 0.0) * (d * sc_hi)[:, :, None] - (dmin * min_hi)[:, :, None]
+    w_lo = as_float(quants & 15, 0.0) * (d * sc_lo)[:, :, None] - (dmin * min_lo)[:, :, None]
+    w_hi = as_float(quants >> 4, 0.0) * (d * sc_hi)[:, :, None] - (dmin * min_hi)[:, :, None]
     return w_lo, w_hi
 
 
@@ -130,8 +84,8 @@ def _q6k_weights(base, live):
     )  # [BLOCK_N, 8, 2, 16]
     sub = (2 * hg[:, None] + m[None, :])[None]  # [1, 8, 2]: the sub-block's scale byte
     scales = tl.load(base[:, None, None] + 192 + sub, mask=live[:, None, None], other=0)
-    ds = _fp16_at(base + 208, live)[:, None, None] * scales.to(tl.int8, bitcast=True).to(tl.float32)
-    return _as_float(q6, 32.0) * ds[:, :, :, None]
+    ds = fp16_at(base + 208, live)[:, None, None] * scales.to(tl.int8, bitcast=True).to(tl.float32)
+    return as_float(q6, 32.0) * ds[:, :, :, None]
 
 
 @triton.jit
@@ -141,7 +95,7 @@ def _q8_weights(rows, block, live):
     j = tl.arange(0, 32)
     base = rows[:, None] + block[None, :] * 34
     quants = tl.load(base[:, :, None] + 2 + j[None, None, :], mask=live[:, :, None], other=0)
-    return _as_float(quants.to(tl.int32) ^ 128, 128.0) * _fp16_at(base, live)[:, :, None]
+    return as_float(quants.to(tl.int32) ^ 128, 128.0) * fp16_at(base, live)[:, :, None]
 
 
 @triton.jit
@@ -162,11 +116,12 @@ def quant_row_sums(part):
 
 
 @triton.jit
-def quant_row_part(rows, v_ptr, k0, live, limit, CODEC: tl.constexpr, BLOCK_K: tl.constexpr):
+def quant_row_part(rows, v_ptr, k0, live, limit, table, CODEC: tl.constexpr, BLOCK_K: tl.constexpr):
     """rows: [BLOCK_N] byte pointers to row starts; live: [BLOCK_N] rows to read; v_ptr: the vector's
     first element -> an fp32 tile [BLOCK_N, A, B] whose row sums are Σ over k in [k0, k0 + BLOCK_K) of
     W[row, k] · v[k]. The caller adds the tiles of successive chunks elementwise and sums rows once at the
-    end (quant_row_sums): a reduction per chunk crossed the warps through shared memory every block."""
+    end (quant_row_sums): a reduction per chunk crossed the warps through shared memory every block.
+    `table`: quant_lowbit_triton.codec_table's bytes on the device (read by the codebook types)."""
     if (
         CODEC == 3 or CODEC == 4
     ):  # K-quants: BLOCK_K // 256 super-blocks -> [BLOCK_N, 4, 32] / [BLOCK_N, 16, 16]
@@ -192,6 +147,22 @@ def quant_row_part(rows, v_ptr, k0, live, limit, CODEC: tl.constexpr, BLOCK_K: t
             return part
         else:
             return tl.reshape(part, [live.shape[0], 16, 16])  # rows stay rows (a reordering one mixed them)
+    elif CODEC == 8 or CODEC == 10 or (CODEC >= 19 and CODEC <= 24):  # quant_lowbit_triton's super-blocks
+        part = tl.zeros([live.shape[0], 256], dtype=tl.float32)
+        for s in tl.static_range(BLOCK_K // 256):
+            k = k0 + 256 * s
+            rows_here = live & (k + tl.zeros(live.shape, tl.int32) < limit)
+            offs = k + tl.arange(0, 256)
+            v = tl.load(v_ptr + offs, mask=offs < limit, other=0.0).to(tl.float32)
+            part += superblock_weights(rows, k // 256, rows_here, table, CODEC) * v[None, :]
+        return tl.reshape(part, [live.shape[0], 16, 16])
+    elif CODEC == 17 or CODEC == 18 or CODEC == 25:  # its blocks of 32 -> [BLOCK_N, BLOCK_K // 32, 32]
+        block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        block_live = block * 32 < limit
+        j = tl.arange(0, 32)
+        v = tl.load(v_ptr + block[:, None] * 32 + j[None, :], mask=block_live[:, None], other=0.0)
+        weights = legacy_weights(rows, block, live[:, None] & block_live[None, :], table, CODEC)
+        return weights * v.to(tl.float32)[None, :, :]
     else:  # Q8_0 (1) / MXFP4 (12): BLOCK_K // 32 blocks -> [BLOCK_N, BLOCK_K // 32, 32 or 16]
         block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         block_live = block * 32 < limit
@@ -209,11 +180,19 @@ def quant_row_part(rows, v_ptr, k0, live, limit, CODEC: tl.constexpr, BLOCK_K: t
 
 
 @triton.jit
-def quant_tile(rows, k0, live, limit, CODEC: tl.constexpr, BLOCK_K: tl.constexpr):
+def quant_tile(rows, k0, live, limit, table, CODEC: tl.constexpr, BLOCK_K: tl.constexpr):
     """The weights W[rows, k0 : k0 + BLOCK_K] dequantised in registers -> fp32 [BLOCK_N, BLOCK_K] in k
     order (for the prefill kernels' tensor-core dots). rows, live, limit as in quant_row_part; BLOCK_K is
-    one super-block (256) for the K-quants, a multiple of 32 for Q8_0 and MXFP4."""
-    if CODEC == 3 or CODEC == 4:
+    one super-block (256) for the K-quants and quant_lowbit_triton's super-block types, a multiple of 32 for
+    the codecs of 32-weight blocks."""
+    if CODEC == 8 or CODEC == 10 or (CODEC >= 19 and CODEC <= 24):
+        rows_here = live & (k0 + tl.zeros(live.shape, tl.int32) < limit)
+        return superblock_weights(rows, k0 // 256, rows_here, table, CODEC)
+    elif CODEC == 17 or CODEC == 18 or CODEC == 25:
+        block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        mask = live[:, None] & (block * 32 < limit)[None, :]
+        return tl.reshape(legacy_weights(rows, block, mask, table, CODEC), [live.shape[0], BLOCK_K])
+    elif CODEC == 3 or CODEC == 4:
         rows_here = live & (k0 + tl.zeros(live.shape, tl.int32) < limit)
         if CODEC == 3:
             w_lo, w_hi = _q4k_halves(rows + (k0 // 256) * 144, rows_here)

@@ -8,6 +8,7 @@
 #include "kquant_bf16_dot.h"
 #include "kquant_dot.h"
 #include "kquant_dot_int8.h"
+#include "lowbit_dot.h"
 #include "quant_dot.h"
 #include "table_dot.h"
 #include "widen_row.h"
@@ -119,6 +120,8 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
         for (int j = 0; j < cnt; j++) out[j] = dot_fp8(row, v->f[j], n);
     else if (codec == FT_CODEC_NVFP4)
         for (int j = 0; j < cnt; j++) out[j] = dot_nvfp4(row, v->f[j], n);
+    else if (lowbit_codec(codec))
+        dots_lowbit(codec, row, v->f, cnt, n, out);
     else if (codec == FT_CODEC_F32)
         dots_f32((const float *)row, v->f, cnt, n, out);
     else if (codec == FT_CODEC_BF16_ACT16)

@@ -9,6 +9,7 @@
 
 #include "bf16_dot.h"
 #include "kquant_dot.h"
+#include "lowbit_dot.h"
 #include "quant_dot.h"
 #include "table_dot.h"
 
@@ -22,13 +23,15 @@ static inline void dequant_row(int codec, const uint8_t *row, float *out, int n)
         case FT_CODEC_IQ4_XS: dequant_iq4_xs(row, out, n); return;
         case FT_CODEC_FP8: dequant_fp8(row, out, n); return;
         case FT_CODEC_NVFP4: dequant_nvfp4(row, out, n); return;
-        default: dequant_mxfp4(row, out, n); return;
+        case FT_CODEC_MXFP4: dequant_mxfp4(row, out, n); return;
+        default: dequant_lowbit(codec, row, out, n); return;
     }
 }
 
 static inline int widened_codec(int codec) {
     return codec == FT_CODEC_Q8_0 || codec == FT_CODEC_Q4_K || codec == FT_CODEC_Q6_K || codec == FT_CODEC_Q5_K ||
-           codec == FT_CODEC_IQ4_XS || codec == FT_CODEC_MXFP4 || codec == FT_CODEC_FP8 || codec == FT_CODEC_NVFP4;
+           codec == FT_CODEC_IQ4_XS || codec == FT_CODEC_MXFP4 || codec == FT_CODEC_FP8 || codec == FT_CODEC_NVFP4 ||
+           lowbit_codec(codec);
 }
 
 #if HAVE_KQUANT_BF16

@@ -1,0 +1,70 @@
+"""The CPU expert kernel over the types lowbit_dot.h decodes (Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K, IQ2_XXS,
+IQ2_XS, IQ3_XXS, IQ3_S) against fp32 experts over gguf's dequantisation of the same random blocks: one
+token (each row dotted as it is decoded), twelve (rows widened once for the pairs of an expert), bf16
+activations (a bf16 model's); the 32-weight types over rows of an odd number of blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gguf_fixture
+from freetoken.runtime.moe.kernels.cpu_experts import (
+    bf16_act_reference,
+    cpu_experts,
+    kernel_available,
+    kernel_takes,
+    stored_reference,
+)
+from oracle import rel_err
+
+pytestmark = pytest.mark.skipif(not kernel_available(), reason="needs the compiled CPU kernel")
+
+LOWBIT = ["Q4_0", "Q5_0", "IQ4_NL", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ3_S"]
+
+
+def case(
+    codecs: tuple[str, str], tokens: int, h: int, i: int, bf16: bool = False
+) -> tuple[torch.Tensor, ...]:
+    e, k = 6, 3
+    gate_up = torch.from_numpy(gguf_fixture.random_blocks(codecs[0], (e, 2 * i, h), seed=1))
+    down = torch.from_numpy(gguf_fixture.random_blocks(codecs[1], (e, h, i), seed=2))
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, h, generator=gen)
+    x = x.bfloat16().float() if bf16 else x
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(tokens)])
+    return x, ids, torch.rand(tokens, k, generator=gen), gate_up, down
+
+
+@pytest.mark.parametrize("codec", LOWBIT)
+@pytest.mark.parametrize("tokens", [1, 12])
+def test_low_bit_rows_match_the_dequantised_reference(codec: str, tokens: int) -> None:
+    codecs = (codec, LOWBIT[(LOWBIT.index(codec) + 1) % len(LOWBIT)])
+    x, ids, w, gate_up, down = case(codecs, tokens, 512, 768)
+    assert kernel_takes(gate_up, down, codecs)
+    ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=codecs)
+    assert rel_err(ours, stored_reference(x, ids, w, gate_up, down, codecs)) < 1e-5
+    # int8 activations are not these types' path: the same fp32 dots
+    act8 = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=codecs, int8_act=True)
+    assert torch.equal(act8, ours)
+
+
+@pytest.mark.parametrize("codec", ["Q4_0", "Q5_0", "IQ4_NL"])
+def test_rows_of_odd_block_counts(codec: str) -> None:
+    """Rows of 5 and 7 blocks of 32: a decoded chunk shorter than 256 at each row's end."""
+    x, ids, w, gate_up, down = case((codec, codec), 3, 160, 224)
+    ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=(codec, codec))
+    assert rel_err(ours, stored_reference(x, ids, w, gate_up, down, (codec, codec))) < 1e-5
+
+
+@pytest.mark.parametrize("codec", ["Q3_K", "IQ2_XXS", "IQ4_NL"])
+def test_bf16_activations(codec: str) -> None:
+    """A bf16 model's activations: the pairs of an expert widen its rows to bf16 where the CPU has bf16
+    dot instructions (bf16_act_reference); one token keeps fp32 dots."""
+    for tokens in (1, 12):
+        x, ids, w, gate_up, down = case((codec, codec), tokens, 256, 512, bf16=True)
+        ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=(codec, codec))
+        plain = stored_reference(x, ids, w, gate_up, down, (codec, codec))
+        rounded = bf16_act_reference(x, ids, w, gate_up, down, codecs=(codec, codec))
+        assert min(rel_err(ours, rounded), rel_err(ours, plain)) < 1e-2
+        assert rel_err(ours, plain) < 1e-2
