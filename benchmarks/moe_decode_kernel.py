@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from random_gguf import block_scale
 
 from freetoken.codecs import get_codec
 from freetoken.codecs.torch_dequant import DEVICE_CODECS, dequantize_rows
@@ -125,7 +126,7 @@ def random_banks(
         down = (torch.randn(experts, h, i, device="cuda", generator=g) / i**0.5).bfloat16()
         return gate_up, down, (gate_up.float(), down.float())
     c, rng = get_codec(codec), np.random.default_rng(0)
-    scale = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}[codec]
+    scale = block_scale(codec, std=0.3)
     blocks = [np.empty((experts, rows, c.row_bytes(n)), np.uint8) for rows, n in ((2 * i, h), (h, i))]
     gate_up, down = (torch.from_numpy(c.random_blocks(b, rng, scale)).cuda() for b in blocks)
     return gate_up, down, (dequantize_rows(gate_up, codec, h), dequantize_rows(down, codec, i))

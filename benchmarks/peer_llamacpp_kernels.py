@@ -9,8 +9,9 @@ default, Mixtral-8x7B's wide experts, MiniMax-M2's, OLMoE's, GLM-4.5-Air's) with
 written by `make_family_gguf.py` (its dense weights bf16, so llama.cpp's quantized GEMVs, `mul_mat_vec_q`, are
 the MoE ones); `ncu --clock-control none` times every such kernel of a batch-1 decode (`llama-bench -p 0`,
 every expert on the GPU) with the DRAM bytes it read: the fused gate/up launch (the most bytes) and down.
-Ours: the int8-activation sides of the fused MoE decode step (`int8_blocks`, the shipped tiles) on random
-banks of the same shapes, each kernel's device time under torch's profiler, each call routed to other
+Ours: the fused MoE decode step's kernels (the int8-activation sides for the codecs they read, with
+`int8_blocks`; the fp32 ones with `codec_blocks` for the others: the shipped tiles) on random banks of
+the same shapes, each kernel's device time under torch's profiler, each call routed to other
 experts. `x read`: GB/s over a plain reduction's read measured in the same run.
 """
 
@@ -90,22 +91,25 @@ def llama_kernels(binary: Path, gguf: Path, ncu: str) -> dict[str, dict[str, flo
 
 
 def our_kernels(codec: str, hidden: int, inter: int, experts: int, top_k: int) -> dict[str, dict[str, float]]:
-    """Our int8 gate_up and down kernels at batch 1 (shipped tiles): device seconds and expert bytes."""
+    """Our gate_up and down kernels at batch 1 (shipped tiles; the int8-activation ones for the codecs
+    they read, the fp32 ones otherwise): device seconds and expert bytes."""
     import torch
     from moe_decode_kernel import cycling, kernel_times, random_banks
 
     from freetoken.codecs import get_codec
-    from freetoken.runtime.moe.kernels.moe_decode import fused_moe_decode, int8_blocks
+    from freetoken.runtime.moe.kernels.moe_decode import codec_blocks, fused_moe_decode, int8_blocks
+    from freetoken.runtime.moe.kernels.moe_decode_int8 import int8_side
 
     g = torch.Generator(device="cuda").manual_seed(0)
     gate_up, down, _ = random_banks(codec, experts, hidden, inter, g)
     x = torch.randn(1, hidden, device="cuda").bfloat16()
     w = torch.rand(1, top_k, device="cuda")
     sets = [torch.randperm(experts, device="cuda", generator=g)[:top_k][None] for _ in range(16)]
-    blocks, codecs = int8_blocks(codec, hidden), (codec, codec)
+    int8 = bool(int8_side(codec, hidden) and int8_side(codec, inter))
+    blocks, codecs = (int8_blocks(codec, hidden) if int8 else codec_blocks(codec)), (codec, codec)
     times = kernel_times(
         cycling(
-            lambda ids: fused_moe_decode(x, ids, w, gate_up, down, blocks, codecs=codecs, int8_act=True), sets
+            lambda ids: fused_moe_decode(x, ids, w, gate_up, down, blocks, codecs=codecs, int8_act=int8), sets
         )
     )
     c = get_codec(codec)

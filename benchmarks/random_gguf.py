@@ -95,9 +95,21 @@ def write_out(writer: Any) -> None:
     writer.close()
 
 
-# fp16 scales giving weights of std ~0.015 from random quants and sub-block scales
-BLOCK_SCALE = {"Q8_0": 2e-4, "Q4_K": 5e-5, "Q6_K": 1.2e-5}
-EXPERT_TYPES = ("BF16", "Q8_0", "Q4_K", "Q6_K", "Q4_K_M")
+GGML_TYPES = ("Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_XS", "MXFP4", "IQ3_S", "IQ3_XXS", "Q4_0", "Q5_0", "Q2_K")
+GGML_TYPES += ("Q3_K", "IQ2_XXS", "IQ2_XS", "IQ4_NL")  # every GGML type of the codec registry
+EXPERT_TYPES = ("BF16", *GGML_TYPES, "Q4_K_M")
+WEIGHT_STD = 0.015  # what random experts' weights come out at
+
+
+def block_scale(kind: str, std: float = WEIGHT_STD) -> float:
+    """The fp16 (super-)block scale under which random blocks of GGML type `kind` (random quants and
+    packed sub-block scales) dequantise to weights of about `std`: measured once on a few blocks."""
+    from freetoken.codecs import get_codec
+
+    codec = get_codec(kind)
+    probe = codec.random_blocks(np.empty((64, codec.block_bytes), np.uint8), np.random.default_rng(0), 1e-3)
+    measured = float(codec.dequantize(probe, codec.block_elements).std())
+    return 1e-3 * std / measured
 
 
 def more_bits(layer: int, layers: int) -> bool:
@@ -133,4 +145,4 @@ def random_experts(rng: np.random.Generator, kind: str, *shape: int) -> np.ndarr
 
     codec = get_codec(kind)
     out = np.empty((*shape[:-1], codec.row_bytes(shape[-1])), dtype=np.uint8)
-    return codec.random_blocks(out, rng, BLOCK_SCALE[kind])
+    return codec.random_blocks(out, rng, block_scale(kind))

@@ -12,7 +12,9 @@ package first on the path."""
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 PRE_TOKENIZERS = {
@@ -40,7 +42,16 @@ def main() -> None:
             return PRE_TOKENIZERS[architecture]
 
         def set_vocab(self) -> None:  # the demo tokenizer as byte-level BPE (DeepSeek's would ask for a BOS)
-            self._set_vocab_gpt2()
+            # read from the tokenizer files alone: transformers' config class would refuse the tiny
+            # DeepSeek-V4's compress ratios (it maps only the published 4 and 128 to layer kinds)
+            with tempfile.TemporaryDirectory() as tmp:
+                for name in ("tokenizer.json", "tokenizer_config.json"):
+                    shutil.copy(self.dir_model / name, Path(tmp) / name)
+                model_dir, self.dir_model = self.dir_model, Path(tmp)
+                try:
+                    self._set_vocab_gpt2()
+                finally:
+                    self.dir_model = model_dir
 
     Converter(
         model_dir, gguf.LlamaFileType.ALL_F32, out, is_big_endian=False, use_temp_file=False, eager=True,

@@ -1,7 +1,7 @@
 """GGUFs written by llama.cpp's own converter (`make llama-cpp-converter`; `make test` fetches it, and
 these tests skip where it could not be had) give transformers' logits and greedy tokens under every
 backend: the reader follows what the converter writes, not only our own fixture's reading of its rules.
-Qwen3.5-MoE, Qwen3-Next, Kimi-Linear and DeepSeek-V3.2."""
+Qwen3.5-MoE, Qwen3-Next, Kimi-Linear, DeepSeek-V3.2 and DeepSeek-V4."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from deepseek_v4_published import write_published
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.sampling import SamplingParams
 from oracle import (
@@ -73,6 +74,9 @@ BUILDS = {
     "DeepseekV32ForCausalLM": lambda folder: build_family_model(
         folder, "deepseek_v32", index_topk=4, index_n_heads=16
     ),
+    # as DeepSeek publishes it (deepseek_v4_published.py): FP4 experts with e8m0 scales, which the
+    # converter repacks into MXFP4 blocks (kept as stored), its token-id table as I32
+    "DeepseekV4ForCausalLM": write_published,
 }
 
 

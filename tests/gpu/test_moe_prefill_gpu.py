@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from codec_banks import SCALES
 from freetoken.codecs import get_codec
 from freetoken.runtime.moe.expert_fn import ExpertFn, PairBias
 from freetoken.runtime.moe.experts import grouped_experts
@@ -53,10 +54,10 @@ def test_fp32_banks_multiply_in_ieee_fp32() -> None:
     torch.testing.assert_close(got, grouped_experts(x, ids, w, gate_up, down, fn, bias), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("codec", ["Q8_0", "Q4_K", "Q6_K", "MXFP4"])
+@pytest.mark.parametrize("codec", list(SCALES))
 def test_codec_banks_match_their_dequantised_weights(codec: str) -> None:
     c, rng = get_codec(codec), np.random.default_rng(0)
-    scale = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}[codec]
+    scale = SCALES[codec]
     slots = 16
     gu = c.random_blocks(np.empty((slots, 2 * INTER, c.row_bytes(H)), np.uint8), rng, scale)
     dn = c.random_blocks(np.empty((slots, H, c.row_bytes(INTER)), np.uint8), rng, scale)

@@ -18,13 +18,14 @@ import torch
 
 from freetoken.codecs import Codec, codec_for_ggml
 from freetoken.errors import FreeTokenError
-from freetoken.formats import gguf_kimi, gguf_qwen_hybrid
+from freetoken.formats import gguf_deepseek4, gguf_kimi, gguf_qwen_hybrid
 from freetoken.formats.ftw import populate_mapping
 from freetoken.formats.gguf_header import TensorInfo, read_header
 from freetoken.formats.range_read import Piece, RangeReader, byte_views
 
 SHARD = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf$")
-PLAIN_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}  # read as they are
+# read as they are (I32: DeepSeek-V4's token-id routing tables)
+PLAIN_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I32": torch.int32}
 
 # GGUF name -> HF name, per layer ({i}); experts are whole-layer banks ([E, I, H] / [E, H, I]).
 LAYER_NAMES = {
@@ -89,13 +90,18 @@ _ONE_EXPERT = re.compile(r"ffn_(gate|up|down)\.(\d+)\.weight")  # older Mixtral 
 ROPE_PERMUTED = ("llama",)
 # per arch: its own layer names over LAYER_NAMES, and what reading its converted tensors undoes
 # (a module with LAYER_NAMES, converted(name), from_file(name, tensor, fields), hf_shape(name, shape))
-CONVERSIONS = {arch: module for module in (gguf_qwen_hybrid, gguf_kimi) for arch in module.ARCHS}
+CONVERSIONS = {
+    arch: module for module in (gguf_qwen_hybrid, gguf_kimi, gguf_deepseek4) for arch in module.ARCHS
+}
 ARCH_LAYER_NAMES = {arch: {**LAYER_NAMES, **module.LAYER_NAMES} for arch, module in CONVERSIONS.items()}
 
 
 def hf_name(name: str, arch: str = "") -> str | None:
     if name in GLOBAL_NAMES:
         return GLOBAL_NAMES[name]
+    arch_globals = getattr(CONVERSIONS.get(arch), "GLOBAL_NAMES", {})
+    if name in arch_globals:
+        return arch_globals[name]
     match = _LAYER.fullmatch(name)
     names = ARCH_LAYER_NAMES.get(arch, LAYER_NAMES)
     if match and match.group(2) in names:
@@ -289,9 +295,9 @@ class GgufCheckpoint:
         self.reader.read(pieces)
 
     def read(self, name: str) -> torch.Tensor:
-        """In the HF shape: BF16 and F16 tensors as they are stored (a read-only view of the file where no
-        row permutation applies: the caller copies it once, into its own dtype), other types dequantised
-        to float32."""
+        """In the HF shape: BF16, F16 and I32 tensors as they are stored (a read-only view of the file where
+        no row permutation applies: the caller copies it once, into its own dtype), other types
+        dequantised to float32."""
 
         if name in self.joined:
             (first, second), join = self.joined[name]
@@ -311,6 +317,7 @@ class GgufCheckpoint:
 
         tensor = self.tensors[name]
         widths = {"BF16": (np.int16, torch.bfloat16), "F16": (np.float16, torch.float16)}
+        widths["I32"] = (np.int32, torch.int32)
         widen = widths.get(tensor.tensor_type.name)
         if widen is not None:
             raw = np.asarray(tensor.data).view(np.uint8).view(widen[0]).reshape(self.shape(name))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from freetoken.errors import FreeTokenError
-from freetoken.formats import gguf_kimi
+from freetoken.formats import gguf_deepseek4, gguf_kimi
 from freetoken.formats.gguf_checkpoint import GgufCheckpoint
 from freetoken.formats.gguf_spm import build_spm_tokenizer
 
@@ -14,7 +14,7 @@ ARCHITECTURES = {
     "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
     "gpt-oss": "gpt_oss", "llama": "mixtral", "deepseek2": "deepseek_v3", "glm-dsa": "glm_moe_dsa",
     "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next", "deepseek32": "deepseek_v32",
-    "kimi-linear": "kimi_linear",
+    "kimi-linear": "kimi_linear", "deepseek4": "deepseek_v4",
 }  # fmt: skip
 # per arch: the transformers class, and whether llama.cpp's graph renormalises the top-k weights (its
 # qwen3moe graph always does; its olmoe graph never does)
@@ -37,6 +37,8 @@ ARCH_FIELDS: dict[str, dict[str, Any]] = {
     "qwen35moe": {"architectures": ["Qwen3_5MoeForCausalLM"], "norm_topk_prob": True},
     # Kimi-Linear: delta attention and rope-less latent attention layers over DeepSeek-V3's MoE
     "kimi-linear": {"architectures": ["KimiLinearForCausalLM"], "norm_topk_prob": True},
+    # DeepSeek-V4: compressed and sliding attention over hyper-connected streams (its own fields below)
+    "deepseek4": {"architectures": ["DeepseekV4ForCausalLM"]},
     # Qwen3-Next: the same layers with fused DeltaNet projections (llama.cpp's graph renormalises top-k)
     "qwen3next": {"architectures": ["Qwen3NextForCausalLM"], "norm_topk_prob": True},
 }
@@ -159,6 +161,9 @@ def config_dict(ckpt: GgufCheckpoint) -> dict[str, Any]:
     if arch == "kimi-linear":  # which layers are latent attention: those with KV heads
         kda = next(n for n in ckpt.names() if n.endswith("self_attn.b_proj.weight"))
         raw.update(gguf_kimi.config_fields(list(raw.pop("num_key_value_heads")), ckpt.shape(kda)[0]))
+    if arch == "deepseek4":
+        indexed = {int(n.split(".")[2]) for n in ckpt.names() if ".indexer." in n}
+        raw.update(gguf_deepseek4.config_fields(lambda key: ckpt.get(f"{arch}.{key}"), indexed))
     recurrent = ckpt.get(f"{arch}.attention.recurrent_layers")  # newer files: each layer's kind
     if recurrent is not None:
         raw["layer_types"] = ["linear_attention" if r else "full_attention" for r in recurrent]

@@ -26,7 +26,7 @@ GGUF_ARCHITECTURES = {  # formats.gguf_meta.ARCHITECTURES
     "qwen3moe": "qwen3_moe", "olmoe": "olmoe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2",
     "gpt-oss": "gpt_oss", "llama": "mixtral", "deepseek2": "deepseek_v3", "glm-dsa": "glm_moe_dsa",
     "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next", "deepseek32": "deepseek_v32",
-    "kimi-linear": "kimi_linear",
+    "kimi-linear": "kimi_linear", "deepseek4": "deepseek_v4",
 }  # fmt: skip
 DEMO = "demo"
 BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -1,0 +1,105 @@
+"""A tiny DeepSeek-V4 saved as DeepSeek publishes it, the form llama.cpp's converter reads: tensor names
+without `model.` (`embed`, `norm`, `head`, `hc_head_fn`, `layers.N.attn.wq_a`, ...), each routed expert's
+w1/w2/w3 in FP4 (e2m1 codes two to a byte, element 2j in the low nibble) with an e8m0 scale byte per 32
+inputs (`.scale`), and the config in its older spelling (per-layer `compress_ratios`, `num_hash_layers`,
+a flat `rope_scaling`). The experts are quantized by gguf's MXFP4 quantizer (the same codes and scale
+bytes, only arranged apart); transformers holds their dequantised values, as the reference."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from freetoken.codecs import get_codec
+from oracle import build_family_model
+
+SHAPE = dict(hidden_size=64, moe_intermediate_size=64, intermediate_size=64)  # whole 32-weight blocks
+
+
+def fp4_published(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[R, C] fp32 -> (packed uint8 [R, C / 2], scale uint8 [R, C / 32], the values they hold [R, C])."""
+    codec = get_codec("MXFP4")
+    rows = codec.quantize(weight.numpy())  # [R, G · 17]: per block the scale byte, then 16 code bytes
+    blocks = rows.reshape(weight.shape[0], -1, 17)
+    codes = np.concatenate((blocks[..., 1:] & 15, blocks[..., 1:] >> 4), axis=-1)  # [R, G, 32] weight order
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    values = codec.dequantize(rows, weight.shape[1])
+    return (
+        torch.from_numpy(np.ascontiguousarray(packed.reshape(weight.shape[0], -1))),
+        torch.from_numpy(np.ascontiguousarray(blocks[..., 0])),
+        torch.from_numpy(values),
+    )
+
+
+def published_name(name: str) -> str:
+    """transformers' saved name (DeepSeek's under `model.`) -> the published one."""
+    name = name.removeprefix("model.")
+    renames = (("embed_tokens.", "embed."), ("hc_head.hc_", "hc_head_"), (".attn.norm.", ".attn.kv_norm."))
+    for before, after in renames:
+        name = name.replace(before, after)
+    return name
+
+
+def write_published(folder: Path, **overrides: Any) -> Any:
+    """Build the tiny model in `folder` (the demo tokenizer with it) and rewrite its weights and config in
+    the published form -> transformers holding the experts' FP4 values."""
+    hf = build_family_model(folder, "deepseek_v4", **{**SHAPE, **overrides})
+    from safetensors.torch import load_file
+
+    saved = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        saved.update(load_file(path))
+        path.unlink()
+    for index in folder.glob("*.safetensors.index.json"):
+        index.unlink()
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, tensor in saved.items():
+            parts = name.split(".")
+            if ".ffn.experts." in name and parts[-1] == "weight":
+                layer, expert, proj = int(parts[2]), int(parts[5]), parts[6]
+                packed, scale, values = fp4_published(tensor.float())
+                base = published_name(name).removesuffix(".weight")
+                out[f"{base}.weight"], out[f"{base}.scale"] = packed, scale
+                experts = hf.model.layers[layer].mlp.experts
+                inter = experts.down_proj.shape[2]
+                if proj == "w2":
+                    experts.down_proj[expert] = values
+                else:
+                    rows = slice(0, inter) if proj == "w1" else slice(inter, 2 * inter)
+                    experts.gate_up_proj[expert, rows] = values
+            else:
+                out[published_name(name)] = tensor.contiguous()
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(older_spelling(config)))
+    return hf
+
+
+def older_spelling(raw: dict[str, Any]) -> dict[str, Any]:
+    """The config as DeepSeek's files spell it: per-layer compress ratios, scalar rates, a hash-layer
+    count, rope dims and a flat `rope_scaling` (yarn for the compressed layers)."""
+    old = {k: v for k, v in raw.items() if k not in ("layer_types", "mlp_layer_types", "compress_rates")}
+    rates = raw["compress_rates"]
+    by_kind = {"sliding_attention": 0, **rates}
+    compress = raw["rope_parameters"]["compress"]
+    old.update(
+        compress_ratios=[by_kind[kind] for kind in raw["layer_types"]],
+        compress_rate_csa=rates["compressed_sparse_attention"],
+        compress_rate_hca=rates["heavily_compressed_attention"],
+        num_hash_layers=raw["mlp_layer_types"].count("hash_moe"),
+        qk_rope_head_dim=int(raw["head_dim"] * raw["partial_rotary_factor"]),
+        rope_scaling={
+            "type": "yarn",
+            "factor": compress["factor"],
+            "original_max_position_embeddings": compress["original_max_position_embeddings"],
+        },
+    )
+    old.pop("partial_rotary_factor")
+    old.pop("rope_parameters")
+    return old
