@@ -96,7 +96,7 @@ def write_out(writer: Any) -> None:
 
 
 GGML_TYPES = ("Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_XS", "MXFP4", "IQ3_S", "IQ3_XXS", "Q4_0", "Q5_0", "Q2_K")
-GGML_TYPES += ("Q3_K", "IQ2_XXS", "IQ2_XS", "IQ4_NL")  # every GGML type of the codec registry
+GGML_TYPES += ("Q3_K", "IQ2_XXS", "IQ2_XS", "IQ4_NL", "Q4_1", "Q5_1")  # every GGML type of the codec registry
 EXPERT_TYPES = ("BF16", *GGML_TYPES, "Q4_K_M")
 WEIGHT_STD = 0.015  # what random experts' weights come out at
 

@@ -37,10 +37,12 @@ CODEC_CASES = [  # (gate_up codec, down codec), H, I, tiles, the experts' functi
     (("IQ3_XXS", "IQ3_S"), 256, 256, DecodeBlocks(16, 256, 16, 256), "clamped_silu"),
     (("Q4_0", "Q5_0"), 96, 160, DecodeBlocks(16, 64, 16, 128), "clamped"),
     (("IQ4_NL", "Q2_K"), 160, 256, DecodeBlocks(16, 64, 16, 256), "clamped_silu"),
+    (("Q4_1", "Q5_1"), 96, 160, DecodeBlocks(16, 64, 16, 128), "clamped"),
 ]
 SCALES = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}  # block scales giving values about 1
 SCALES |= {"Q5_K": 5e-4, "IQ4_XS": 1e-4, "Q2_K": 1e-2, "Q3_K": 1e-3, "IQ2_XXS": 2e-3, "IQ2_XS": 2e-3}
-SCALES |= {"IQ3_XXS": 1e-3, "IQ3_S": 1e-3, "Q4_0": 5e-2, "Q5_0": 3e-2, "IQ4_NL": 3e-3}
+SCALES |= {"IQ3_XXS": 1e-3, "IQ3_S": 1e-3, "Q4_0": 5e-2, "Q5_0": 3e-2, "IQ4_NL": 3e-3, "Q4_1": 5e-2}
+SCALES |= {"Q5_1": 3e-2}
 
 
 def check_codec_banks(

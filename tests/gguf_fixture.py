@@ -206,6 +206,8 @@ BLOCK_SCALE = {
     "Q3_K": 3e-4,
     "IQ2_XXS": 3e-4,
     "IQ2_XS": 3e-4,
+    "Q4_1": 5e-3,
+    "Q5_1": 3e-3,
 }  # MXFP4: the power of two nearest, as its e8m0 scales hold
 
 
@@ -240,7 +242,7 @@ def ftw_logits_match(path: Path, ftw: Path, prompt: list[int]) -> bool:
 def random_blocks(qtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     """Random raw blocks of a GGML type for a weight of `shape` (last dim = row length): every bit pattern
     of the quants and packed sub-block scales, small finite super-block scales; a type no codec of ours
-    is (Q4_1, Q5_1) quantizes random values by gguf's quantizer. -> uint8 [..., row bytes]"""
+    is (TQ1_0, TQ2_0) quantizes random values by gguf's quantizer. -> uint8 [..., row bytes]"""
     from freetoken.codecs import CODECS, get_codec
 
     if qtype not in CODECS:

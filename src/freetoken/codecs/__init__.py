@@ -136,6 +136,8 @@ CODECS: dict[str, Codec] = {
         _ggml("IQ2_XXS", 16, 256, 66, (0,)),
         _ggml("IQ2_XS", 17, 256, 74, (0,)),
         _ggml("IQ4_NL", 20, 32, 18, (0,)),
+        _ggml("Q4_1", 3, 32, 20, (0, 2)),
+        _ggml("Q5_1", 7, 32, 24, (0, 2)),
         Codec("FP8", 128, 132),  # block-scaled e4m3 rows: fp32 scale + 128 values (codecs/fp8.py)
         Codec("NVFP4", 128, 76),  # multiplier, 8 e4m3 block scales, 64 bytes of e2m1 (codecs/nvfp4.py)
     )

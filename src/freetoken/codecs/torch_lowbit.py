@@ -55,11 +55,19 @@ def _signed(grid: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
 
 
 def legacy(b: torch.Tensor, codec: str) -> torch.Tensor:
-    """Q4_0, Q5_0, IQ4_NL blocks of 32 -> [..., blocks, 32]."""
+    """Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1 blocks of 32 -> [..., blocks, 32]."""
     d = half(b[..., :2])[..., None]
     if codec == "Q5_0":
         high = bits(word(b[..., 2:6]), 32)
         return d * ((nibbles(b[..., 6:]) | (high << 4)) - 16).float()
+    if codec in ("Q4_1", "Q5_1"):  # w = d·q + m
+        offset = half(b[..., 2:4])[..., None]
+        q = (
+            nibbles(b[..., 4:])
+            if codec == "Q4_1"
+            else nibbles(b[..., 8:]) | (bits(word(b[..., 4:8]), 32) << 4)
+        )
+        return d * q.float() + offset
     q = nibbles(b[..., 2:])
     if codec == "IQ4_NL":
         return d * _tables(b.device)["IQ4_NL"][q]
@@ -149,6 +157,8 @@ DECODERS = {
     "Q4_0": (18, lambda b: legacy(b, "Q4_0")),
     "Q5_0": (22, lambda b: legacy(b, "Q5_0")),
     "IQ4_NL": (18, lambda b: legacy(b, "IQ4_NL")),
+    "Q4_1": (20, lambda b: legacy(b, "Q4_1")),
+    "Q5_1": (24, lambda b: legacy(b, "Q5_1")),
     "Q2_K": (84, q2_k),
     "Q3_K": (110, q3_k),
     "Q5_K": (176, q5_k),

@@ -131,8 +131,8 @@ def test_slots_hold_the_blocks_as_stored(q8_file: tuple[Path, Any], backend: str
         ([("Q8_0", "Q4_K"), ("Q8_0", "Q4_K"), ("Q6_K", "Q8_0")], True),
         ([("Q3_K", "Q5_K"), ("Q3_K", "Q5_K"), ("Q2_K", "Q3_K")], True),
         (("IQ2_XXS", "IQ3_S"), True),
-        (("Q4_K", "Q4_1"), False),
-        ([("Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q4_K", "Q4_1")], False),
+        (("Q4_K", "TQ2_0"), False),
+        ([("Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q4_K", "TQ2_0")], False),
     ],
     ids=[
         "Q4_K",
@@ -142,8 +142,8 @@ def test_slots_hold_the_blocks_as_stored(q8_file: tuple[Path, Any], backend: str
         "crossed-layers",
         "Q3_K_M-layers",
         "IQ2_XXS+IQ3_S",
-        "Q4_K+Q4_1",
-        "one-layer-Q4_1",
+        "Q4_K+TQ2_0",
+        "one-layer-TQ2_0",
     ],
 )
 @pytest.mark.parametrize("backend", ["offload", "hybrid"])
@@ -152,7 +152,7 @@ def test_slots_take_the_device_codecs_in_every_layer(
 ) -> None:
     """Experts of every type the device kernels read stay as stored in slots, the pair free to differ by
     layer (slots as long as the largest pair's expert; fills and kernels see each layer's rows); a layer
-    of a type they cannot read (Q4_1, no codec of ours) makes every layer dequantise at load. The greedy
+    of a type they cannot read (TQ2_0, no codec of ours) makes every layer dequantise at load. The greedy
     tokens are the reference's either way, with slots changing hands between layers of different pairs (3
     slots, 2 layers)."""
     folder, hf = make_model(hidden_size=256, moe_intermediate_size=256, num_experts=4)
@@ -234,16 +234,16 @@ def test_the_native_decode_step_reads_the_blocks_as_the_python_step_does(
 def test_widening_is_said_with_its_reason(
     make_model: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Nothing widens silently: a layer of a type no codec reads (Q4_1) is dequantised at load, and so, for
+    """Nothing widens silently: a layer of a type no codec reads (TQ2_0) is dequantised at load, and so, for
     slots, is every other layer; the log (`-v`) says which and why."""
     folder, hf = make_model(hidden_size=256, moe_intermediate_size=256, num_experts=4)
-    types = [("Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q4_K", "Q4_1")]  # MoE layers 0 and 2
+    types = [("Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q4_K", "TQ2_0")]  # MoE layers 0 and 2
     path = write_gguf(hf, folder, tmp_path / "k.gguf", "F32", expert_types=types)
     with caplog.at_level("INFO", logger="freetoken.loading"):
         engine = build_engine(path, device="cpu", dtype="float32", moe_backend="offload", cache_size=3)
     engine.close()
     lines = [r.getMessage() for r in caplog.records if r.name == "freetoken.loading"]
-    assert "layer 2: experts (Q4_1/Q4_K) widened at load: no codec reads Q4_1" in lines[-1]
+    assert "layer 2: experts (Q4_K/TQ2_0) widened at load: no codec reads TQ2_0" in lines[-1]
     assert lines[0].startswith("layer 0: experts (Q4_K/Q6_K) widened at load: slots hold one form")
     caplog.clear()
     with caplog.at_level("INFO", logger="freetoken.loading"):

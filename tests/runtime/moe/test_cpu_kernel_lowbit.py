@@ -20,7 +20,7 @@ from oracle import rel_err
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="needs the compiled CPU kernel")
 
-LOWBIT = ["Q4_0", "Q5_0", "IQ4_NL", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ3_S"]
+LOWBIT = ["Q4_0", "Q5_0", "IQ4_NL", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ3_S", "Q4_1", "Q5_1"]
 
 
 def case(
@@ -49,7 +49,7 @@ def test_low_bit_rows_match_the_dequantised_reference(codec: str, tokens: int) -
     assert torch.equal(act8, ours)
 
 
-@pytest.mark.parametrize("codec", ["Q4_0", "Q5_0", "IQ4_NL"])
+@pytest.mark.parametrize("codec", ["Q4_0", "Q5_0", "IQ4_NL", "Q4_1", "Q5_1"])
 def test_rows_of_odd_block_counts(codec: str) -> None:
     """Rows of 5 and 7 blocks of 32: a decoded chunk shorter than 256 at each row's end."""
     x, ids, w, gate_up, down = case((codec, codec), 3, 160, 224)

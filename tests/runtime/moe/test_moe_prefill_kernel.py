@@ -79,6 +79,7 @@ def test_every_function_and_biases_match(fn: ExpertFn) -> None:
         (("IQ3_XXS", "IQ3_S"), 256, 256),
         (("Q4_0", "Q5_0"), 96, 64),
         (("IQ4_NL", "Q4_0"), 64, 96),
+        (("Q4_1", "Q5_1"), 96, 64),
     ],
 )
 def test_banks_of_codec_blocks_are_dequantised_in_registers(codecs: tuple[str, str], h: int, i: int) -> None:

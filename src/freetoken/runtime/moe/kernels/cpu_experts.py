@@ -23,13 +23,13 @@ from freetoken.runtime.moe.pool import HUGE_PAGES
 CODEC_IDS = {
     "bf16": 0, "Q8_0": 1, "Q4_K": 3, "Q6_K": 4, "f32": 7, "Q5_K": 8, "IQ4_XS": 10, "MXFP4": 12, "FP8": 14,
     "NVFP4": 15, "Q4_0": 17, "Q5_0": 18, "Q2_K": 19, "Q3_K": 20, "IQ2_XXS": 21, "IQ2_XS": 22, "IQ3_XXS": 23,
-    "IQ3_S": 24, "IQ4_NL": 25,
+    "IQ3_S": 24, "IQ4_NL": 25, "Q4_1": 26, "Q5_1": 27,
 }  # fmt: skip
 INT8_ACT_IDS = {"Q8_0": 2, "Q4_K": 5, "Q6_K": 6, "Q5_K": 9, "IQ4_XS": 11, "MXFP4": 13}
 # weight-only codecs whose rows the kernel widens for several pairs (experts_cpu.c widened_codec): a bf16
 # model's activations between the projections are rounded to bf16 where both of a layer's codecs are these
 WIDENED_CODECS = frozenset({"Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_XS", "MXFP4", "FP8", "NVFP4"}) | frozenset(
-    {"Q4_0", "Q5_0", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ3_S", "IQ4_NL"}
+    {"Q4_0", "Q5_0", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ3_S", "IQ4_NL", "Q4_1", "Q5_1"}
 )
 BF16_ACT16_ID = 16  # bf16 rows against bf16 activations, by the CPU's bf16 dot instructions
 BF16 = ("bf16", "bf16")

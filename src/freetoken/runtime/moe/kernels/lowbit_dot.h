@@ -5,6 +5,7 @@
 //   Q4_0 18/32: d, qs[16]; w = d·(q − 8), byte j's low nibble weight j, high nibble weight j + 16.
 //   Q5_0 22/32: d, qh (32 bits, weight j's fifth bit), qs[16] as Q4_0's; w = d·(q − 16).
 //   IQ4_NL 18/32: d, qs[16] as Q4_0's; w = d·IQ4_NL[q].
+//   Q4_1 20/32: d, m, qs[16] as Q4_0's; w = d·q + m. Q5_1 24/32: d, m, qh, qs[16]; w = d·q + m.
 //   Q2_K 84/256: scales[16] (low nibble scale, high nibble min of 16 weights), qs[64], d, dmin; weight
 //        128g + 32s + l has 2 bits at byte 32g + l shift 2s; w = d·sc·q − dmin·m.
 //   Q3_K 110/256: hmask[32], qs[64], scales[12] (sixteen 6-bit, minus 32), d; weight e has qs's 2 bits as
@@ -29,7 +30,7 @@
 
 static const int8_t IQ4_NL_KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-static inline int lowbit_codec(int codec) { return codec >= FT_CODEC_Q4_0 && codec <= FT_CODEC_IQ4_NL; }
+static inline int lowbit_codec(int codec) { return codec >= FT_CODEC_Q4_0 && codec <= FT_CODEC_Q5_1; }
 
 static inline uint32_t u32_at(const uint8_t *p) {
     uint32_t v;
@@ -69,13 +70,23 @@ static inline void block_q4_0(const uint8_t *restrict b, float *restrict y, int 
     put16(hi, d, 0.0f, y + 16);
 }
 
-static inline void block_q5_0(const uint8_t *restrict b, float *restrict y) {
-    const float d = fp16_at(b);
-    const __m128i q = _mm_loadu_si128((const __m128i *)(b + 6)), low4 = _mm_set1_epi8(15), off = _mm_set1_epi8(16);
-    const __m128i lo = _mm_or_si128(_mm_and_si128(q, low4), _mm_slli_epi16(bits16(b + 2), 4));
-    const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), low4), _mm_slli_epi16(bits16(b + 4), 4));
-    put16(_mm_sub_epi8(lo, off), d, 0.0f, y);
-    put16(_mm_sub_epi8(hi, off), d, 0.0f, y + 16);
+// Q5_0 (affine 0: w = d·(q − 16)) and Q5_1 (affine 1: w = d·q + m): 32 five-bit quants from qh and qs.
+static inline void block_q5(const uint8_t *restrict b, float *restrict y, int affine) {
+    const float d = fp16_at(b), m = affine ? fp16_at(b + 2) : 0.0f;
+    const uint8_t *qh = b + (affine ? 4 : 2), *qs = qh + 4;
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs), low4 = _mm_set1_epi8(15);
+    const __m128i off = _mm_set1_epi8(affine ? 0 : 16);
+    const __m128i lo = _mm_or_si128(_mm_and_si128(q, low4), _mm_slli_epi16(bits16(qh), 4));
+    const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), low4), _mm_slli_epi16(bits16(qh + 2), 4));
+    put16(_mm_sub_epi8(lo, off), d, -m, y);
+    put16(_mm_sub_epi8(hi, off), d, -m, y + 16);
+}
+
+static inline void block_q4_1(const uint8_t *restrict b, float *restrict y) {
+    const float d = fp16_at(b), m = fp16_at(b + 2);
+    const __m128i q = _mm_loadu_si128((const __m128i *)(b + 4)), low4 = _mm_set1_epi8(15);
+    put16(_mm_and_si128(q, low4), d, -m, y);
+    put16(_mm_and_si128(_mm_srli_epi16(q, 4), low4), d, -m, y + 16);
 }
 
 static inline void block_q2_k(const uint8_t *restrict b, float *restrict y) {
@@ -123,12 +134,22 @@ static inline void block_q4_0(const uint8_t *restrict b, float *restrict y, int 
     }
 }
 
-static inline void block_q5_0(const uint8_t *restrict b, float *restrict y) {
-    const float d = fp16_at(b);
-    const uint32_t qh = u32_at(b + 2);
+static inline void block_q5(const uint8_t *restrict b, float *restrict y, int affine) {
+    const float d = fp16_at(b), m = affine ? fp16_at(b + 2) : 0.0f;
+    const uint8_t *qs = b + (affine ? 8 : 6);
+    const uint32_t qh = u32_at(b + (affine ? 4 : 2));
+    const int off = affine ? 0 : 16;
     for (int j = 0; j < 16; j++) {
-        y[j] = d * (float)((int)((b[6 + j] & 15) | (((qh >> j) & 1) << 4)) - 16);
-        y[j + 16] = d * (float)((int)((b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+        y[j] = d * (float)((int)((qs[j] & 15) | (((qh >> j) & 1) << 4)) - off) + m;
+        y[j + 16] = d * (float)((int)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - off) + m;
+    }
+}
+
+static inline void block_q4_1(const uint8_t *restrict b, float *restrict y) {
+    const float d = fp16_at(b), m = fp16_at(b + 2);
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)(b[4 + j] & 15) + m;
+        y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
     }
 }
 
@@ -219,7 +240,9 @@ static inline void decode_lowbit(int codec, const uint8_t *restrict row, int k0,
         switch (codec) {
             case FT_CODEC_Q4_0: block_q4_0(b, out, 0); break;
             case FT_CODEC_IQ4_NL: block_q4_0(b, out, 1); break;
-            case FT_CODEC_Q5_0: block_q5_0(b, out); break;
+            case FT_CODEC_Q5_0: block_q5(b, out, 0); break;
+            case FT_CODEC_Q5_1: block_q5(b, out, 1); break;
+            case FT_CODEC_Q4_1: block_q4_1(b, out); break;
             case FT_CODEC_Q2_K: block_q2_k(b, out); break;
             case FT_CODEC_Q3_K: block_q3_k(b, out); break;
             case FT_CODEC_IQ2_XXS: block_iq2_xxs(b, out); break;

@@ -61,7 +61,9 @@ enum {
     FT_CODEC_IQ2_XS = 22,
     FT_CODEC_IQ3_XXS = 23,
     FT_CODEC_IQ3_S = 24,
-    FT_CODEC_IQ4_NL = 25
+    FT_CODEC_IQ4_NL = 25,
+    FT_CODEC_Q4_1 = 26,
+    FT_CODEC_Q5_1 = 27
 };
 #define Q8_BLOCK 32
 #define Q8_0_BYTES 34
@@ -89,6 +91,8 @@ static inline void codec_block(int codec, int *elements, int *bytes) {
         case FT_CODEC_Q4_0:
         case FT_CODEC_IQ4_NL: *elements = 32, *bytes = 18; return;
         case FT_CODEC_Q5_0: *elements = 32, *bytes = 22; return;
+        case FT_CODEC_Q4_1: *elements = 32, *bytes = 20; return;
+        case FT_CODEC_Q5_1: *elements = 32, *bytes = 24; return;
         case FT_CODEC_Q2_K: *elements = 256, *bytes = 84; return;
         case FT_CODEC_Q3_K:
         case FT_CODEC_IQ3_S: *elements = 256, *bytes = 110; return;

@@ -156,7 +156,7 @@ def quant_row_part(rows, v_ptr, k0, live, limit, table, CODEC: tl.constexpr, BLO
             v = tl.load(v_ptr + offs, mask=offs < limit, other=0.0).to(tl.float32)
             part += superblock_weights(rows, k // 256, rows_here, table, CODEC) * v[None, :]
         return tl.reshape(part, [live.shape[0], 16, 16])
-    elif CODEC == 17 or CODEC == 18 or CODEC == 25:  # its blocks of 32 -> [BLOCK_N, BLOCK_K // 32, 32]
+    elif CODEC == 17 or CODEC == 18 or CODEC >= 25:  # its blocks of 32 -> [BLOCK_N, BLOCK_K // 32, 32]
         block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         block_live = block * 32 < limit
         j = tl.arange(0, 32)
@@ -188,7 +188,7 @@ def quant_tile(rows, k0, live, limit, table, CODEC: tl.constexpr, BLOCK_K: tl.co
     if CODEC == 8 or CODEC == 10 or (CODEC >= 19 and CODEC <= 24):
         rows_here = live & (k0 + tl.zeros(live.shape, tl.int32) < limit)
         return superblock_weights(rows, k0 // 256, rows_here, table, CODEC)
-    elif CODEC == 17 or CODEC == 18 or CODEC == 25:
+    elif CODEC == 17 or CODEC == 18 or CODEC >= 25:
         block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         mask = live[:, None] & (block * 32 < limit)[None, :]
         return tl.reshape(legacy_weights(rows, block, mask, table, CODEC), [live.shape[0], BLOCK_K])

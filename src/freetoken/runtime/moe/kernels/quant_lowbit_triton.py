@@ -3,7 +3,7 @@ weights computed in registers by index arithmetic (each weight gathers its own b
 the loaded bytes through L1), codebooks and sign patterns read from one small table on the device
 (codec_table). Layouts as lowbit_dot.h's header comment; numbers as cpu_experts.CODEC_IDS: 8 Q5_K,
 10 IQ4_XS, 19 Q2_K, 20 Q3_K, 21 IQ2_XXS, 22 IQ2_XS, 23 IQ3_XXS, 24 IQ3_S (super-blocks of 256:
-superblock_weights), 17 Q4_0, 18 Q5_0, 25 IQ4_NL (blocks of 32: legacy_weights). References:
+superblock_weights), 17 Q4_0, 18 Q5_0, 25 IQ4_NL, 26 Q4_1, 27 Q5_1 (blocks of 32: legacy_weights). References:
 codecs/torch_lowbit.py and gguf's."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def superblock_weights(rows, sb, live, table, CODEC: tl.constexpr):
 @triton.jit
 def legacy_weights(rows, block, live, table, CODEC: tl.constexpr):
     """Blocks `block` ([NB]) of rows `rows` ([BLOCK_N] byte pointers; `live` [BLOCK_N, NB]) as fp32
-    weights [BLOCK_N, NB, 32]: Q4_0, Q5_0, IQ4_NL."""
+    weights [BLOCK_N, NB, 32]: Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1."""
     j = tl.arange(0, 32)[None, None, :]
     m = live[:, :, None]
     if CODEC == 18:  # Q5_0: d, 32 fifth bits, 16 bytes of nibbles
@@ -134,6 +134,19 @@ def legacy_weights(rows, block, live, table, CODEC: tl.constexpr):
         low = (_u8(b + 6 + j % 16, m) >> (4 * (j // 16))) & 15
         q = low | (((_u32(b + 2, m) >> j) & 1) << 4)
         return fp16_at(base, live)[:, :, None] * (q - 16).to(tl.float32)
+    elif CODEC == 27:  # Q5_1: d, m, 32 fifth bits, 16 bytes of nibbles
+        base = rows[:, None] + block[None, :] * 24
+        b = base[:, :, None]
+        low = (_u8(b + 8 + j % 16, m) >> (4 * (j // 16))) & 15
+        q = low | (((_u32(b + 4, m) >> j) & 1) << 4)
+        d, offset = fp16_at(base, live)[:, :, None], fp16_at(base + 2, live)[:, :, None]
+        return d * q.to(tl.float32) + offset
+    elif CODEC == 26:  # Q4_1: d, m, 16 bytes of nibbles
+        base = rows[:, None] + block[None, :] * 20
+        b = base[:, :, None]
+        q = (_u8(b + 4 + j % 16, m) >> (4 * (j // 16))) & 15
+        d, offset = fp16_at(base, live)[:, :, None], fp16_at(base + 2, live)[:, :, None]
+        return d * q.to(tl.float32) + offset
     else:
         base = rows[:, None] + block[None, :] * 18
         b = base[:, :, None]
