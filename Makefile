@@ -9,8 +9,9 @@ TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || ech
 # source release that vendors it; tests that need it skip when it could not be had.
 LLAMA_CPP_PYTHON ?= 0.3.36
 CONVERTER := .cache/llama-cpp-converter
+QUANTIZE := .cache/llama-quantize
 
-.PHONY: install demo test test-gpu lint clean llama-cpp-converter
+.PHONY: install demo test test-gpu lint clean llama-cpp-converter llama-quantize
 
 $(BIN)/freetoken: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +38,20 @@ $(CONVERTER)/convert_hf_to_gguf.py:
 		llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/conversion \
 		llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/gguf-py
 	rm -f $(CONVERTER).tmp/*.tar.gz && rm -rf $(CONVERTER) && mv $(CONVERTER).tmp $(CONVERTER)
+
+# llama.cpp's quantizer, built from the same release's source (CPU only; minutes on two cores): the tests
+# of files it quantizes (tests/formats/test_llama_quantize.py) run where it is built and skip elsewhere
+llama-quantize: $(QUANTIZE)/bin/llama-quantize
+
+$(QUANTIZE)/bin/llama-quantize:
+	@rm -rf $(QUANTIZE).tmp && mkdir -p $(QUANTIZE).tmp
+	$(BIN)/python -m pip download -q --no-deps --no-binary :all: -d $(QUANTIZE).tmp "llama-cpp-python==$(LLAMA_CPP_PYTHON)"
+	tar xzf $(QUANTIZE).tmp/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(QUANTIZE).tmp --strip-components=3 \
+		llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
+	cmake -S $(QUANTIZE).tmp -B $(QUANTIZE).tmp/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+		-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
+	cmake --build $(QUANTIZE).tmp/build --target llama-quantize -j >/dev/null
+	mkdir -p $(QUANTIZE)/bin && cp $(QUANTIZE).tmp/build/bin/llama-quantize $(QUANTIZE)/bin/ && rm -rf $(QUANTIZE).tmp
 
 test-gpu: install
 	$(BIN)/python -m pytest -q -m gpu
