@@ -134,6 +134,17 @@ def unpermute_rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, rows // heads // 2, 2, *rest).swapaxes(1, 2).reshape(weight.shape)
 
 
+def check_part(shard: Path, fields: dict[str, Any], index: int, parts: int) -> None:
+    """A part of a split file says it is part index + 1 of `parts` (`split.no`, `split.count`), or it is
+    a part of another split."""
+    no, count = fields.get("split.no"), fields.get("split.count")
+    if parts > 1 and no is not None and count is not None and (int(no), int(count)) != (index, parts):
+        raise FreeTokenError(
+            f"{shard}: its metadata makes it part {int(no) + 1} of {int(count)}, not part {index + 1} of "
+            f"{parts} (a part of another split?)"
+        )
+
+
 def shard_paths(path: Path) -> list[Path]:
     match = SHARD.match(path.name)
     if not match:
@@ -181,12 +192,15 @@ class GgufCheckpoint:
         self._files: list[np.memmap] = []
         # buffered: a file read again comes from the page cache; tensor offsets are 32-byte aligned at best
         self.reader = RangeReader(direct=False)
-        for shard in shard_paths(self.path):
+        shards, counted = shard_paths(self.path), 0
+        for index, shard in enumerate(shards):
             try:
                 header = read_header(shard)
                 file = np.memmap(shard, dtype=np.uint8, mode="r")
             except (OSError, ValueError, KeyError, struct.error) as exc:
                 raise FreeTokenError(f"{shard}: not a readable GGUF file ({exc})") from None
+            check_part(shard, header.fields, index, len(shards))
+            counted += len(header.tensors)
             self._files.append(file)
             self.fields = {**header.fields, **self.fields}  # the first shard's value wins
             arch = str(self.get("general.architecture", ""))
@@ -200,6 +214,12 @@ class GgufCheckpoint:
                     self.tensors[name] = GgufTensor(info, file, shard)
         if self.unknown:
             raise FreeTokenError(f"{self.path}: unknown tensors {self.unknown[:5]}")
+        expected = self.get("split.tensors.count")
+        if len(shards) > 1 and expected is not None and int(expected) != counted:
+            raise FreeTokenError(
+                f"{self.path}: its {len(shards)} parts hold {counted} tensors, the split says "
+                f"{int(expected)} (a part from another file?)"
+            )
         self.conversion = CONVERSIONS.get(arch)  # what reading undoes of the converter's changes, if any
         # one HF tensor from two of the file's: name -> (the two parts' names, what joins them)
         self.joined: dict[str, tuple[tuple[str, str], Join]] = {}

@@ -110,9 +110,20 @@ def read_header(path: Path, arrays: bool = True) -> GgufHeader:
         size = len(buf)
     tensors = []
     for name, kind, ne, offset in table:
-        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        try:
+            qtype = GGMLQuantizationType(kind)
+        except ValueError:
+            raise ValueError(f"tensor {name}: unknown GGML type {kind}") from None
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        if ne and ne[0] % block:
+            raise ValueError(
+                f"tensor {name}: rows of {ne[0]} weights are not whole {qtype.name} blocks of {block}"
+            )
         info = TensorInfo(name, kind, ne, data_offset + offset, math.prod(ne) // block * type_size)
         if info.offset + info.n_bytes > size:
-            raise ValueError(f"tensor {name} runs past the end of the file")
+            raise ValueError(
+                f"tensor {name} ({qtype.name}, {info.n_bytes} bytes) runs past the end of the file "
+                "(a truncated download?)"
+            )
         tensors.append(info)
     return GgufHeader(fields, tensors, data_offset)
