@@ -59,7 +59,8 @@ def test_rows_that_are_not_whole_blocks_are_named(q8_file: Path) -> None:
     at = type_field_at(q8_file, "blk.0.ffn_down_exps.weight")
     struct.pack_into("<I", data, at, 12)  # Q4_K: rows of 32 weights are not whole super-blocks of 256
     q8_file.write_bytes(bytes(data))
-    assert "blk.0.ffn_down_exps.weight: rows of 32 weights are not whole Q4_K blocks of 256" in run_fails(q8_file)
+    line = run_fails(q8_file)
+    assert "blk.0.ffn_down_exps.weight: rows of 32 weights are not whole Q4_K blocks of 256" in line
 
 
 def test_a_missing_part_and_a_part_of_another_split(tiny_model: tuple[Path, Any], tmp_path: Path) -> None:
