@@ -26,6 +26,7 @@ CODEC_IDS = {
     "IQ3_S": 24, "IQ4_NL": 25, "Q4_1": 26, "Q5_1": 27,
 }  # fmt: skip
 INT8_ACT_IDS = {"Q8_0": 2, "Q4_K": 5, "Q6_K": 6, "Q5_K": 9, "IQ4_XS": 11, "MXFP4": 13}
+INT8_ACT_IDS |= {name: CODEC_IDS[name] + 23 for name in CODEC_IDS if 17 <= CODEC_IDS[name] <= 27}  # 40-50
 # weight-only codecs whose rows the kernel widens for several pairs (experts_cpu.c widened_codec): a bf16
 # model's activations between the projections are rounded to bf16 where both of a layer's codecs are these
 WIDENED_CODECS = frozenset({"Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_XS", "MXFP4", "FP8", "NVFP4"}) | frozenset(

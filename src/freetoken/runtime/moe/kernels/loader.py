@@ -50,6 +50,7 @@ HEADERS = tuple(
         "table_dot.h",
         "iq_grids.h",
         "lowbit_dot.h",
+        "lowbit_dot_int8.h",
         "widen_row.h",
         "row_dots.h",
         "expert_fn.h",

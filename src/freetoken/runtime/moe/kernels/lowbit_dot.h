@@ -234,9 +234,9 @@ static inline void block_iq3_s(const uint8_t *restrict b, float *restrict y) {
 static inline void decode_lowbit(int codec, const uint8_t *restrict row, int k0, int count, float *restrict y) {
     int elements, bytes;
     codec_block(codec, &elements, &bytes);
-    for (int k = k0; k < k0 + count; k += elements) {
-        const uint8_t *b = row + (long)(k / elements) * bytes;
-        float *out = y + (k - k0);
+    const uint8_t *b = row + (long)(k0 / elements) * bytes;  // one division a call, none a block
+    for (int k = 0; k < count; k += elements, b += bytes) {
+        float *out = y + k;
         switch (codec) {
             case FT_CODEC_Q4_0: block_q4_0(b, out, 0); break;
             case FT_CODEC_IQ4_NL: block_q4_0(b, out, 1); break;

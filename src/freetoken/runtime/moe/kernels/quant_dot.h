@@ -63,13 +63,21 @@ enum {
     FT_CODEC_IQ3_S = 24,
     FT_CODEC_IQ4_NL = 25,
     FT_CODEC_Q4_1 = 26,
-    FT_CODEC_Q5_1 = 27
+    FT_CODEC_Q5_1 = 27,
+    // lowbit_dot_int8.h's: each lowbit codec against int8 activation blocks, at this id + its offset from
+    // FT_CODEC_Q4_0 (40 Q4_0 ... 50 Q5_1)
+    FT_CODEC_LOWBIT_ACT8 = 40
 };
+#define FT_CODEC_LOWBIT_ACT8_LAST (FT_CODEC_LOWBIT_ACT8 + FT_CODEC_Q5_1 - FT_CODEC_Q4_0)
+
+static inline int lowbit_act8(int codec) { return codec >= FT_CODEC_LOWBIT_ACT8 && codec <= FT_CODEC_LOWBIT_ACT8_LAST; }
+static inline int lowbit_of_act8(int codec) { return codec - FT_CODEC_LOWBIT_ACT8 + FT_CODEC_Q4_0; }
 #define Q8_BLOCK 32
 #define Q8_0_BYTES 34
 
 // (elements, bytes) of one block of `codec`; (0, 0) for an id this build does not know.
 static inline void codec_block(int codec, int *elements, int *bytes) {
+    if (lowbit_act8(codec)) codec = lowbit_of_act8(codec);
     switch (codec) {
         case FT_CODEC_BF16:
         case FT_CODEC_BF16_ACT16: *elements = 1, *bytes = 2; return;
@@ -106,7 +114,8 @@ static inline void codec_block(int codec, int *elements, int *bytes) {
 // Whether `codec` is one of the ids taken against int8 activation blocks.
 static inline int codec_act8(int codec) {
     return codec == FT_CODEC_Q8_0_ACT8 || codec == FT_CODEC_Q4_K_ACT8 || codec == FT_CODEC_Q6_K_ACT8 ||
-           codec == FT_CODEC_Q5_K_ACT8 || codec == FT_CODEC_IQ4_XS_ACT8 || codec == FT_CODEC_MXFP4_ACT8;
+           codec == FT_CODEC_Q5_K_ACT8 || codec == FT_CODEC_IQ4_XS_ACT8 || codec == FT_CODEC_MXFP4_ACT8 ||
+           lowbit_act8(codec);
 }
 
 // Bytes of a row of n elements in `codec` (n a whole number of blocks; checked by the caller).
@@ -140,6 +149,11 @@ static inline float fp16_at(const uint8_t *p) {
 // The activation block a codec's int8 dots take: 256 for the K-quants (one scale per super-block, so a
 // super-block's integer sums need no rescaling inside it, as llama.cpp's Q8_K), 32 otherwise.
 static inline int act8_block(int codec) {
+    if (lowbit_act8(codec)) {  // the super-block types' (256 weights) like the K-quants', others' 32
+        int elements, bytes;
+        codec_block(codec, &elements, &bytes);
+        return elements == 256 ? 256 : Q8_BLOCK;
+    }
     return codec == FT_CODEC_Q4_K_ACT8 || codec == FT_CODEC_Q5_K_ACT8 || codec == FT_CODEC_Q6_K_ACT8 ||
                    codec == FT_CODEC_IQ4_XS_ACT8
                ? 256

@@ -9,6 +9,7 @@
 #include "kquant_dot.h"
 #include "kquant_dot_int8.h"
 #include "lowbit_dot.h"
+#include "lowbit_dot_int8.h"
 #include "quant_dot.h"
 #include "table_dot.h"
 #include "widen_row.h"
@@ -122,6 +123,8 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
         for (int j = 0; j < cnt; j++) out[j] = dot_nvfp4(row, v->f[j], n);
     else if (lowbit_codec(codec))
         dots_lowbit(codec, row, v->f, cnt, n, out);
+    else if (lowbit_act8(codec))
+        dots_lowbit_q8(codec, row, v->q, v->d, v->s, cnt, n, out);
     else if (codec == FT_CODEC_F32)
         dots_f32((const float *)row, v->f, cnt, n, out);
     else if (codec == FT_CODEC_BF16_ACT16)
