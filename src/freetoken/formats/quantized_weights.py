@@ -9,6 +9,9 @@ to read it dequantised or as a codec's rows (codecs/fp8.py, codecs/nvfp4.py).
       [+ `X.input_global_scale`]; the logical weight is `X.weight`
   MXFP4, gpt-oss: `X_blocks` U8 [E, R, C/32, 16] + `X_scales` U8 [E, R, C/32] (codecs/mxfp4.py); the
       logical weight `X` is [E, C, R], as transformers holds it dequantised (and a bf16 checkpoint stores it)
+  DeepSeek-V4 as published: FP4 experts `X.weight` U8/I8 [R, C/2] (weights 2j and 2j + 1 in byte j's low and
+      high nibble, MXFP4's codes) + `X.scale` e8m0 [R, C/32], read as MXFP4 rows; FP8 weights `X.weight`
+      F8_E4M3 [R, C] + `X.scale` e8m0 [⌈R/128⌉, ⌈C/128⌉] (2^(s − 127) per tile)
 """
 
 from __future__ import annotations
@@ -32,10 +35,13 @@ class QuantizedWeight:
     scale: str  # its block scales
     global_scale: str | None  # NVFP4's per-tensor scale
     divides: bool  # compressed-tensors: w = fp4 · scale / global
-    shape: tuple[int, ...]  # the logical [R, C] ([E, C, R] for MXFP4)
+    shape: tuple[int, ...]  # the logical [R, C] ([E, C, R] for gpt-oss's MXFP4)
     parts: tuple[str, ...]  # every checkpoint tensor it consumes
+    e8m0_scale: bool = False  # FP8 tiles scaled by e8m0 bytes (DeepSeek-V4's), not fp32 inverses
 
     def dequantize(self, get: Reader) -> torch.Tensor:
+        if self.codec == "MXFP4" and len(self.shape) == 2:  # [R, C] rows as published
+            return torch.from_numpy(CODECS["MXFP4"].dequantize(self.rows(get), self.shape[-1], self.values))
         if self.codec == "MXFP4":
             rows = self.rows(get)  # [E, R, G · 17]
             values = CODECS["MXFP4"].dequantize(rows, self.shape[-2], self.values)  # [E, R, C]
@@ -47,7 +53,10 @@ class QuantizedWeight:
     def rows(self, get: Reader) -> np.ndarray:
         """The codec's rows, uint8 [R, row bytes] ([E, R, row bytes] for MXFP4)."""
         if self.codec == "MXFP4":
-            blocks, scales = get(self.values).numpy(), get(self.scale).numpy()
+            blocks = get(self.values).view(torch.uint8).numpy()
+            scales = get(self.scale).view(torch.uint8).numpy()
+            if len(self.shape) == 2:  # [R, C/2] packed pairs -> [R, C/32, 16]
+                blocks = blocks.reshape(blocks.shape[0], -1, mxfp4.BLOCK // 2)
             try:
                 return mxfp4.gguf_rows(blocks, scales)
             except ValueError as exc:
@@ -57,7 +66,11 @@ class QuantizedWeight:
         return nvfp4.block_rows(*self._nvfp4(get))
 
     def _fp8(self, get: Reader) -> tuple[np.ndarray, np.ndarray]:
-        values, scales = get(self.values).view(torch.uint8).numpy(), get(self.scale).float().numpy()
+        values = get(self.values).view(torch.uint8).numpy()
+        if self.e8m0_scale:
+            scales = np.exp2(get(self.scale).view(torch.uint8).numpy().astype(np.float32) - 127.0)
+        else:
+            scales = get(self.scale).float().numpy()
         rows, cols = values.shape
         if scales.shape != (-(-rows // fp8.TILE), -(-cols // fp8.TILE)):
             raise FreeTokenError(
@@ -92,6 +105,18 @@ def find_quantized(dtypes: dict[str, str], shapes: dict[str, tuple[int, ...]]) -
                 scale = base + "_scales"
                 logical = (shape[0], shape[2] * mxfp4.BLOCK, shape[1])
                 out[base] = QuantizedWeight("MXFP4", name, scale, None, False, logical, (name, scale))
+            continue
+        base, _, leaf = name.rpartition(".")
+        e8m0 = dtypes.get(f"{base}.scale") in ("U8", "F8_E8M0")
+        if leaf == "weight" and e8m0 and dtype in ("U8", "I8") and len(shapes[name]) == 2:  # V4's FP4
+            rows, half = shapes[name]
+            scale = f"{base}.scale"
+            out[name] = QuantizedWeight("MXFP4", name, scale, None, False, (rows, 2 * half), (name, scale))
+            continue
+        if leaf == "weight" and e8m0 and dtype == "F8_E4M3":  # V4's FP8, e8m0 tile scales
+            out[name] = QuantizedWeight(
+                "FP8", name, f"{base}.scale", None, False, shapes[name], (name, f"{base}.scale"), True
+            )
             continue
         if dtype == "F8_E4M3" and name + "_scale_inv" in dtypes:
             rows, cols = shapes[name]
