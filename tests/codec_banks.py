@@ -38,11 +38,31 @@ CODEC_CASES = [  # (gate_up codec, down codec), H, I, tiles, the experts' functi
     (("Q4_0", "Q5_0"), 96, 160, DecodeBlocks(16, 64, 16, 128), "clamped"),
     (("IQ4_NL", "Q2_K"), 160, 256, DecodeBlocks(16, 64, 16, 256), "clamped_silu"),
     (("Q4_1", "Q5_1"), 96, 160, DecodeBlocks(16, 64, 16, 128), "clamped"),
+    # the safetensors codecs: blocks of 128 (a chunk of two past a row of 1.5 chunks: 384 = 1.5 × 256)
+    (("FP8", "NVFP4"), 384, 256, DecodeBlocks(16, 256, 16, 128), "clamped_silu"),
 ]
 SCALES = {"Q8_0": 5e-3, "Q4_K": 1e-3, "Q6_K": 2e-5, "MXFP4": 2**-4}  # block scales giving values about 1
 SCALES |= {"Q5_K": 5e-4, "IQ4_XS": 1e-4, "Q2_K": 1e-2, "Q3_K": 1e-3, "IQ2_XXS": 2e-3, "IQ2_XS": 2e-3}
 SCALES |= {"IQ3_XXS": 1e-3, "IQ3_S": 1e-3, "Q4_0": 5e-2, "Q5_0": 3e-2, "IQ4_NL": 3e-3, "Q4_1": 5e-2}
 SCALES |= {"Q5_1": 3e-2}
+
+
+def codec_rows(codec: str, experts: int, rows: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """uint8 [experts, rows, row bytes] of `codec`: random blocks at SCALES' scale, or for the safetensors
+    codecs (FP8, NVFP4, whose blocks carry fp32 scales) random weights about 1 by their quantizers."""
+    c = get_codec(codec)
+    if codec not in ("FP8", "NVFP4"):
+        return c.random_blocks(np.empty((experts, rows, c.row_bytes(n)), np.uint8), rng, SCALES[codec])
+    from freetoken.codecs import fp8, nvfp4
+
+    out = []
+    for _ in range(experts):
+        w = rng.standard_normal((rows, n)).astype(np.float32)
+        if codec == "FP8":
+            out.append(fp8.block_rows(*fp8.quantize_tiles(w)))
+        else:
+            out.append(nvfp4.block_rows(*nvfp4.quantize(w)))
+    return np.stack(out)
 
 
 def check_codec_banks(
@@ -54,8 +74,7 @@ def check_codec_banks(
     read nothing there."""
     rng = np.random.default_rng(1)
     gu, dn = (get_codec(name) for name in codecs)
-    gu_blocks = gu.random_blocks(np.empty((5, 2 * i, gu.row_bytes(h)), np.uint8), rng, SCALES[gu.name])
-    dn_blocks = dn.random_blocks(np.empty((5, h, dn.row_bytes(i)), np.uint8), rng, SCALES[dn.name])
+    gu_blocks, dn_blocks = codec_rows(gu.name, 5, 2 * i, h, rng), codec_rows(dn.name, 5, h, i, rng)
     gate_up = torch.from_numpy(gu.dequantize(gu_blocks, h)).to(device)
     down = torch.from_numpy(dn.dequantize(dn_blocks, i)).to(device)
     x, w = torch.randn(3, h).to(device), torch.rand(3, 2).to(device)

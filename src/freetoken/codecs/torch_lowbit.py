@@ -1,6 +1,7 @@
 """Torch dequantisers of the GGML types beyond the first four the device kept (torch_dequant.py): the legacy
 32-weight types (Q4_0, Q5_0, IQ4_NL), the K-quants Q2_K, Q3_K, Q5_K, and the codebook types IQ4_XS,
-IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S. Layouts as lowbit_dot.h's header comment; each matches gguf's
+IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S, and the safetensors codecs FP8 and NVFP4. Layouts as lowbit_dot.h's
+header comment (FP8's and NVFP4's: codecs/fp8.py, codecs/nvfp4.py); each matches gguf's
 `dequantize` bit for bit (tests/codecs/test_torch_dequant.py). `b` is uint8 [..., blocks, block bytes]."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 
 IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+E2M1_VALUES = (0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6)
 
 
 def half(raw: torch.Tensor) -> torch.Tensor:
@@ -152,6 +154,26 @@ def iq3_s(b: torch.Tensor) -> torch.Tensor:
     return (db[..., None] * _signed(grid, b[..., 74:106])).flatten(-2)
 
 
+def e4m3(raw: torch.Tensor) -> torch.Tensor:
+    """uint8 e4m3 codes -> fp32."""
+    return raw.contiguous().view(torch.float8_e4m3fn).float()
+
+
+def fp8(b: torch.Tensor) -> torch.Tensor:
+    """FP8 rows' blocks (codecs/fp8.py: an fp32 scale, 128 e4m3) -> [..., blocks, 128]."""
+    return b[..., :4].contiguous().view(torch.float32) * e4m3(b[..., 4:])
+
+
+def nvfp4(b: torch.Tensor) -> torch.Tensor:
+    """NVFP4 rows' blocks (codecs/nvfp4.py: an fp32 multiplier, eight e4m3 scales, 64 bytes of e2m1 codes,
+    weights i and i + 8 of each 16 in byte i's low and high nibble) -> [..., blocks, 128]."""
+    scale = e4m3(b[..., 4:12]) * b[..., :4].contiguous().view(torch.float32)  # [..., blocks, 8]
+    codes = b[..., 12:].reshape(*b.shape[:-1], 8, 8).to(torch.int64)
+    codes = torch.cat((codes & 15, codes >> 4), dim=-1)  # [..., blocks, 8, 16]
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=b.device)
+    return (table[codes] * scale[..., None]).flatten(-2)
+
+
 # codec -> (bytes per block, the block decoder)
 DECODERS = {
     "Q4_0": (18, lambda b: legacy(b, "Q4_0")),
@@ -167,4 +189,6 @@ DECODERS = {
     "IQ2_XS": (74, iq2_xs),
     "IQ3_XXS": (98, iq3_xxs),
     "IQ3_S": (110, iq3_s),
+    "FP8": (132, fp8),
+    "NVFP4": (76, nvfp4),
 }

@@ -71,15 +71,17 @@ def test_cpu_backend_keeps_quantized_experts_and_decodes_the_reference(
         engine.close()
 
 
-@pytest.mark.parametrize("backend", ["fused", "hybrid"])
-def test_backends_with_device_banks_dequantise_and_decode_the_reference(
+@pytest.mark.parametrize("backend", ["fused", "offload", "hybrid"])
+def test_backends_with_device_banks_keep_the_blocks_and_decode_the_reference(
     quantized_model: tuple[Path, str, Any], backend: str
 ) -> None:
-    folder, _, want = quantized_model
-    options = {"cache_size": 3, "pcie_gbps": 25.0, "host_gbps": 100.0} if backend == "hybrid" else {}
+    """FP8 and NVFP4 experts stay as stored in device banks and slots too (the device reads them in place:
+    torch's dequantisers on a cpu device, the Triton kernels on CUDA)."""
+    folder, scheme, want = quantized_model
+    options = {"cache_size": 3, "pcie_gbps": 25.0, "host_gbps": 100.0} if backend != "fused" else {}
     engine = build_engine(folder, device="cpu", dtype="float32", moe_backend=backend, **options)
     try:
-        assert engine.pool.describe()["dtypes"] == ["f32"]
+        assert engine.pool.describe()["dtypes"] == [CODEC[scheme]]
         assert greedy(engine, PROMPTS[:2], TOKENS) == want
     finally:
         engine.close()
@@ -91,3 +93,32 @@ def test_fp8_without_a_tile_grid_is_refused_in_one_line(tmp_path: Path) -> None:
     save_file({"w.weight": torch.zeros(4, 4).to(torch.float8_e4m3fn)}, str(tmp_path / "model.safetensors"))
     with SafetensorsCheckpoint(tmp_path) as ckpt, pytest.raises(FreeTokenError, match=r"FP8 without a w\."):
         ckpt.read("w.weight")
+
+
+@pytest.mark.skipif(not kernel_available(), reason="needs the compiled CPU kernel")
+@pytest.mark.parametrize(("backend", "options"), [("cpu", {}), ("offload", {"cache_size": 3})])
+def test_a_qwen35_fp8_checkpoint_keeps_its_experts(
+    tmp_path_factory: pytest.TempPathFactory, backend: str, options: dict[str, Any]
+) -> None:
+    """Qwen3.5/3.6-MoE as its FP8 releases ship (every expert's projections block-scaled e4m3, one by one):
+    the experts stay FP8 on the CPU and in the slots, and the greedy tokens are transformers' over the same
+    dequantised weights."""
+    from oracle import build_hybrid_model
+
+    folder = tmp_path_factory.mktemp("qwen35-fp8")
+    hf = build_hybrid_model(folder, hidden_size=256, moe_intermediate_size=256)
+    state = write_quantized_checkpoint(folder, "fp8")
+    ref = reference_model(hf, state, tmp_path_factory.mktemp("qwen35-fp8-reference"))
+    want = []
+    with torch.no_grad():
+        for prompt in PROMPTS[:2]:
+            ids = list(prompt)
+            for _ in range(8):
+                ids.append(int(ref(torch.tensor([ids])).logits[0, -1].argmax()))
+            want.append(ids[len(prompt) :])
+    engine = build_engine(folder, device="cpu", dtype="float32", moe_backend=backend, **options)
+    try:
+        assert engine.pool.describe()["dtypes"] == ["FP8"]
+        assert greedy(engine, PROMPTS[:2], 8) == want
+    finally:
+        engine.close()

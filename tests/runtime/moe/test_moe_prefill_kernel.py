@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from codec_banks import SCALES  # block scales giving values about 1
+from codec_banks import codec_rows  # block scales giving values about 1
 from freetoken.codecs import get_codec
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
 from freetoken.runtime.moe.experts import grouped_experts
@@ -80,6 +80,7 @@ def test_every_function_and_biases_match(fn: ExpertFn) -> None:
         (("Q4_0", "Q5_0"), 96, 64),
         (("IQ4_NL", "Q4_0"), 64, 96),
         (("Q4_1", "Q5_1"), 96, 64),
+        (("FP8", "NVFP4"), 256, 384),
     ],
 )
 def test_banks_of_codec_blocks_are_dequantised_in_registers(codecs: tuple[str, str], h: int, i: int) -> None:
@@ -87,8 +88,7 @@ def test_banks_of_codec_blocks_are_dequantised_in_registers(codecs: tuple[str, s
     slots fill several blocks per expert, and a chunk of the Q8_0 row (96 = 1.5 × 64) is cut by the mask."""
     rng = np.random.default_rng(2)
     gu, dn = (get_codec(name) for name in codecs)
-    gu_blocks = gu.random_blocks(np.empty((4, 2 * i, gu.row_bytes(h)), np.uint8), rng, SCALES[gu.name])
-    dn_blocks = dn.random_blocks(np.empty((4, h, dn.row_bytes(i)), np.uint8), rng, SCALES[dn.name])
+    gu_blocks, dn_blocks = codec_rows(gu.name, 4, 2 * i, h, rng), codec_rows(dn.name, 4, h, i, rng)
     gate_up = torch.from_numpy(gu.dequantize(gu_blocks, h))
     down = torch.from_numpy(dn.dequantize(dn_blocks, i))
     g = torch.Generator().manual_seed(5)

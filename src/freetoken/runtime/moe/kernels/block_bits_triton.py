@@ -60,3 +60,11 @@ def k4_header(base, live):
         tl.load(words + 2, mask=live, other=0),
         tl.load(words + 3, mask=live, other=0),
     )
+
+
+@triton.jit
+def e2m1_doubled(code):
+    """Twice the e2m1 value of 4-bit codes (int32): magnitudes 0 1 2 3 4 6 8 12, bit 3 the sign."""
+    mag = code & 7
+    doubled = as_float(tl.where(mag < 4, mag, (2 + (mag & 1)) << ((mag >> 1) - 1)), 0.0)
+    return tl.where(code >= 8, -doubled, doubled)

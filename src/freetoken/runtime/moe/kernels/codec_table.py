@@ -13,6 +13,7 @@ SUPERBLOCK_CODECS = {
     "Q5_K": 8, "IQ4_XS": 10, "Q2_K": 19, "Q3_K": 20, "IQ2_XXS": 21, "IQ2_XS": 22, "IQ3_XXS": 23, "IQ3_S": 24,
 }  # fmt: skip
 LEGACY_CODECS = {"Q4_0": 17, "Q5_0": 18, "IQ4_NL": 25, "Q4_1": 26, "Q5_1": 27}
+BLOCK128_CODECS = {"FP8": 14, "NVFP4": 15}  # the safetensors codecs: blocks of 128 weights
 # codec_table's parts, at these byte offsets: IQ4_NL's 16 int8 values, ksigns, then the four grids
 IQ4NL_AT, KSIGNS_AT, IQ2XXS_AT, IQ2XS_AT, IQ3XXS_AT, IQ3S_AT = 0, 16, 144, 2192, 6288, 7312
 TABLE_BYTES = 9360

@@ -17,7 +17,12 @@ import torch
 from freetoken.codecs import get_codec
 from freetoken.env import moe_decode_blocks
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
-from freetoken.runtime.moe.kernels.codec_table import LEGACY_CODECS, SUPERBLOCK_CODECS, codec_table
+from freetoken.runtime.moe.kernels.codec_table import (
+    BLOCK128_CODECS,
+    LEGACY_CODECS,
+    SUPERBLOCK_CODECS,
+    codec_table,
+)
 from freetoken.runtime.moe.kernels.moe_decode_int8 import (
     down_int8,
     gate_up_int8,
@@ -30,8 +35,10 @@ from freetoken.runtime.triton_support import next_pow2
 
 # codecs the kernels read as stored, by the numbers quant_dot_triton.py (and the CPU kernel) use
 QUANT_CODECS = {"Q8_0": 1, "Q4_K": 3, "Q6_K": 4, "MXFP4": 12, **SUPERBLOCK_CODECS, **LEGACY_CODECS}
+QUANT_CODECS |= BLOCK128_CODECS
 CODEC_GRANULE = {0: 1, 1: 32, 3: 256, 4: 256, 12: 32}  # a codec kernel's BLOCK_K is a multiple of its block
 CODEC_GRANULE |= dict.fromkeys(SUPERBLOCK_CODECS.values(), 256) | dict.fromkeys(LEGACY_CODECS.values(), 32)
+CODEC_GRANULE |= dict.fromkeys(BLOCK128_CODECS.values(), 128)
 SUM_BLOCK = 256  # outputs per program of the sum over choices after a split down kernel
 MAX_DECODE_TOKENS = 16  # beyond this a grouped (per-expert) kernel reads each expert once, not per pair
 

@@ -16,7 +16,12 @@ from typing import Any, NamedTuple
 import torch
 
 from freetoken.runtime.moe.expert_fn import SILU, ExpertFn, PairBias
-from freetoken.runtime.moe.kernels.codec_table import LEGACY_CODECS, SUPERBLOCK_CODECS, codec_table
+from freetoken.runtime.moe.kernels.codec_table import (
+    BLOCK128_CODECS,
+    LEGACY_CODECS,
+    SUPERBLOCK_CODECS,
+    codec_table,
+)
 from freetoken.runtime.moe.kernels.moe_decode import check_banks
 
 
@@ -37,7 +42,7 @@ DEFAULT_BLOCKS = PrefillBlocks()
 # beside the dot), so fewer columns a program; Q8_0 / MXFP4 take whole 32-weight blocks
 CODEC_BLOCKS = PrefillBlocks(block_n=32, num_stages=1)
 CODEC_BLOCK_K = {1: 64, 3: 256, 4: 256, 12: 64} | dict.fromkeys(SUPERBLOCK_CODECS.values(), 256)
-CODEC_BLOCK_K |= dict.fromkeys(LEGACY_CODECS.values(), 64)
+CODEC_BLOCK_K |= dict.fromkeys(LEGACY_CODECS.values(), 64) | dict.fromkeys(BLOCK128_CODECS.values(), 128)
 
 
 def block_rows(pairs: int, experts: int) -> int:

@@ -28,20 +28,17 @@ import triton.language as tl
 
 from freetoken.runtime.moe.kernels.block_bits_triton import (
     as_float,
+    e2m1_doubled,
     fp16_at,
     fp16_low,
     k4_header,
     k4_scale_min_words,
 )
-from freetoken.runtime.moe.kernels.quant_lowbit_triton import legacy_weights, superblock_weights
-
-
-@triton.jit
-def _e2m1_doubled(code):
-    """Twice the e2m1 value of 4-bit codes (int32): magnitudes 0 1 2 3 4 6 8 12, bit 3 the sign."""
-    mag = code & 7
-    doubled = as_float(tl.where(mag < 4, mag, (2 + (mag & 1)) << ((mag >> 1) - 1)), 0.0)
-    return tl.where(code >= 8, -doubled, doubled)
+from freetoken.runtime.moe.kernels.quant_lowbit_triton import (
+    block128_weights,
+    legacy_weights,
+    superblock_weights,
+)
 
 
 @triton.jit
@@ -106,7 +103,7 @@ def _mxfp4_halves(rows, block, live):
     base = rows[:, None] + block[None, :] * 17
     codes = tl.load(base[:, :, None] + 1 + j[None, None, :], mask=live[:, :, None], other=0).to(tl.int32)
     scale = tl.exp2(tl.load(base, mask=live, other=0).to(tl.float32) - 128.0)[:, :, None]
-    return _e2m1_doubled(codes & 15) * scale, _e2m1_doubled(codes >> 4) * scale
+    return e2m1_doubled(codes & 15) * scale, e2m1_doubled(codes >> 4) * scale
 
 
 @triton.jit
@@ -156,6 +153,13 @@ def quant_row_part(rows, v_ptr, k0, live, limit, table, CODEC: tl.constexpr, BLO
             v = tl.load(v_ptr + offs, mask=offs < limit, other=0.0).to(tl.float32)
             part += superblock_weights(rows, k // 256, rows_here, table, CODEC) * v[None, :]
         return tl.reshape(part, [live.shape[0], 16, 16])
+    elif CODEC == 14 or CODEC == 15:  # FP8 / NVFP4: BLOCK_K // 128 blocks -> [BLOCK_N, BLOCK_K // 128, 128]
+        block = k0 // 128 + tl.arange(0, BLOCK_K // 128)
+        block_live = block * 128 < limit
+        j = tl.arange(0, 128)
+        v = tl.load(v_ptr + block[:, None] * 128 + j[None, :], mask=block_live[:, None], other=0.0)
+        weights = block128_weights(rows, block, live[:, None] & block_live[None, :], CODEC)
+        return weights * v.to(tl.float32)[None, :, :]
     elif CODEC == 17 or CODEC == 18 or CODEC >= 25:  # its blocks of 32 -> [BLOCK_N, BLOCK_K // 32, 32]
         block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         block_live = block * 32 < limit
@@ -188,6 +192,10 @@ def quant_tile(rows, k0, live, limit, table, CODEC: tl.constexpr, BLOCK_K: tl.co
     if CODEC == 8 or CODEC == 10 or (CODEC >= 19 and CODEC <= 24):
         rows_here = live & (k0 + tl.zeros(live.shape, tl.int32) < limit)
         return superblock_weights(rows, k0 // 256, rows_here, table, CODEC)
+    elif CODEC == 14 or CODEC == 15:
+        block = k0 // 128 + tl.arange(0, BLOCK_K // 128)
+        mask = live[:, None] & (block * 128 < limit)[None, :]
+        return tl.reshape(block128_weights(rows, block, mask, CODEC), [live.shape[0], BLOCK_K])
     elif CODEC == 17 or CODEC == 18 or CODEC >= 25:
         block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         mask = live[:, None] & (block * 32 < limit)[None, :]

@@ -3,7 +3,8 @@ weights computed in registers by index arithmetic (each weight gathers its own b
 the loaded bytes through L1), codebooks and sign patterns read from one small table on the device
 (codec_table). Layouts as lowbit_dot.h's header comment; numbers as cpu_experts.CODEC_IDS: 8 Q5_K,
 10 IQ4_XS, 19 Q2_K, 20 Q3_K, 21 IQ2_XXS, 22 IQ2_XS, 23 IQ3_XXS, 24 IQ3_S (super-blocks of 256:
-superblock_weights), 17 Q4_0, 18 Q5_0, 25 IQ4_NL, 26 Q4_1, 27 Q5_1 (blocks of 32: legacy_weights). References:
+superblock_weights), 17 Q4_0, 18 Q5_0, 25 IQ4_NL, 26 Q4_1, 27 Q5_1 (blocks of 32: legacy_weights), and the
+safetensors codecs 14 FP8 and 15 NVFP4 (blocks of 128: block128_weights). References:
 codecs/torch_lowbit.py and gguf's."""
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ import triton
 import triton.language as tl
 
 from freetoken.runtime.moe.kernels import codec_table
-from freetoken.runtime.moe.kernels.block_bits_triton import fp16_at, fp16_low, k4_header, k4_scale_min_words
+from freetoken.runtime.moe.kernels.block_bits_triton import (
+    e2m1_doubled,
+    fp16_at,
+    fp16_low,
+    k4_header,
+    k4_scale_min_words,
+)
 
 # codec_table's parts, as constants the kernels may read
 IQ4NL_AT = tl.constexpr(codec_table.IQ4NL_AT)
@@ -156,3 +163,31 @@ def legacy_weights(rows, block, live, table, CODEC: tl.constexpr):
         else:
             value = (q - 8).to(tl.float32)
         return fp16_at(base, live)[:, :, None] * value
+
+
+@triton.jit
+def _e4m3(byte):
+    """e4m3 bytes (int32) as fp32: the byte's bits moved into an fp16's (sign to bit 15, the rest to
+    bits 13..7) are its value / 256, subnormals included."""
+    bits = ((byte & 0x80) << 8) | ((byte & 0x7F) << 7)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+
+
+@triton.jit
+def block128_weights(rows, block, live, CODEC: tl.constexpr):
+    """Blocks `block` ([NB]) of 128 weights of rows `rows` ([BLOCK_N] byte pointers; `live` [BLOCK_N, NB])
+    as fp32 weights [BLOCK_N, NB, 128]: FP8 (an fp32 scale, 128 e4m3), NVFP4 (an fp32 multiplier, eight
+    e4m3 scales of 16, then per 16 eight bytes: weights i and i + 8 in byte i's low and high nibble)."""
+    j = tl.arange(0, 128)[None, None, :]
+    m = live[:, :, None]
+    if CODEC == 14:
+        base = rows[:, None] + block[None, :] * 132
+        scale = tl.load(base.to(tl.pointer_type(tl.float32)), mask=live, other=0.0)[:, :, None]
+        return _e4m3(_u8(base[:, :, None] + 4 + j, m)) * scale
+    else:
+        base = rows[:, None] + block[None, :] * 76
+        b = base[:, :, None]
+        multiplier = tl.load(base.to(tl.pointer_type(tl.float32)), mask=live, other=0.0)[:, :, None]
+        scale = _e4m3(_u8(b + 4 + j // 16, m)) * multiplier
+        code = (_u8(b + 12 + 8 * (j // 16) + j % 8, m) >> (4 * ((j % 16) // 8))) & 15
+        return e2m1_doubled(code) * 0.5 * scale
