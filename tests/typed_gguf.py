@@ -1,5 +1,5 @@
 """GGUFs whose routed experts are random raw blocks of one GGML type each (gate/up in a type, the down
-projection in the next type of the list, so each type is read on both sides), for a family each in turn,
+projection in the next type of the list, so each type is read on both sides), for any family of FAMILIES,
 and transformers over the reference dequantisation of the same blocks (gguf's): what the every-type tests
 on the CPU and on the GPU check the engine against."""
 
@@ -53,11 +53,11 @@ def expert_file_bytes(path: Path) -> int:
         return sum(ckpt.nbytes(name) for name in ckpt.names() if ".mlp.experts." in name)
 
 
-def typed_file(n: int, folder: Path) -> tuple[Path, tuple[str, str], Any]:
-    """The n-th type's GGUF in `folder` -> (its path, its (gate/up, down) types, transformers over its
-    dequantisation)."""
+def typed_file(n: int, folder: Path, family: str | None = None) -> tuple[Path, tuple[str, str], Any]:
+    """The n-th type's GGUF in `folder` (a family of FAMILIES: `family`, else the n-th in turn) -> (its
+    path, its (gate/up, down) types, transformers over its dequantisation)."""
     pair = (TYPES[n], TYPES[(n + 1) % len(TYPES)])
-    family = FAMILIES[n % len(FAMILIES)]
+    family = family or FAMILIES[n % len(FAMILIES)]
     hf = build(family, folder)
     path = folder / "experts.gguf"
     if family == "qwen3_5_moe":

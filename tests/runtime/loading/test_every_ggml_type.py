@@ -1,7 +1,8 @@
-"""Every GGML type of the codec registry, kept as stored under every backend (typed_gguf.py's files, a
-family each in turn): the engine's logits are transformers' given the reference dequantisation of the
-same blocks (gguf's) within 1e-3, its greedy tokens the same; the pool reports the file's expert types
-and holds no more than the file's expert bytes (2%)."""
+"""Every GGML type of the codec registry in every family read from GGUF with its own experts (typed_gguf.py's
+files, each type x each family), kept as stored under every backend: the engine's logits are
+transformers' given the reference dequantisation of the same blocks (gguf's) within 1e-3, its greedy
+tokens the same; the pool reports the file's expert types and holds no more than the file's expert bytes
+(2%)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from freetoken.runtime.engine import build_engine
 from freetoken.runtime.moe.kernels.cpu_experts import kernel_available
 from freetoken.runtime.sampling import SamplingParams
 from oracle import rel_err
-from typed_gguf import TYPES, expert_file_bytes, reference_run, typed_file
+from typed_gguf import FAMILIES, TYPES, expert_file_bytes, reference_run, typed_file
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="needs the compiled CPU kernel")
 
@@ -27,10 +28,14 @@ PROMPT = [5, 77, 301, 12, 9, 250, 33, 401]
 TOKENS = 6
 
 
-@pytest.fixture(scope="module", params=range(len(TYPES)), ids=TYPES)
+CASES = [(n, family) for n in range(len(TYPES)) for family in FAMILIES]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{TYPES[n]}-{family}" for n, family in CASES])
 def typed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
     """(GGUF path, its (gate/up, down) types, the reference's logits and greedy tokens)."""
-    path, pair, ref = typed_file(request.param, tmp_path_factory.mktemp(TYPES[request.param]))
+    n, family = request.param
+    path, pair, ref = typed_file(n, tmp_path_factory.mktemp(f"{TYPES[n]}-{family}"), family)
     return (path, pair, *reference_run(ref, PROMPT, TOKENS))
 
 
