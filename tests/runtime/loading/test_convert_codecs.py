@@ -79,15 +79,18 @@ def test_a_gguf_converts_with_its_blocks_and_loads_them(tiny_model: tuple[Path, 
     assert plain.expert_dtypes == ("bfloat16",) and bank_codecs(tmp_path / "plain") == {None}
 
 
-def test_k_quant_experts_stay_k_quants(make_model: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("IQ2_XXS", "Q3_K"), ("Q5_1", "IQ4_NL")])
+def test_quantized_experts_stay_in_their_types(
+    make_model: Any, tmp_path: Path, types: tuple[str, str]
+) -> None:
     folder, hf = make_model(hidden_size=256, moe_intermediate_size=256, num_experts=4)
-    path = write_gguf(hf, folder, tmp_path / "k.gguf", "F32", expert_types=("Q4_K", "Q6_K"))
+    path = write_gguf(hf, folder, tmp_path / "k.gguf", "F32", expert_types=types)
     result = convert_to_ftw(path, tmp_path / "ftw", dtype="float32")
-    assert result.expert_dtypes == ("Q4_K", "Q6_K")
+    assert result.expert_dtypes == tuple(sorted(types))
     ref = type(hf)(hf.config).eval()
     ref.load_state_dict(dequantised_state_dict(path, hf))
     engine = build_engine(tmp_path / "ftw", device="cpu", dtype="float32", moe_backend="cpu")
-    assert engine.pool.codec_names(engine.pool.layers[0]) == ("Q4_K", "Q6_K")
+    assert engine.pool.codec_names(engine.pool.layers[0]) == types
     assert greedy(engine, PROMPTS[:2], TOKENS) == reference_greedy(ref, PROMPTS[:2])
 
 
