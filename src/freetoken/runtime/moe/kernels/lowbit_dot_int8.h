@@ -262,32 +262,41 @@ static inline void int8_block(int codec, const uint8_t *restrict b, int8_t *rest
     }
 }
 
-// Σ over a block of sc[g] · dx(g) · Σ_16 q·x8 − mn[g] · dx(g) · Σ_16 x8: two groups of sixteen a step,
-// their integer sums scaled in one vector (dx(g): the activation block's scale of group g).
-static inline float block_dot_q8(const int8_t *restrict q, const float *restrict sc, const float *restrict mn,
-                                 int groups, const int8_t *restrict x, const float *restrict xd, int a_shift, int at,
-                                 const int16_t *restrict xs) {
+// Σ over groups [g0, groups) of sc[g] · dx(g) · Σ_16 q·x8 − mn[g] · dx(g) · Σ_16 x8 (dx(g): the activation
+// block's scale of group g; the mins only where `has_min`): two groups of sixteen a step, their integer
+// sums scaled in one vector.
+static inline float block_dot_q8_avx2(const int8_t *restrict q, const float *restrict sc, const float *restrict mn,
+                                      int g0, int groups, const int8_t *restrict x, const float *restrict xd,
+                                      int a_shift, int at, const int16_t *restrict xs, int has_min) {
     __m256 acc = _mm256_setzero_ps();
     float mins = 0.0f;
-    x += at, xs += at / 16;
-    for (int g = 0; g < groups; g += 2) {
+    for (int g = g0; g < groups; g += 2) {
         const __m256i w = _mm256_loadu_si256((const __m256i *)(q + 16 * g));
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(x + 16 * g));
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(x + at + 16 * g));
         const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(v, w));
         const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
         const float d0 = xd[(at + 16 * g) >> a_shift], d1 = xd[(at + 16 * g + 16) >> a_shift];
         const __m256 scale = _mm256_set_m128(_mm_set1_ps(sc[g + 1] * d1), _mm_set1_ps(sc[g] * d0));
         acc = _mm256_fmadd_ps(scale, sums, acc);
-        mins += mn[g] * d0 * (float)xs[g] + mn[g + 1] * d1 * (float)xs[g + 1];
+        if (has_min) mins += mn[g] * d0 * (float)xs[(at / 16) + g] + mn[g + 1] * d1 * (float)xs[(at / 16) + g + 1];
     }
     return hsum256(acc) - mins;
+}
+
+// (A 512-bit vpdpbusd form, four groups a step with their scales spread by a permute, measured slower here:
+// 5.2 against 8.4 GB/s on Q4_0 rows, 2-core AVX-512 EPYC.)
+static inline float block_dot_q8(const int8_t *restrict q, const float *restrict sc, const float *restrict mn,
+                                 int groups, const int8_t *restrict x, const float *restrict xd, int a_shift, int at,
+                                 const int16_t *restrict xs, int has_min) {
+    return block_dot_q8_avx2(q, sc, mn, 0, groups, x, xd, a_shift, at, xs, has_min);
 }
 #else
 #define int8_block int8_block_plain
 
 static inline float block_dot_q8(const int8_t *restrict q, const float *restrict sc, const float *restrict mn,
                                  int groups, const int8_t *restrict x, const float *restrict xd, int a_shift, int at,
-                                 const int16_t *restrict xs) {
+                                 const int16_t *restrict xs, int has_min) {
+    (void)has_min;
     float s = 0.0f;
     for (int g = 0; g < groups; g++) {
         int isum = 0;
@@ -304,6 +313,7 @@ static inline float block_dot_q8(const int8_t *restrict q, const float *restrict
 static inline void dots_lowbit_q8(int act8, const uint8_t *restrict row, const int8_t *const *vq,
                                   const float *const *vd, const int16_t *const *vs, int count, int n, float *out) {
     const int codec = lowbit_of_act8(act8), a_shift = act8_block(act8) == 256 ? 8 : 5;
+    const int has_min = codec == FT_CODEC_Q2_K || codec == FT_CODEC_Q4_1 || codec == FT_CODEC_Q5_1;
     int elements, bytes;
     codec_block(codec, &elements, &bytes);
     int8_t q[LOWBIT_CHUNK] __attribute__((aligned(32)));
@@ -313,7 +323,8 @@ static inline void dots_lowbit_q8(int act8, const uint8_t *restrict row, const i
     for (int k0 = 0; k0 < n; k0 += LOWBIT_CHUNK) {
         const int len = n - k0 < LOWBIT_CHUNK ? n - k0 : LOWBIT_CHUNK;
         for (int k = 0; k < len; k += elements, b += bytes) int8_block(codec, b, q + k, sc + k / 16, mn + k / 16);
-        for (int j = 0; j < count; j++) out[j] += block_dot_q8(q, sc, mn, len / 16, vq[j], vd[j], a_shift, k0, vs[j]);
+        for (int j = 0; j < count; j++)
+            out[j] += block_dot_q8(q, sc, mn, len / 16, vq[j], vd[j], a_shift, k0, vs[j], has_min);
     }
 }
 
