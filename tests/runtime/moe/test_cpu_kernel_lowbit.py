@@ -61,10 +61,16 @@ def test_low_bit_rows_match_the_dequantised_reference(codec: str, tokens: int) -
 
 @pytest.mark.parametrize("codec", ["Q4_0", "Q5_0", "IQ4_NL", "Q4_1", "Q5_1"])
 def test_rows_of_odd_block_counts(codec: str) -> None:
-    """Rows of 5 and 7 blocks of 32: a decoded chunk shorter than 256 at each row's end."""
+    """Rows of 5 and 7 blocks of 32: a decoded chunk shorter than 256 at each row's end; against int8
+    activations, each block decoded in registers."""
     x, ids, w, gate_up, down = case((codec, codec), 3, 160, 224)
     ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=(codec, codec))
     assert rel_err(ours, stored_reference(x, ids, w, gate_up, down, (codec, codec))) < 1e-5
+    act8 = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=(codec, codec), int8_act=True)
+    gu_f, dn_f = (
+        torch.from_numpy(get_codec(codec).dequantize(b.numpy(), n)) for b, n in ((gate_up, 160), (down, 224))
+    )
+    assert rel_err(act8, quantized_activation_reference(x, ids, w, gu_f, dn_f, blocks=(32, 32))) < 1e-3
 
 
 @pytest.mark.parametrize("codec", ["Q3_K", "IQ2_XXS", "IQ4_NL"])

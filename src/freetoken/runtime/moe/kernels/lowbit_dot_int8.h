@@ -283,6 +283,44 @@ static inline float block_dot_q8_avx2(const int8_t *restrict q, const float *res
     return hsum256(acc) - mins;
 }
 
+// The 32 weights of a legacy block (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) as int8 in one vector, weights in order.
+static inline __m256i legacy32(int codec, const uint8_t *restrict b) {
+    const int affine = codec == FT_CODEC_Q4_1 || codec == FT_CODEC_Q5_1;
+    const int five = codec == FT_CODEC_Q5_0 || codec == FT_CODEC_Q5_1;
+    const uint8_t *qh = b + (affine ? 4 : 2), *qs = qh + (five ? 4 : 0);
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs), low4 = _mm_set1_epi8(15);
+    __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+    if (five) {
+        lo = _mm_or_si128(lo, _mm_slli_epi16(bits16(qh), 4));
+        hi = _mm_or_si128(hi, _mm_slli_epi16(bits16(qh + 2), 4));
+    }
+    if (codec == FT_CODEC_IQ4_NL) {
+        const __m128i table = _mm_loadu_si128((const __m128i *)IQ4_NL_KVALUES);
+        lo = _mm_shuffle_epi8(table, lo), hi = _mm_shuffle_epi8(table, hi);
+    } else if (!affine) {
+        const __m128i off = _mm_set1_epi8(five ? 16 : 8);
+        lo = _mm_sub_epi8(lo, off), hi = _mm_sub_epi8(hi, off);
+    }
+    return _mm256_set_m128i(hi, lo);
+}
+
+// A legacy row against one int8 activation vector (blocks of 32, one activation scale each), each block
+// decoded in registers and dotted at once: Σ_b d_b · dx_b · Σ q·x8 (+ m_b · dx_b · Σ x8 for Q4_1, Q5_1).
+static inline float dot_legacy_q8(int codec, const uint8_t *restrict row, const int8_t *restrict x,
+                                  const float *restrict xd, const int16_t *restrict xs, int n, int bytes) {
+    const int affine = codec == FT_CODEC_Q4_1 || codec == FT_CODEC_Q5_1;
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int b = 0; b < n / 32; b++, row += bytes) {
+        const __m256i q = legacy32(codec, row), v = _mm256_loadu_si256((const __m256i *)(x + 32 * b));
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(v, q));
+        const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_at(row) * xd[b]), sums, acc);
+        if (affine) mins += fp16_at(row + 2) * xd[b] * (float)(xs[2 * b] + xs[2 * b + 1]);
+    }
+    return hsum256(acc) + mins;
+}
+
 // (A 512-bit vpdpbusd form, four groups a step with their scales spread by a permute, measured slower here:
 // 5.2 against 8.4 GB/s on Q4_0 rows, 2-core AVX-512 EPYC.)
 static inline float block_dot_q8(const int8_t *restrict q, const float *restrict sc, const float *restrict mn,
@@ -316,6 +354,12 @@ static inline void dots_lowbit_q8(int act8, const uint8_t *restrict row, const i
     const int has_min = codec == FT_CODEC_Q2_K || codec == FT_CODEC_Q4_1 || codec == FT_CODEC_Q5_1;
     int elements, bytes;
     codec_block(codec, &elements, &bytes);
+#if defined(__AVX2__)
+    if (elements == 32) {  // the legacy types: decoded in registers, no pass through L1
+        for (int j = 0; j < count; j++) out[j] = dot_legacy_q8(codec, row, vq[j], vd[j], vs[j], n, bytes);
+        return;
+    }
+#endif
     int8_t q[LOWBIT_CHUNK] __attribute__((aligned(32)));
     float sc[LOWBIT_CHUNK / 16], mn[LOWBIT_CHUNK / 16];
     for (int j = 0; j < count; j++) out[j] = 0.0f;
