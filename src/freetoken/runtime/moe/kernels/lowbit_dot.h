@@ -1,7 +1,8 @@
 // Rows in the codecs users download below 4 bits and the legacy ones (ggml's layouts, what
-// gguf.quants.dequantize reads), kept as stored: each block decoded to fp32 in L1 (one pass of vector
-// arithmetic or codebook lookups), then dotted with every vector of the unit, so a row is read once for
-// all of them. Layouts (bytes per block of weights; fp16 scales little-endian):
+// gguf.quants.dequantize reads), kept as stored. One decoding per type: a block's weights as int8 q with a
+// scale and a min per 16 (w = sc·q − mn); the fp32 dots here scale it into L1 a chunk at a time and dot
+// the chunk with every vector of the unit (a row read once for all of them), lowbit_dot_int8.h meets it
+// with int8 activations in registers. Layouts (bytes per block of weights; fp16 scales little-endian):
 //   Q4_0 18/32: d, qs[16]; w = d·(q − 8), byte j's low nibble weight j, high nibble weight j + 16.
 //   Q5_0 22/32: d, qh (32 bits, weight j's fifth bit), qs[16] as Q4_0's; w = d·(q − 16).
 //   IQ4_NL 18/32: d, qs[16] as Q4_0's; w = d·IQ4_NL[q].
@@ -26,6 +27,12 @@
 #include "iq_grids.h"
 #include "quant_dot.h"
 
+// the vector forms: AVX2 with FMA (otherwise the plain statement, int8_block_plain)
+#if defined(__AVX2__) && defined(__FMA__)
+#define LOWBIT_SIMD 1
+#else
+#define LOWBIT_SIMD 0
+#endif
 #define LOWBIT_CHUNK 256  // weights decoded at a time (a K-quant super-block; eight 32-weight blocks)
 
 static const int8_t IQ4_NL_KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -38,7 +45,7 @@ static inline uint32_t u32_at(const uint8_t *p) {
     return v;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if LOWBIT_SIMD
 // y[0..16) = a·q − m for sixteen int8 q.
 static inline void put16(__m128i q, float a, float m, float *restrict y) {
     const __m256 va = _mm256_set1_ps(a), vm = _mm256_set1_ps(m);
@@ -56,200 +63,255 @@ static inline __m128i bits16(const uint8_t *p) {
     return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(spread, bit), bit), _mm_set1_epi8(1));
 }
 
-static inline void block_q4_0(const uint8_t *restrict b, float *restrict y, int iq4_nl) {
-    const float d = fp16_at(b);
-    const __m128i q = _mm_loadu_si128((const __m128i *)(b + 2)), low4 = _mm_set1_epi8(15);
-    __m128i lo = _mm_and_si128(q, low4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
-    if (iq4_nl) {
+// Two 8-weight codebook groups as sixteen int8: grid bytes, negated where the sign bytes have a bit.
+static inline __m128i signed_grid16(uint64_t g0, uint64_t g1, uint8_t s0, uint8_t s1) {
+    const uint8_t signs[2] = {s0, s1};
+    const __m128i neg = _mm_sub_epi8(_mm_setzero_si128(), bits16(signs));  // 0xFF where negated
+    return _mm_sub_epi8(_mm_xor_si128(_mm_set_epi64x((long long)g1, (long long)g0), neg), neg);
+}
+
+// Weights 32c .. 32c + 31 of a super-block (Q2_K, Q3_K, IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S) as int8, in order.
+static inline __attribute__((always_inline)) __m256i super32(int codec, const uint8_t *restrict b, int c) {
+    const __m256i three = _mm256_set1_epi8(3);
+    switch (codec) {
+        case FT_CODEC_Q2_K: {  // weight 128g + 32s + l: byte 32g + l, bits 2s
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (c / 4)));
+            return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * (c % 4))), three);
+        }
+        case FT_CODEC_Q3_K: {  // the same two bits, minus 4 where hmask[l] bit c is clear
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * (c / 4)));
+            const __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * (c % 4))), three);
+            const __m256i h = _mm256_and_si256(
+                _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)b), _mm_cvtsi32_si128(c)), _mm256_set1_epi8(1));
+            return _mm256_sub_epi8(q, _mm256_sub_epi8(_mm256_set1_epi8(4), _mm256_slli_epi16(h, 2)));
+        }
+        case FT_CODEC_IQ2_XXS: {
+            const uint32_t idx = u32_at(b + 2 + 8 * c), aux = u32_at(b + 6 + 8 * c);
+            __m128i half[2];
+            for (int l = 0; l < 4; l += 2)
+                half[l / 2] = signed_grid16(IQ2XXS_GRID[(idx >> (8 * l)) & 255], IQ2XXS_GRID[(idx >> (8 * l + 8)) & 255],
+                                            KSIGNS[(aux >> (7 * l)) & 127], KSIGNS[(aux >> (7 * l + 7)) & 127]);
+            return _mm256_set_m128i(half[1], half[0]);
+        }
+        case FT_CODEC_IQ2_XS: {
+            __m128i half[2];
+            for (int k = 0; k < 2; k++) {
+                const int i = 4 * c + 2 * k;
+                const int v0 = b[2 + 2 * i] | (b[3 + 2 * i] << 8), v1 = b[4 + 2 * i] | (b[5 + 2 * i] << 8);
+                half[k] = signed_grid16(IQ2XS_GRID[v0 & 511], IQ2XS_GRID[v1 & 511], KSIGNS[v0 >> 9], KSIGNS[v1 >> 9]);
+            }
+            return _mm256_set_m128i(half[1], half[0]);
+        }
+        case FT_CODEC_IQ3_XXS: {
+            const uint32_t aux = u32_at(b + 66 + 4 * c);
+            const uint8_t *g = b + 2 + 8 * c;
+            __m128i half[2];
+            for (int l = 0; l < 4; l += 2)
+                half[l / 2] = signed_grid16(IQ3XXS_GRID[g[2 * l]] | ((uint64_t)IQ3XXS_GRID[g[2 * l + 1]] << 32),
+                                            IQ3XXS_GRID[g[2 * l + 2]] | ((uint64_t)IQ3XXS_GRID[g[2 * l + 3]] << 32),
+                                            KSIGNS[(aux >> (7 * l)) & 127], KSIGNS[(aux >> (7 * l + 7)) & 127]);
+            return _mm256_set_m128i(half[1], half[0]);
+        }
+        default: {  // IQ3_S: groups 4c .. 4c + 3 of 8, each two 4-weight grid entries with a ninth index bit
+            const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74;
+            uint64_t grids[4];
+            for (int k = 0; k < 4; k++) {
+                const int i0 = 2 * (4 * c + k), i1 = i0 + 1;
+                grids[k] = IQ3S_GRID[qs[i0] | (((qh[i0 / 8] >> (i0 % 8)) & 1) << 8)] |
+                           ((uint64_t)IQ3S_GRID[qs[i1] | (((qh[i1 / 8] >> (i1 % 8)) & 1) << 8)] << 32);
+            }
+            return _mm256_set_m128i(signed_grid16(grids[2], grids[3], signs[4 * c + 2], signs[4 * c + 3]),
+                                    signed_grid16(grids[0], grids[1], signs[4 * c], signs[4 * c + 1]));
+        }
+    }
+}
+
+// The 32 weights of a legacy block (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) as int8 in one vector, weights in order.
+static inline __attribute__((always_inline)) __m256i legacy32(int codec, const uint8_t *restrict b) {
+    const int affine = codec == FT_CODEC_Q4_1 || codec == FT_CODEC_Q5_1;
+    const int five = codec == FT_CODEC_Q5_0 || codec == FT_CODEC_Q5_1;
+    const uint8_t *qh = b + (affine ? 4 : 2), *qs = qh + (five ? 4 : 0);
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs), low4 = _mm_set1_epi8(15);
+    __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+    if (five) {
+        lo = _mm_or_si128(lo, _mm_slli_epi16(bits16(qh), 4));
+        hi = _mm_or_si128(hi, _mm_slli_epi16(bits16(qh + 2), 4));
+    }
+    if (codec == FT_CODEC_IQ4_NL) {
         const __m128i table = _mm_loadu_si128((const __m128i *)IQ4_NL_KVALUES);
         lo = _mm_shuffle_epi8(table, lo), hi = _mm_shuffle_epi8(table, hi);
-    } else {
-        lo = _mm_sub_epi8(lo, _mm_set1_epi8(8)), hi = _mm_sub_epi8(hi, _mm_set1_epi8(8));
+    } else if (!affine) {
+        const __m128i off = _mm_set1_epi8(five ? 16 : 8);
+        lo = _mm_sub_epi8(lo, off), hi = _mm_sub_epi8(hi, off);
     }
-    put16(lo, d, 0.0f, y);
-    put16(hi, d, 0.0f, y + 16);
+    return _mm256_set_m128i(hi, lo);
 }
 
-// Q5_0 (affine 0: w = d·(q − 16)) and Q5_1 (affine 1: w = d·q + m): 32 five-bit quants from qh and qs.
-static inline void block_q5(const uint8_t *restrict b, float *restrict y, int affine) {
-    const float d = fp16_at(b), m = affine ? fp16_at(b + 2) : 0.0f;
-    const uint8_t *qh = b + (affine ? 4 : 2), *qs = qh + 4;
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs), low4 = _mm_set1_epi8(15);
-    const __m128i off = _mm_set1_epi8(affine ? 0 : 16);
-    const __m128i lo = _mm_or_si128(_mm_and_si128(q, low4), _mm_slli_epi16(bits16(qh), 4));
-    const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), low4), _mm_slli_epi16(bits16(qh + 2), 4));
-    put16(_mm_sub_epi8(lo, off), d, -m, y);
-    put16(_mm_sub_epi8(hi, off), d, -m, y + 16);
-}
-
-static inline void block_q4_1(const uint8_t *restrict b, float *restrict y) {
-    const float d = fp16_at(b), m = fp16_at(b + 2);
-    const __m128i q = _mm_loadu_si128((const __m128i *)(b + 4)), low4 = _mm_set1_epi8(15);
-    put16(_mm_and_si128(q, low4), d, -m, y);
-    put16(_mm_and_si128(_mm_srli_epi16(q, 4), low4), d, -m, y + 16);
-}
-
-static inline void block_q2_k(const uint8_t *restrict b, float *restrict y) {
-    const float d = fp16_at(b + 80), dmin = fp16_at(b + 82);
-    const __m128i three = _mm_set1_epi8(3);
-    for (int sub = 0; sub < 16; sub++) {  // 16 weights from 16·sub = 128g + 32s + 16half
-        const int g = sub / 8, s = (sub / 2) % 4, half = sub % 2;
-        const __m128i q = _mm_loadu_si128((const __m128i *)(b + 16 + 32 * g + 16 * half));
-        put16(_mm_and_si128(_mm_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), three), d * (float)(b[sub] & 15),
-              dmin * (float)(b[sub] >> 4), y + 16 * sub);
-    }
-}
-
-static inline void block_q3_k(const uint8_t *restrict b, float *restrict y) {
-    const uint8_t *hmask = b, *qs = b + 32, *sc = b + 96;
-    const float d = fp16_at(b + 108);
-    const __m128i three = _mm_set1_epi8(3), one = _mm_set1_epi8(1), four = _mm_set1_epi8(4);
-    for (int sub = 0; sub < 16; sub++) {
-        const int low = (sc[sub % 8] >> (4 * (sub / 8))) & 15, high = (sc[8 + sub % 4] >> (2 * (sub / 4))) & 3;
-        const int e0 = 16 * sub, g = e0 / 128, s = (e0 % 128) / 32, l0 = e0 % 32;
-        const __m128i q = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * g + l0)),
-                                                      _mm_cvtsi32_si128(2 * s)), three);
-        const __m128i h = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(hmask + l0)),
-                                                      _mm_cvtsi32_si128(e0 / 32)), one);
-        put16(_mm_sub_epi8(q, _mm_sub_epi8(four, _mm_slli_epi16(h, 2))), d * (float)((low | (high << 4)) - 32), 0.0f,
-              y + e0);
-    }
-}
-
-// Eight weights of a codebook group: `grid` bytes times `scale`, negated where `signs` has a bit.
-static inline void grid8(uint64_t grid, uint8_t signs, float scale, float *restrict y) {
-    const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)grid)));
-    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    const __m256i neg = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(signs), bit), bit);
-    _mm256_storeu_ps(y, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(scale), v),
-                                      _mm256_castsi256_ps(_mm256_slli_epi32(neg, 31))));
-}
-#else
-static inline void block_q4_0(const uint8_t *restrict b, float *restrict y, int iq4_nl) {
-    const float d = fp16_at(b);
-    for (int j = 0; j < 16; j++) {
-        const int lo = b[2 + j] & 15, hi = b[2 + j] >> 4;
-        y[j] = d * (float)(iq4_nl ? IQ4_NL_KVALUES[lo] : lo - 8);
-        y[j + 16] = d * (float)(iq4_nl ? IQ4_NL_KVALUES[hi] : hi - 8);
-    }
-}
-
-static inline void block_q5(const uint8_t *restrict b, float *restrict y, int affine) {
-    const float d = fp16_at(b), m = affine ? fp16_at(b + 2) : 0.0f;
-    const uint8_t *qs = b + (affine ? 8 : 6);
-    const uint32_t qh = u32_at(b + (affine ? 4 : 2));
-    const int off = affine ? 0 : 16;
-    for (int j = 0; j < 16; j++) {
-        y[j] = d * (float)((int)((qs[j] & 15) | (((qh >> j) & 1) << 4)) - off) + m;
-        y[j + 16] = d * (float)((int)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - off) + m;
-    }
-}
-
-static inline void block_q4_1(const uint8_t *restrict b, float *restrict y) {
-    const float d = fp16_at(b), m = fp16_at(b + 2);
-    for (int j = 0; j < 16; j++) {
-        y[j] = d * (float)(b[4 + j] & 15) + m;
-        y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
-    }
-}
-
-static inline void block_q2_k(const uint8_t *restrict b, float *restrict y) {
-    const float d = fp16_at(b + 80), dmin = fp16_at(b + 82);
-    for (int sub = 0; sub < 16; sub++) {
-        const int g = sub / 8, s = (sub / 2) % 4, half = sub % 2;
-        const float a = d * (float)(b[sub] & 15), m = dmin * (float)(b[sub] >> 4);
-        const uint8_t *q = b + 16 + 32 * g + 16 * half;
-        for (int l = 0; l < 16; l++) y[16 * sub + l] = a * (float)((q[l] >> (2 * s)) & 3) - m;
-    }
-}
-
-static inline void block_q3_k(const uint8_t *restrict b, float *restrict y) {
-    const uint8_t *hmask = b, *qs = b + 32, *sc = b + 96;
-    const float d = fp16_at(b + 108);
-    for (int sub = 0; sub < 16; sub++) {
-        const int low = (sc[sub % 8] >> (4 * (sub / 8))) & 15, high = (sc[8 + sub % 4] >> (2 * (sub / 4))) & 3;
-        const float a = d * (float)((low | (high << 4)) - 32);
-        const int e0 = 16 * sub, g = e0 / 128, s = (e0 % 128) / 32, l0 = e0 % 32;
-        for (int l = 0; l < 16; l++) {
-            const int q = (qs[32 * g + l0 + l] >> (2 * s)) & 3;
-            const int h = (hmask[l0 + l] >> (e0 / 32)) & 1;
-            y[e0 + l] = a * (float)(q - (h ? 0 : 4));
-        }
-    }
-}
-
-static inline void grid8(uint64_t grid, uint8_t signs, float scale, float *restrict y) {
-    for (int j = 0; j < 8; j++) {
-        const float v = scale * (float)((grid >> (8 * j)) & 255);
-        y[j] = (signs >> j) & 1 ? -v : v;
-    }
-}
 #endif
 
-static inline void block_iq2_xxs(const uint8_t *restrict b, float *restrict y) {
-    const float d = fp16_at(b);
-    for (int ib = 0; ib < 8; ib++) {
-        const uint32_t idx = u32_at(b + 2 + 8 * ib), aux = u32_at(b + 6 + 8 * ib);
-        const float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
-        for (int l = 0; l < 4; l++)
-            grid8(IQ2XXS_GRID[(idx >> (8 * l)) & 255], KSIGNS[(aux >> (7 * l)) & 127], db, y + 32 * ib + 8 * l);
+// The codes of a 16-weight group's sign byte pair as int8 multipliers: bit j of `signs` set -> −1.
+static inline void signed_grid8(uint64_t grid, uint8_t signs, int8_t *restrict q) {
+    for (int j = 0; j < 8; j++) {
+        const int v = (int)((grid >> (8 * j)) & 255);
+        q[j] = (int8_t)((signs >> j) & 1 ? -v : v);
     }
 }
 
-static inline void block_iq2_xs(const uint8_t *restrict b, float *restrict y) {
-    const float d = fp16_at(b);
-    for (int i = 0; i < 32; i++) {
-        const int q = b[2 + 2 * i] | (b[3 + 2 * i] << 8);
-        const int ls = (b[66 + i / 4] >> (4 * ((i / 2) % 2))) & 15;
-        grid8(IQ2XS_GRID[q & 511], KSIGNS[q >> 9], d * (0.5f + (float)ls) * 0.25f, y + 8 * i);
+// A block's scales and mins per 16 weights (w = sc·q − mn), from its header: a legacy block's two
+// halves share its d (and −m for Q4_1, Q5_1); a super-block's per type.
+static inline __attribute__((always_inline)) void lowbit_scales(int codec, const uint8_t *restrict b, float *restrict sc, float *restrict mn) {
+    if (codec == FT_CODEC_Q4_0 || codec == FT_CODEC_IQ4_NL || codec == FT_CODEC_Q4_1 || codec == FT_CODEC_Q5_0 ||
+        codec == FT_CODEC_Q5_1) {
+        sc[0] = sc[1] = fp16_at(b);
+        mn[0] = mn[1] = codec == FT_CODEC_Q4_1 || codec == FT_CODEC_Q5_1 ? -fp16_at(b + 2) : 0.0f;
+        return;
     }
-}
-
-static inline void block_iq3_xxs(const uint8_t *restrict b, float *restrict y) {
     const float d = fp16_at(b);
-    for (int ib = 0; ib < 8; ib++) {
-        const uint32_t aux = u32_at(b + 66 + 4 * ib);
-        const float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
-        for (int l = 0; l < 4; l++) {
-            const uint8_t *q = b + 2 + 8 * ib + 2 * l;
-            const uint64_t grid = IQ3XXS_GRID[q[0]] | ((uint64_t)IQ3XXS_GRID[q[1]] << 32);
-            grid8(grid, KSIGNS[(aux >> (7 * l)) & 127], db, y + 32 * ib + 8 * l);
+    for (int s = 0; s < 16; s++) {
+        mn[s] = 0.0f;
+        switch (codec) {
+            case FT_CODEC_Q2_K:
+                sc[s] = fp16_at(b + 80) * (float)(b[s] & 15), mn[s] = fp16_at(b + 82) * (float)(b[s] >> 4);
+                break;
+            case FT_CODEC_Q3_K: {
+                const int low = (b[96 + s % 8] >> (4 * (s / 8))) & 15, high = (b[104 + s % 4] >> (2 * (s / 4))) & 3;
+                sc[s] = fp16_at(b + 108) * (float)((low | (high << 4)) - 32);
+                break;
+            }
+            case FT_CODEC_IQ2_XXS: sc[s] = d * (0.5f + (float)(u32_at(b + 6 + 8 * (s / 2)) >> 28)) * 0.25f; break;
+            case FT_CODEC_IQ2_XS: sc[s] = d * (0.5f + (float)((b[66 + s / 2] >> (4 * (s % 2))) & 15)) * 0.25f; break;
+            case FT_CODEC_IQ3_XXS: sc[s] = d * (0.5f + (float)(u32_at(b + 66 + 4 * (s / 2)) >> 28)) * 0.5f; break;
+            default: sc[s] = d * (float)(1 + 2 * ((b[106 + s / 4] >> (4 * ((s / 2) % 2))) & 15)); break;
         }
     }
 }
 
-static inline void block_iq3_s(const uint8_t *restrict b, float *restrict y) {
-    const float d = fp16_at(b);
-    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *scales = b + 106;
-    for (int g = 0; g < 32; g++) {  // eight weights: grid entries 2g and 2g + 1
-        const int ls = (scales[g / 8] >> (4 * ((g / 4) % 2))) & 15;
-        const int i0 = 2 * g, i1 = 2 * g + 1;
-        const uint64_t grid = IQ3S_GRID[qs[i0] | (((qh[i0 / 8] >> (i0 % 8)) & 1) << 8)] |
-                              ((uint64_t)IQ3S_GRID[qs[i1] | (((qh[i1 / 8] >> (i1 % 8)) & 1) << 8)] << 32);
-        grid8(grid, signs[g], d * (float)(1 + 2 * ls), y + 8 * g);
+// One block of `codec` (a lowbit_codec) as int8 q [block elements] with lowbit_scales' scales and mins:
+// the plain statement (and the build's way without AVX2).
+static inline void int8_block_plain(int codec, const uint8_t *restrict b, int8_t *restrict q, float *restrict sc,
+                                    float *restrict mn) {
+    lowbit_scales(codec, b, sc, mn);
+    switch (codec) {
+        case FT_CODEC_Q4_0:
+        case FT_CODEC_IQ4_NL:
+        case FT_CODEC_Q4_1: {
+            const int affine = codec == FT_CODEC_Q4_1;
+            const uint8_t *qs = b + (affine ? 4 : 2);
+            for (int j = 0; j < 16; j++) {
+                const int lo = qs[j] & 15, hi = qs[j] >> 4;
+                q[j] = (int8_t)(codec == FT_CODEC_IQ4_NL ? IQ4_NL_KVALUES[lo] : affine ? lo : lo - 8);
+                q[j + 16] = (int8_t)(codec == FT_CODEC_IQ4_NL ? IQ4_NL_KVALUES[hi] : affine ? hi : hi - 8);
+            }
+            return;
+        }
+        case FT_CODEC_Q5_0:
+        case FT_CODEC_Q5_1: {
+            const int affine = codec == FT_CODEC_Q5_1;
+            const uint32_t qh = u32_at(b + (affine ? 4 : 2));
+            const uint8_t *qs = b + (affine ? 8 : 6);
+            for (int j = 0; j < 16; j++) {
+                q[j] = (int8_t)((int)((qs[j] & 15) | (((qh >> j) & 1) << 4)) - (affine ? 0 : 16));
+                q[j + 16] = (int8_t)((int)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - (affine ? 0 : 16));
+            }
+            return;
+        }
+        case FT_CODEC_Q2_K:
+            for (int sub = 0; sub < 16; sub++) {
+                const int g = sub / 8, s = (sub / 2) % 4, half = sub % 2;
+                const uint8_t *qs = b + 16 + 32 * g + 16 * half;
+                for (int l = 0; l < 16; l++) q[16 * sub + l] = (int8_t)((qs[l] >> (2 * s)) & 3);
+            }
+            return;
+        case FT_CODEC_Q3_K: {
+            const uint8_t *hmask = b, *qs = b + 32;
+            for (int e = 0; e < 256; e++) {
+                const int v = (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+                q[e] = (int8_t)(v - ((hmask[e % 32] >> (e / 32)) & 1 ? 0 : 4));
+            }
+            return;
+        }
+        case FT_CODEC_IQ2_XXS:
+            for (int ib = 0; ib < 8; ib++) {
+                const uint32_t idx = u32_at(b + 2 + 8 * ib), aux = u32_at(b + 6 + 8 * ib);
+                for (int l = 0; l < 4; l++)
+                    signed_grid8(IQ2XXS_GRID[(idx >> (8 * l)) & 255], KSIGNS[(aux >> (7 * l)) & 127], q + 32 * ib + 8 * l);
+            }
+            return;
+        case FT_CODEC_IQ2_XS:
+            for (int i = 0; i < 32; i++) {
+                const int v = b[2 + 2 * i] | (b[3 + 2 * i] << 8);
+                signed_grid8(IQ2XS_GRID[v & 511], KSIGNS[v >> 9], q + 8 * i);
+            }
+            return;
+        case FT_CODEC_IQ3_XXS:
+            for (int ib = 0; ib < 8; ib++) {
+                const uint32_t aux = u32_at(b + 66 + 4 * ib);
+                for (int l = 0; l < 4; l++) {
+                    const uint8_t *g = b + 2 + 8 * ib + 2 * l;
+                    const uint64_t grid = IQ3XXS_GRID[g[0]] | ((uint64_t)IQ3XXS_GRID[g[1]] << 32);
+                    signed_grid8(grid, KSIGNS[(aux >> (7 * l)) & 127], q + 32 * ib + 8 * l);
+                }
+            }
+            return;
+        default: {  // IQ3_S
+            const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74;
+            for (int g = 0; g < 32; g++) {
+                const int i0 = 2 * g, i1 = 2 * g + 1;
+                const uint64_t grid = IQ3S_GRID[qs[i0] | (((qh[i0 / 8] >> (i0 % 8)) & 1) << 8)] |
+                                      ((uint64_t)IQ3S_GRID[qs[i1] | (((qh[i1 / 8] >> (i1 % 8)) & 1) << 8)] << 32);
+                signed_grid8(grid, signs[g], q + 8 * g);
+            }
+            return;
+        }
     }
 }
 
-// Weights [k0, k0 + count) of a row (k0 and count whole blocks) decoded to fp32 into y.
-static inline void decode_lowbit(int codec, const uint8_t *restrict row, int k0, int count, float *restrict y) {
+// Weights [k0, k0 + count) of a row (k0 and count whole blocks) decoded to fp32 into y: each block's int8
+// values scaled per 16.
+static inline __attribute__((always_inline)) void decode_lowbit_of(int codec, const uint8_t *restrict row, int k0,
+                                                                   int count, float *restrict y) {
     int elements, bytes;
     codec_block(codec, &elements, &bytes);
     const uint8_t *b = row + (long)(k0 / elements) * bytes;  // one division a call, none a block
+    float sc[16], mn[16];
     for (int k = 0; k < count; k += elements, b += bytes) {
         float *out = y + k;
-        switch (codec) {
-            case FT_CODEC_Q4_0: block_q4_0(b, out, 0); break;
-            case FT_CODEC_IQ4_NL: block_q4_0(b, out, 1); break;
-            case FT_CODEC_Q5_0: block_q5(b, out, 0); break;
-            case FT_CODEC_Q5_1: block_q5(b, out, 1); break;
-            case FT_CODEC_Q4_1: block_q4_1(b, out); break;
-            case FT_CODEC_Q2_K: block_q2_k(b, out); break;
-            case FT_CODEC_Q3_K: block_q3_k(b, out); break;
-            case FT_CODEC_IQ2_XXS: block_iq2_xxs(b, out); break;
-            case FT_CODEC_IQ2_XS: block_iq2_xs(b, out); break;
-            case FT_CODEC_IQ3_XXS: block_iq3_xxs(b, out); break;
-            default: block_iq3_s(b, out); break;
+#if LOWBIT_SIMD
+        if (elements == 32) {
+            const __m256i q = legacy32(codec, b);
+            lowbit_scales(codec, b, sc, mn);
+            put16(_mm256_castsi256_si128(q), sc[0], mn[0], out);
+            put16(_mm256_extracti128_si256(q, 1), sc[1], mn[1], out + 16);
+            continue;
         }
+        lowbit_scales(codec, b, sc, mn);
+        for (int c = 0; c < 8; c++) {
+            const __m256i q = super32(codec, b, c);
+            put16(_mm256_castsi256_si128(q), sc[2 * c], mn[2 * c], out + 32 * c);
+            put16(_mm256_extracti128_si256(q, 1), sc[2 * c + 1], mn[2 * c + 1], out + 32 * c + 16);
+        }
+#else
+        int8_t q[256];
+        int8_block_plain(codec, b, q, sc, mn);
+        for (int e = 0; e < elements; e++) out[e] = sc[e / 16] * (float)q[e] - mn[e / 16];
+#endif
+    }
+}
+
+// decode_lowbit_of with the codec a constant in each branch (its decoding specialised, no switch a block).
+static inline void decode_lowbit(int codec, const uint8_t *restrict row, int k0, int count, float *restrict y) {
+    switch (codec) {
+        case FT_CODEC_Q4_0: decode_lowbit_of(FT_CODEC_Q4_0, row, k0, count, y); return;
+        case FT_CODEC_Q4_1: decode_lowbit_of(FT_CODEC_Q4_1, row, k0, count, y); return;
+        case FT_CODEC_Q5_0: decode_lowbit_of(FT_CODEC_Q5_0, row, k0, count, y); return;
+        case FT_CODEC_Q5_1: decode_lowbit_of(FT_CODEC_Q5_1, row, k0, count, y); return;
+        case FT_CODEC_IQ4_NL: decode_lowbit_of(FT_CODEC_IQ4_NL, row, k0, count, y); return;
+        case FT_CODEC_Q2_K: decode_lowbit_of(FT_CODEC_Q2_K, row, k0, count, y); return;
+        case FT_CODEC_Q3_K: decode_lowbit_of(FT_CODEC_Q3_K, row, k0, count, y); return;
+        case FT_CODEC_IQ2_XXS: decode_lowbit_of(FT_CODEC_IQ2_XXS, row, k0, count, y); return;
+        case FT_CODEC_IQ2_XS: decode_lowbit_of(FT_CODEC_IQ2_XS, row, k0, count, y); return;
+        case FT_CODEC_IQ3_XXS: decode_lowbit_of(FT_CODEC_IQ3_XXS, row, k0, count, y); return;
+        default: decode_lowbit_of(FT_CODEC_IQ3_S, row, k0, count, y); return;
     }
 }
 
