@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from deepseek_v4_published import older_spelling
 from freetoken.errors import FreeTokenError
 from freetoken.runtime.engine import build_engine
 from freetoken.runtime.models import load_model_config
@@ -199,25 +200,6 @@ def test_routed_experts_clamp_at_swiglu_limit_as_transformers(tmp_path: Path, ba
         layer.mlp.experts.limit = float("inf")
     unclamped = reference(model, PROMPT)
     assert rel_err(unclamped, want) > 1e-2 and not torch.equal(unclamped.argmax(-1), want.argmax(-1))
-
-
-def older_spelling(raw: dict[str, Any]) -> dict[str, Any]:
-    """The config as older files spell it: per-layer compress ratios, scalar rates, a hash-layer count,
-    rope dims and a flat `rope_scaling` (yarn for the compressed layers)."""
-    old = {k: v for k, v in raw.items() if k not in ("layer_types", "mlp_layer_types", "compress_rates")}
-    rates = raw["compress_rates"]
-    by_kind = {"sliding_attention": 0, **rates}
-    old.update(
-        compress_ratios=[by_kind[kind] for kind in raw["layer_types"]],
-        compress_rate_csa=rates["compressed_sparse_attention"],
-        compress_rate_hca=rates["heavily_compressed_attention"],
-        num_hash_layers=raw["mlp_layer_types"].count("hash_moe"),
-        qk_rope_head_dim=int(raw["head_dim"] * raw["partial_rotary_factor"]),
-        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
-    )
-    old.pop("partial_rotary_factor")
-    old.pop("rope_parameters")
-    return old
 
 
 def test_both_config_spellings_read_the_same(tmp_path: Path) -> None:
