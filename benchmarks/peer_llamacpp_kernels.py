@@ -3,6 +3,7 @@
     python benchmarks/peer_llamacpp_kernels.py --llama-bench .peers/llama-build-cuda/bin/llama-bench
     python benchmarks/peer_llamacpp_kernels.py --llama-bench BIN --codecs Q4_K --ncu /path/to/ncu --json
     python benchmarks/peer_llamacpp_kernels.py --llama-bench BIN --family mixtral --codecs Q4_K,Q6_K
+    python benchmarks/peer_llamacpp_kernels.py --llama-bench BIN --codecs IQ3_S --ggufs DIR  # DIR/X.gguf kept
 
 For each codec a 4-layer GGUF of a family's shapes (`--family`, make_family_gguf.py's: Qwen3-30B-A3B by
 default, Mixtral-8x7B's wide experts, MiniMax-M2's, OLMoE's, GLM-4.5-Air's) with experts of that codec is
@@ -133,6 +134,9 @@ def main() -> None:
     ap.add_argument("--family", default="qwen3moe", help="make_family_gguf.py's family: its expert shapes")
     ap.add_argument("--ncu", default=shutil.which("ncu") or "ncu", help="Nsight Compute's command line")
     ap.add_argument("--dir", type=Path, default=None, help="where the GGUFs are written (a temporary folder)")
+    ap.add_argument(
+        "--ggufs", type=Path, default=None, help="a folder of CODEC.gguf files (kept; made where absent)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not args.llama_bench.is_file():
@@ -153,12 +157,14 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for codec in args.codecs.split(","):
-            gguf = Path(tmp) / f"{codec}.gguf"
-            make = [sys.executable, str(HERE / "make_family_gguf.py"), str(gguf), "--layers", "4"]
-            make += ["--family", args.family]
-            subprocess.run([*make, "--expert-type", codec], check=True, capture_output=True)
+            gguf = (args.ggufs or Path(tmp)) / f"{codec}.gguf"
+            if not gguf.is_file():
+                make = [sys.executable, str(HERE / "make_family_gguf.py"), str(gguf), "--layers", "4"]
+                make += ["--family", args.family]
+                subprocess.run([*make, "--expert-type", codec], check=True, capture_output=True)
             theirs = llama_kernels(args.llama_bench, gguf, args.ncu)
-            gguf.unlink()
+            if args.ggufs is None:
+                gguf.unlink()
             ours = our_kernels(codec, **shape)
             for part in ("gate_up", "down"):
                 o, t = ours[part], theirs[part]

@@ -1,11 +1,14 @@
 """The GGML types beyond Q8_0, Q4_K, Q6_K and MXFP4 read as stored by the Triton expert kernels: a block's
-weights computed in registers by index arithmetic (each weight gathers its own bits; neighbours share
-the loaded bytes through L1), codebooks and sign patterns read from one small table on the device
-(codec_table). Layouts as lowbit_dot.h's header comment; numbers as cpu_experts.CODEC_IDS: 8 Q5_K,
-10 IQ4_XS, 19 Q2_K, 20 Q3_K, 21 IQ2_XXS, 22 IQ2_XS, 23 IQ3_XXS, 24 IQ3_S (super-blocks of 256:
-superblock_weights), 17 Q4_0, 18 Q5_0, 25 IQ4_NL, 26 Q4_1, 27 Q5_1 (blocks of 32: legacy_weights), and the
-safetensors codecs 14 FP8 and 15 NVFP4 (blocks of 128: block128_weights). References:
-codecs/torch_lowbit.py and gguf's."""
+weights computed in registers from its bytes, each byte, scale and codebook entry read once a tile. A
+codec's tile is shaped by its layout ([N, groups..., weights of a group], k order when flattened), so a
+field shared by a group (a quant byte holding 2–4 weights, a sub-block's scale, a sign byte, a grid entry
+of 4 or 8 weights read as int32 words) is loaded at its group's shape and broadcast to the weights; every
+weight then costs a shift, a mask and a multiply-add. Codebooks and sign patterns come from one small
+table on the device (codec_table; its grids at 4-byte aligned offsets). Layouts as lowbit_dot.h's header
+comment; numbers as cpu_experts.CODEC_IDS: 8 Q5_K, 10 IQ4_XS, 19 Q2_K, 20 Q3_K, 21 IQ2_XXS, 22 IQ2_XS,
+23 IQ3_XXS, 24 IQ3_S (super-blocks of 256: superblock_weights), 17 Q4_0, 18 Q5_0, 25 IQ4_NL, 26 Q4_1,
+27 Q5_1 (blocks of 32: legacy_weights), and the safetensors codecs 14 FP8 and 15 NVFP4 (blocks of 128:
+block128_weights). References: codecs/torch_lowbit.py and gguf's."""
 
 from __future__ import annotations
 
@@ -14,20 +17,21 @@ import triton.language as tl
 
 from freetoken.runtime.moe.kernels import codec_table
 from freetoken.runtime.moe.kernels.block_bits_triton import (
+    as_float,
     e2m1_doubled,
     fp16_at,
     fp16_low,
     k4_header,
-    k4_scale_min_words,
+    k4_scale_min,
 )
 
-# codec_table's parts, as constants the kernels may read
+# codec_table's parts, as constants the kernels may read (the grids as int32 word offsets)
 IQ4NL_AT = tl.constexpr(codec_table.IQ4NL_AT)
 KSIGNS_AT = tl.constexpr(codec_table.KSIGNS_AT)
-IQ2XXS_AT = tl.constexpr(codec_table.IQ2XXS_AT)
-IQ2XS_AT = tl.constexpr(codec_table.IQ2XS_AT)
-IQ3XXS_AT = tl.constexpr(codec_table.IQ3XXS_AT)
-IQ3S_AT = tl.constexpr(codec_table.IQ3S_AT)
+IQ2XXS_WORD = tl.constexpr(codec_table.IQ2XXS_AT // 4)
+IQ2XS_WORD = tl.constexpr(codec_table.IQ2XS_AT // 4)
+IQ3XXS_WORD = tl.constexpr(codec_table.IQ3XXS_AT // 4)
+IQ3S_WORD = tl.constexpr(codec_table.IQ3S_AT // 4)
 
 
 @triton.jit
@@ -43,126 +47,188 @@ def _u32(ptr, mask):
 
 
 @triton.jit
+def _grid_word(table, word, mask):
+    """The int32 word at word offset `word` of the codec table (four grid bytes)."""
+    return tl.load(table.to(tl.pointer_type(tl.int32)) + word, mask=mask, other=0)
+
+
+@triton.jit
 def _signed(w, signs, bit):
     return tl.where(((signs >> bit) & 1) != 0, -w, w)
+
+
+@triton.jit
+def _k_low2(base, live, CODEC: tl.constexpr):
+    """Q2_K / Q3_K at super-blocks `base` ([N] byte pointers) -> [N, 2, 4, 2, 16]: weight 128h + 32s + 16u
+    + l (its 2 bits at shift 2s of quant byte 32h + 16u + l; its scale the sub-block 8h + 2s + u)."""
+    h = tl.arange(0, 2)[None, :, None, None, None]
+    s = tl.arange(0, 4)[None, None, :, None, None]
+    u = tl.arange(0, 2)[None, None, None, :, None]
+    lane = tl.arange(0, 16)[None, None, None, None, :]
+    b = base[:, None, None, None, None]
+    m = live[:, None, None, None, None]
+    sub = 8 * h + 2 * s + u  # [1, 2, 4, 2, 1]
+    if CODEC == 19:  # Q2_K: 16 scale bytes (scale | min << 4), 64 quant bytes, d, dmin
+        q = (_u8(b + 16 + 32 * h + 16 * u + lane, m) >> (2 * s)) & 3
+        sc = _u8(b + sub, m)
+        d = fp16_at(base + 80, live)[:, None, None, None, None]
+        dmin = fp16_at(base + 82, live)[:, None, None, None, None]
+        return as_float(q, 0.0) * (d * (sc & 15).to(tl.float32)) - dmin * (sc >> 4).to(tl.float32)
+    else:  # Q3_K: 32 bytes of third bits (weight k's at byte k % 32, bit k // 32), 64 quant bytes, scales, d
+        q = (_u8(b + 32 + 32 * h + 16 * u + lane, m) >> (2 * s)) & 3
+        high = (_u8(b + 16 * u + lane, m) >> (4 * h + s)) & 1
+        low = (_u8(b + 96 + sub % 8, m) >> (4 * (sub // 8))) & 15
+        top = (_u8(b + 104 + sub % 4, m) >> (2 * (sub // 4))) & 3
+        d = fp16_at(base + 108, live)[:, None, None, None, None]
+        return as_float(q + 4 * high, 4.0) * (d * ((low | (top << 4)) - 32).to(tl.float32))
+
+
+@triton.jit
+def _q5k(base, live):
+    """Q5_K at super-blocks `base` -> [N, 4, 2, 32]: weight 64c + 32t + l (nibble t of quant byte 32c + l,
+    fifth bit 2c + t of byte l; sub-block 2c + t's scale and min as Q4_K's)."""
+    c = tl.arange(0, 4)[None, :, None, None]
+    t = tl.arange(0, 2)[None, None, :, None]
+    lane = tl.arange(0, 32)[None, None, None, :]
+    b = base[:, None, None, None]
+    m = live[:, None, None, None]
+    low = (_u8(b + 48 + 32 * c + lane, m) >> (4 * t)) & 15
+    high = (_u8(b + 16 + lane, m) >> (2 * c + t)) & 1
+    head, s0, s1, s2 = k4_header(base, live)
+    words = (s0[:, None, None, None], s1[:, None, None, None], s2[:, None, None, None])
+    sc, mn = k4_scale_min(words[0], words[1], words[2], 2 * c + t)
+    d = fp16_low(head)[:, None, None, None] * sc  # [N, 4, 2, 1]
+    dmin = fp16_low(head >> 16)[:, None, None, None] * mn
+    return as_float(low | (high << 4), 0.0) * d - dmin
+
+
+@triton.jit
+def _iq4xs(base, live, table):
+    """IQ4_XS at super-blocks `base` -> [N, 8, 2, 16]: weight 32j + 16t + l (nibble t of byte 16j + l, the
+    sub-block j's 6-bit scale split over scales_l and scales_h)."""
+    j = tl.arange(0, 8)[None, :, None, None]
+    t = tl.arange(0, 2)[None, None, :, None]
+    lane = tl.arange(0, 16)[None, None, None, :]
+    b = base[:, None, None, None]
+    m = live[:, None, None, None]
+    q = (_u8(b + 8 + 16 * j + lane, m) >> (4 * t)) & 15
+    value = tl.load(table + IQ4NL_AT + q, mask=m, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+    low = (_u8(b + 4 + j // 2, m) >> (4 * (j % 2))) & 15
+    high = ((_u8(b + 2, m) | (_u8(b + 3, m) << 8)) >> (2 * j)) & 3
+    return value * (fp16_at(base, live)[:, None, None, None] * ((low | (high << 4)) - 32).to(tl.float32))
+
+
+@triton.jit
+def _iq2(base, live, table, CODEC: tl.constexpr):
+    """IQ2_XXS / IQ2_XS at super-blocks `base` -> [N, 16, 2, 8]: weight 16i + 8g + w, its group of eight
+    (index 2i + g) one 8-byte grid entry (two int32 words), one ksigns byte."""
+    i = tl.arange(0, 16)[None, :, None, None]
+    g = tl.arange(0, 2)[None, None, :, None]
+    w = tl.arange(0, 8)[None, None, None, :]
+    b = base[:, None, None, None]
+    m = live[:, None, None, None]
+    d = fp16_at(base, live)[:, None, None, None]
+    if CODEC == 21:  # IQ2_XXS: per 32 weights (ib = i // 2) four index bytes then an aux word
+        ib, group = i // 2, 2 * (i % 2) + g
+        index = _u8(b + 2 + 8 * ib + group, m)  # [N, 16, 2, 1]
+        aux = _u32(b + 6 + 8 * ib, m)  # [N, 16, 1, 1]
+        signs = _u8(table + KSIGNS_AT + ((aux >> (7 * group)) & 127), m)
+        scale = d * (0.5 + ((aux >> 28) & 15).to(tl.float32)) * 0.25
+        word = IQ2XXS_WORD + 2 * index
+    else:  # IQ2_XS: a uint16 per group (9-bit grid index, 7-bit sign index), then a nibble scale per 16
+        at = b + 2 + 2 * (2 * i + g)
+        q = _u8(at, m) | (_u8(at + 1, m) << 8)
+        signs = _u8(table + KSIGNS_AT + (q >> 9), m)
+        ls = (_u8(b + 66 + i // 2, m) >> (4 * (i % 2))) & 15
+        scale = d * (0.5 + ls.to(tl.float32)) * 0.25
+        word = IQ2XS_WORD + 2 * (q & 511)
+    packed = tl.where(w < 4, _grid_word(table, word, m), _grid_word(table, word + 1, m))
+    return _signed(as_float((packed >> (8 * (w % 4))) & 255, 0.0) * scale, signs, w)
+
+
+@triton.jit
+def _iq3(base, live, table, CODEC: tl.constexpr):
+    """IQ3_XXS / IQ3_S at super-blocks `base` -> [N, 8, 8, 4]: weight 32ib + 4q + w, its four one grid word
+    (index byte 8ib + q), its sign bit 4(q % 2) + w of sign byte 4ib + q // 2."""
+    ib = tl.arange(0, 8)[None, :, None, None]
+    q = tl.arange(0, 8)[None, None, :, None]
+    w = tl.arange(0, 4)[None, None, None, :]
+    b = base[:, None, None, None]
+    m = live[:, None, None, None]
+    d = fp16_at(base, live)[:, None, None, None]
+    index = _u8(b + 2 + 8 * ib + q, m)  # [N, 8, 8, 1]
+    if CODEC == 23:  # IQ3_XXS: an aux word per 32 (four 7-bit ksigns indices, a 4-bit scale)
+        aux = _u32(b + 66 + 4 * ib, m)  # [N, 8, 1, 1]
+        signs = _u8(table + KSIGNS_AT + ((aux >> (7 * (q // 2))) & 127), m)
+        scale = d * (0.5 + ((aux >> 28) & 15).to(tl.float32)) * 0.5
+        packed = _grid_word(table, IQ3XXS_WORD + index, m)
+    else:  # IQ3_S: a ninth index bit per four (qh), explicit sign bytes, a nibble scale per 32
+        index = index | (((_u8(b + 66 + ib, m) >> q) & 1) << 8)
+        signs = _u8(b + 74 + 4 * ib + q // 2, m)
+        ls = (_u8(b + 106 + ib // 2, m) >> (4 * (ib % 2))) & 15
+        scale = d * (1 + 2 * ls).to(tl.float32)
+        packed = _grid_word(table, IQ3S_WORD + index, m)
+    return _signed(as_float((packed >> (8 * w)) & 255, 0.0) * scale, signs, 4 * (q % 2) + w)
 
 
 @triton.jit
 def superblock_weights(rows, sb, live, table, CODEC: tl.constexpr):
     """Super-block `sb` of rows `rows` ([BLOCK_N] byte pointers; `live` [BLOCK_N]) as fp32 weights
     [BLOCK_N, 256] in k order."""
-    e = tl.arange(0, 256)[None, :]
-    m = live[:, None]
-    if CODEC == 8:  # Q5_K: Q4_K's header, 32 bytes of fifth bits, 128 of nibbles
-        base = rows + sb * 176
-        b = base[:, None]
-        head, s0, s1, s2 = k4_header(base, live)
-        j = tl.arange(0, 256) // 32
-        sc, mn = k4_scale_min_words(s0, s1, s2, j)  # [BLOCK_N, 256]
-        low = (_u8(b + 48 + 32 * (e // 64) + e % 32, m) >> (4 * ((e // 32) % 2))) & 15
-        high = (_u8(b + 16 + e % 32, m) >> (e // 32)) & 1
-        q = (low | (high << 4)).to(tl.float32)
-        return fp16_low(head)[:, None] * sc * q - fp16_low(head >> 16)[:, None] * mn
-    elif CODEC == 10:  # IQ4_XS
-        base = rows + sb * 136
-        b = base[:, None]
-        j = e // 32
-        q = (_u8(b + 8 + 16 * j + e % 16, m) >> (4 * ((e % 32) // 16))) & 15
-        low = (_u8(b + 4 + j // 2, m) >> (4 * (j % 2))) & 15
-        high = ((_u8(b + 2, m) | (_u8(b + 3, m) << 8)) >> (2 * j)) & 3
-        value = tl.load(table + IQ4NL_AT + q, mask=m, other=0).to(tl.int8, bitcast=True).to(tl.float32)
-        return fp16_at(base, live)[:, None] * ((low | (high << 4)) - 32).to(tl.float32) * value
-    elif CODEC == 19:  # Q2_K
-        base = rows + sb * 84
-        b = base[:, None]
-        q = (_u8(b + 16 + 32 * (e // 128) + e % 32, m) >> (2 * ((e % 128) // 32))) & 3
-        sc = _u8(b + e // 16, m)
-        d, dmin = fp16_at(base + 80, live)[:, None], fp16_at(base + 82, live)[:, None]
-        return d * (sc & 15).to(tl.float32) * q.to(tl.float32) - dmin * (sc >> 4).to(tl.float32)
-    elif CODEC == 20:  # Q3_K
-        base = rows + sb * 110
-        b = base[:, None]
-        sub = e // 16
-        q = (_u8(b + 32 + 32 * (e // 128) + e % 32, m) >> (2 * ((e % 128) // 32))) & 3
-        h = (_u8(b + e % 32, m) >> (e // 32)) & 1
-        low = (_u8(b + 96 + sub % 8, m) >> (4 * (sub // 8))) & 15
-        high = (_u8(b + 104 + sub % 4, m) >> (2 * (sub // 4))) & 3
-        scale = ((low | (high << 4)) - 32).to(tl.float32)
-        return fp16_at(base + 108, live)[:, None] * scale * (q - 4 + 4 * h).to(tl.float32)
-    elif CODEC == 21:  # IQ2_XXS
-        base = rows + sb * 66
-        b = base[:, None]
-        ib, group = e // 32, (e % 32) // 8
-        index = _u8(b + 2 + 8 * ib + group, m)
-        aux = _u32(b + 6 + 8 * ib, m)
-        signs = _u8(table + KSIGNS_AT + ((aux >> (7 * group)) & 127), m)
-        grid = _u8(table + IQ2XXS_AT + 8 * index + e % 8, m).to(tl.float32)
-        scale = fp16_at(base, live)[:, None] * (0.5 + ((aux >> 28) & 15).to(tl.float32)) * 0.25
-        return _signed(scale * grid, signs, e % 8)
-    elif CODEC == 22:  # IQ2_XS
-        base = rows + sb * 74
-        b = base[:, None]
-        i = e // 8
-        q = _u8(b + 2 + 2 * i, m) | (_u8(b + 3 + 2 * i, m) << 8)
-        grid = _u8(table + IQ2XS_AT + 8 * (q & 511) + e % 8, m).to(tl.float32)
-        signs = _u8(table + KSIGNS_AT + (q >> 9), m)
-        ls = (_u8(b + 66 + i // 4, m) >> (4 * ((i // 2) % 2))) & 15
-        scale = fp16_at(base, live)[:, None] * (0.5 + ls.to(tl.float32)) * 0.25
-        return _signed(scale * grid, signs, e % 8)
-    elif CODEC == 23:  # IQ3_XXS
-        base = rows + sb * 98
-        b = base[:, None]
-        index = _u8(b + 2 + e // 4, m)
-        grid = _u8(table + IQ3XXS_AT + 4 * index + e % 4, m).to(tl.float32)
-        aux = _u32(b + 66 + 4 * (e // 32), m)
-        signs = _u8(table + KSIGNS_AT + ((aux >> (7 * ((e % 32) // 8))) & 127), m)
-        scale = fp16_at(base, live)[:, None] * (0.5 + ((aux >> 28) & 15).to(tl.float32)) * 0.5
-        return _signed(scale * grid, signs, e % 8)
+    if CODEC == 8:
+        w = tl.reshape(_q5k(rows + sb * 176, live), [live.shape[0], 256])
+    elif CODEC == 10:
+        w = tl.reshape(_iq4xs(rows + sb * 136, live, table), [live.shape[0], 256])
+    elif CODEC == 19:
+        w = tl.reshape(_k_low2(rows + sb * 84, live, CODEC), [live.shape[0], 256])
+    elif CODEC == 20:
+        w = tl.reshape(_k_low2(rows + sb * 110, live, CODEC), [live.shape[0], 256])
+    elif CODEC == 21:
+        w = tl.reshape(_iq2(rows + sb * 66, live, table, CODEC), [live.shape[0], 256])
+    elif CODEC == 22:
+        w = tl.reshape(_iq2(rows + sb * 74, live, table, CODEC), [live.shape[0], 256])
+    elif CODEC == 23:
+        w = tl.reshape(_iq3(rows + sb * 98, live, table, CODEC), [live.shape[0], 256])
     else:  # 24, IQ3_S
-        base = rows + sb * 110
-        b = base[:, None]
-        i, g = e // 4, e // 8
-        index = _u8(b + 2 + i, m) | (((_u8(b + 66 + i // 8, m) >> (i % 8)) & 1) << 8)
-        grid = _u8(table + IQ3S_AT + 4 * index + e % 4, m).to(tl.float32)
-        ls = (_u8(b + 106 + g // 8, m) >> (4 * ((g // 4) % 2))) & 15
-        scale = fp16_at(base, live)[:, None] * (1 + 2 * ls).to(tl.float32)
-        return _signed(scale * grid, _u8(b + 74 + g, m), e % 8)
+        w = tl.reshape(_iq3(rows + sb * 110, live, table, CODEC), [live.shape[0], 256])
+    return w
 
 
 @triton.jit
 def legacy_weights(rows, block, live, table, CODEC: tl.constexpr):
     """Blocks `block` ([NB]) of rows `rows` ([BLOCK_N] byte pointers; `live` [BLOCK_N, NB]) as fp32
-    weights [BLOCK_N, NB, 32]: Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1."""
-    j = tl.arange(0, 32)[None, None, :]
-    m = live[:, :, None]
+    weights [BLOCK_N, NB, 32]: Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1 (weights l and l + 16 in byte l's low and
+    high nibble, built as [BLOCK_N, NB, 2, 16] from each byte read once)."""
+    t = tl.arange(0, 2)[None, None, :, None]
+    lane = tl.arange(0, 16)[None, None, None, :]
+    m = live[:, :, None, None]
     if CODEC == 18:  # Q5_0: d, 32 fifth bits, 16 bytes of nibbles
         base = rows[:, None] + block[None, :] * 22
-        b = base[:, :, None]
-        low = (_u8(b + 6 + j % 16, m) >> (4 * (j // 16))) & 15
-        q = low | (((_u32(b + 2, m) >> j) & 1) << 4)
-        return fp16_at(base, live)[:, :, None] * (q - 16).to(tl.float32)
+        b = base[:, :, None, None]
+        low = (_u8(b + 6 + lane, m) >> (4 * t)) & 15
+        q = low | (((_u32(b + 2, m) >> (16 * t + lane)) & 1) << 4)
+        w = fp16_at(base, live)[:, :, None, None] * as_float(q, 16.0)
     elif CODEC == 27:  # Q5_1: d, m, 32 fifth bits, 16 bytes of nibbles
         base = rows[:, None] + block[None, :] * 24
-        b = base[:, :, None]
-        low = (_u8(b + 8 + j % 16, m) >> (4 * (j // 16))) & 15
-        q = low | (((_u32(b + 4, m) >> j) & 1) << 4)
-        d, offset = fp16_at(base, live)[:, :, None], fp16_at(base + 2, live)[:, :, None]
-        return d * q.to(tl.float32) + offset
+        b = base[:, :, None, None]
+        low = (_u8(b + 8 + lane, m) >> (4 * t)) & 15
+        q = low | (((_u32(b + 4, m) >> (16 * t + lane)) & 1) << 4)
+        d, offset = fp16_at(base, live)[:, :, None, None], fp16_at(base + 2, live)[:, :, None, None]
+        w = as_float(q, 0.0) * d + offset
     elif CODEC == 26:  # Q4_1: d, m, 16 bytes of nibbles
         base = rows[:, None] + block[None, :] * 20
-        b = base[:, :, None]
-        q = (_u8(b + 4 + j % 16, m) >> (4 * (j // 16))) & 15
-        d, offset = fp16_at(base, live)[:, :, None], fp16_at(base + 2, live)[:, :, None]
-        return d * q.to(tl.float32) + offset
+        q = (_u8(base[:, :, None, None] + 4 + lane, m) >> (4 * t)) & 15
+        d, offset = fp16_at(base, live)[:, :, None, None], fp16_at(base + 2, live)[:, :, None, None]
+        w = as_float(q, 0.0) * d + offset
     else:
         base = rows[:, None] + block[None, :] * 18
-        b = base[:, :, None]
-        q = (_u8(b + 2 + j % 16, m) >> (4 * (j // 16))) & 15
+        q = (_u8(base[:, :, None, None] + 2 + lane, m) >> (4 * t)) & 15
         if CODEC == 25:  # IQ4_NL
             value = tl.load(table + IQ4NL_AT + q, mask=m, other=0).to(tl.int8, bitcast=True).to(tl.float32)
         else:
-            value = (q - 8).to(tl.float32)
-        return fp16_at(base, live)[:, :, None] * value
+            value = as_float(q, 8.0)
+        w = fp16_at(base, live)[:, :, None, None] * value
+    return tl.reshape(w, [live.shape[0], live.shape[1], 32])
 
 
 @triton.jit
@@ -177,17 +243,22 @@ def _e4m3(byte):
 def block128_weights(rows, block, live, CODEC: tl.constexpr):
     """Blocks `block` ([NB]) of 128 weights of rows `rows` ([BLOCK_N] byte pointers; `live` [BLOCK_N, NB])
     as fp32 weights [BLOCK_N, NB, 128]: FP8 (an fp32 scale, 128 e4m3), NVFP4 (an fp32 multiplier, eight
-    e4m3 scales of 16, then per 16 eight bytes: weights i and i + 8 in byte i's low and high nibble)."""
-    j = tl.arange(0, 128)[None, None, :]
-    m = live[:, :, None]
+    e4m3 scales of 16, then per 16 eight bytes: weights i and i + 8 in byte i's low and high nibble, built
+    as [BLOCK_N, NB, 8, 2, 8])."""
     if CODEC == 14:
+        j = tl.arange(0, 128)[None, None, :]
         base = rows[:, None] + block[None, :] * 132
         scale = tl.load(base.to(tl.pointer_type(tl.float32)), mask=live, other=0.0)[:, :, None]
-        return _e4m3(_u8(base[:, :, None] + 4 + j, m)) * scale
+        return _e4m3(_u8(base[:, :, None] + 4 + j, live[:, :, None])) * scale
     else:
+        s = tl.arange(0, 8)[None, None, :, None, None]
+        t = tl.arange(0, 2)[None, None, None, :, None]
+        i = tl.arange(0, 8)[None, None, None, None, :]
+        m = live[:, :, None, None, None]
         base = rows[:, None] + block[None, :] * 76
-        b = base[:, :, None]
-        multiplier = tl.load(base.to(tl.pointer_type(tl.float32)), mask=live, other=0.0)[:, :, None]
-        scale = _e4m3(_u8(b + 4 + j // 16, m)) * multiplier
-        code = (_u8(b + 12 + 8 * (j // 16) + j % 8, m) >> (4 * ((j % 16) // 8))) & 15
-        return e2m1_doubled(code) * 0.5 * scale
+        b = base[:, :, None, None, None]
+        multiplier = tl.load(base.to(tl.pointer_type(tl.float32)), mask=live, other=0.0)
+        scale = _e4m3(_u8(b + 4 + s, m)) * (0.5 * multiplier[:, :, None, None, None])  # [N, NB, 8, 1, 1]
+        code = (_u8(b + 12 + 8 * s + i, m) >> (4 * t)) & 15
+        w = e2m1_doubled(code) * scale
+        return tl.reshape(w, [live.shape[0], live.shape[1], 128])
