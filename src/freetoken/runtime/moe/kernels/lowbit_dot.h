@@ -63,11 +63,20 @@ static inline __m128i bits16(const uint8_t *p) {
     return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(spread, bit), bit), _mm_set1_epi8(1));
 }
 
-// Two 8-weight codebook groups as sixteen int8: grid bytes, negated where the sign bytes have a bit.
-static inline __m128i signed_grid16(uint64_t g0, uint64_t g1, uint8_t s0, uint8_t s1) {
-    const uint8_t signs[2] = {s0, s1};
-    const __m128i neg = _mm_sub_epi8(_mm_setzero_si128(), bits16(signs));  // 0xFF where negated
-    return _mm_sub_epi8(_mm_xor_si128(_mm_set_epi64x((long long)g1, (long long)g0), neg), neg);
+// 32 int8 weights negated where bit j of `signs` is set (lane j).
+static inline __m256i signed32(__m256i q, uint32_t signs) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)signs),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);  // 0xFF where negated
+    return _mm256_sub_epi8(_mm256_xor_si256(q, neg), neg);
+}
+
+// The four ksigns bytes of a word of four 7-bit sign indices (IQ2_XXS, IQ3_XXS), as one 32-bit mask.
+static inline uint32_t ksigns4(uint32_t aux) {
+    return KSIGNS[aux & 127] | KSIGNS[(aux >> 7) & 127] << 8 | KSIGNS[(aux >> 14) & 127] << 16 |
+           (uint32_t)KSIGNS[(aux >> 21) & 127] << 24;
 }
 
 // Weights 32c .. 32c + 31 of a super-block (Q2_K, Q3_K, IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S) as int8, in order.
@@ -85,43 +94,36 @@ static inline __attribute__((always_inline)) __m256i super32(int codec, const ui
                 _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)b), _mm_cvtsi32_si128(c)), _mm256_set1_epi8(1));
             return _mm256_sub_epi8(q, _mm256_sub_epi8(_mm256_set1_epi8(4), _mm256_slli_epi16(h, 2)));
         }
-        case FT_CODEC_IQ2_XXS: {
-            const uint32_t idx = u32_at(b + 2 + 8 * c), aux = u32_at(b + 6 + 8 * c);
-            __m128i half[2];
-            for (int l = 0; l < 4; l += 2)
-                half[l / 2] = signed_grid16(IQ2XXS_GRID[(idx >> (8 * l)) & 255], IQ2XXS_GRID[(idx >> (8 * l + 8)) & 255],
-                                            KSIGNS[(aux >> (7 * l)) & 127], KSIGNS[(aux >> (7 * l + 7)) & 127]);
-            return _mm256_set_m128i(half[1], half[0]);
-        }
-        case FT_CODEC_IQ2_XS: {
-            __m128i half[2];
-            for (int k = 0; k < 2; k++) {
-                const int i = 4 * c + 2 * k;
-                const int v0 = b[2 + 2 * i] | (b[3 + 2 * i] << 8), v1 = b[4 + 2 * i] | (b[5 + 2 * i] << 8);
-                half[k] = signed_grid16(IQ2XS_GRID[v0 & 511], IQ2XS_GRID[v1 & 511], KSIGNS[v0 >> 9], KSIGNS[v1 >> 9]);
-            }
-            return _mm256_set_m128i(half[1], half[0]);
-        }
-        case FT_CODEC_IQ3_XXS: {
-            const uint32_t aux = u32_at(b + 66 + 4 * c);
+        case FT_CODEC_IQ2_XXS: {  // four 8-byte grid entries, four ksigns bytes
             const uint8_t *g = b + 2 + 8 * c;
-            __m128i half[2];
-            for (int l = 0; l < 4; l += 2)
-                half[l / 2] = signed_grid16(IQ3XXS_GRID[g[2 * l]] | ((uint64_t)IQ3XXS_GRID[g[2 * l + 1]] << 32),
-                                            IQ3XXS_GRID[g[2 * l + 2]] | ((uint64_t)IQ3XXS_GRID[g[2 * l + 3]] << 32),
-                                            KSIGNS[(aux >> (7 * l)) & 127], KSIGNS[(aux >> (7 * l + 7)) & 127]);
-            return _mm256_set_m128i(half[1], half[0]);
+            const __m256i grid = _mm256_setr_epi64x((long long)IQ2XXS_GRID[g[0]], (long long)IQ2XXS_GRID[g[1]],
+                                                    (long long)IQ2XXS_GRID[g[2]], (long long)IQ2XXS_GRID[g[3]]);
+            return signed32(grid, ksigns4(u32_at(b + 6 + 8 * c)));
         }
-        default: {  // IQ3_S: groups 4c .. 4c + 3 of 8, each two 4-weight grid entries with a ninth index bit
-            const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74;
-            uint64_t grids[4];
-            for (int k = 0; k < 4; k++) {
-                const int i0 = 2 * (4 * c + k), i1 = i0 + 1;
-                grids[k] = IQ3S_GRID[qs[i0] | (((qh[i0 / 8] >> (i0 % 8)) & 1) << 8)] |
-                           ((uint64_t)IQ3S_GRID[qs[i1] | (((qh[i1 / 8] >> (i1 % 8)) & 1) << 8)] << 32);
-            }
-            return _mm256_set_m128i(signed_grid16(grids[2], grids[3], signs[4 * c + 2], signs[4 * c + 3]),
-                                    signed_grid16(grids[0], grids[1], signs[4 * c], signs[4 * c + 1]));
+        case FT_CODEC_IQ2_XS: {  // four words: 9-bit grid indices, 7-bit ksigns indices
+            const uint8_t *w = b + 2 + 8 * c;
+            const __m256i grid = _mm256_setr_epi64x((long long)IQ2XS_GRID[(w[0] | w[1] << 8) & 511],
+                                                    (long long)IQ2XS_GRID[(w[2] | w[3] << 8) & 511],
+                                                    (long long)IQ2XS_GRID[(w[4] | w[5] << 8) & 511],
+                                                    (long long)IQ2XS_GRID[(w[6] | w[7] << 8) & 511]);
+            const uint32_t signs = KSIGNS[w[1] >> 1] | KSIGNS[w[3] >> 1] << 8 | KSIGNS[w[5] >> 1] << 16 |
+                                   (uint32_t)KSIGNS[w[7] >> 1] << 24;
+            return signed32(grid, signs);
+        }
+        case FT_CODEC_IQ3_XXS: {  // eight 4-byte grid entries
+            const uint8_t *g = b + 2 + 8 * c;
+            const __m256i grid = _mm256_setr_epi32(
+                (int)IQ3XXS_GRID[g[0]], (int)IQ3XXS_GRID[g[1]], (int)IQ3XXS_GRID[g[2]], (int)IQ3XXS_GRID[g[3]],
+                (int)IQ3XXS_GRID[g[4]], (int)IQ3XXS_GRID[g[5]], (int)IQ3XXS_GRID[g[6]], (int)IQ3XXS_GRID[g[7]]);
+            return signed32(grid, ksigns4(u32_at(b + 66 + 4 * c)));
+        }
+        default: {  // IQ3_S: eight 9-bit indices (qs bytes 8c.., the ninth bits qh[c]'s), 32 sign bits
+            const __m256i ninth = _mm256_and_si256(
+                _mm256_srlv_epi32(_mm256_set1_epi32(b[66 + c]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                _mm256_set1_epi32(1));
+            const __m256i index = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * c))),
+                                                  _mm256_slli_epi32(ninth, 8));
+            return signed32(_mm256_i32gather_epi32((const int *)IQ3S_GRID, index, 4), u32_at(b + 74 + 4 * c));
         }
     }
 }
