@@ -100,14 +100,14 @@ static inline __attribute__((always_inline)) __m256i super32(int codec, const ui
                                                     (long long)IQ2XXS_GRID[g[2]], (long long)IQ2XXS_GRID[g[3]]);
             return signed32(grid, ksigns4(u32_at(b + 6 + 8 * c)));
         }
-        case FT_CODEC_IQ2_XS: {  // four words: 9-bit grid indices, 7-bit ksigns indices
-            const uint8_t *w = b + 2 + 8 * c;
-            const __m256i grid = _mm256_setr_epi64x((long long)IQ2XS_GRID[(w[0] | w[1] << 8) & 511],
-                                                    (long long)IQ2XS_GRID[(w[2] | w[3] << 8) & 511],
-                                                    (long long)IQ2XS_GRID[(w[4] | w[5] << 8) & 511],
-                                                    (long long)IQ2XS_GRID[(w[6] | w[7] << 8) & 511]);
-            const uint32_t signs = KSIGNS[w[1] >> 1] | KSIGNS[w[3] >> 1] << 8 | KSIGNS[w[5] >> 1] << 16 |
-                                   (uint32_t)KSIGNS[w[7] >> 1] << 24;
+        case FT_CODEC_IQ2_XS: {  // four 16-bit words: 9-bit grid indices, 7-bit ksigns indices
+            uint64_t w;
+            memcpy(&w, b + 2 + 8 * c, sizeof w);
+            const __m256i grid = _mm256_setr_epi64x(
+                (long long)IQ2XS_GRID[w & 511], (long long)IQ2XS_GRID[(w >> 16) & 511],
+                (long long)IQ2XS_GRID[(w >> 32) & 511], (long long)IQ2XS_GRID[(w >> 48) & 511]);
+            const uint32_t signs = KSIGNS[(w >> 9) & 127] | KSIGNS[(w >> 25) & 127] << 8 |
+                                   KSIGNS[(w >> 41) & 127] << 16 | (uint32_t)KSIGNS[w >> 57] << 24;
             return signed32(grid, signs);
         }
         case FT_CODEC_IQ3_XXS: {  // eight 4-byte grid entries
@@ -169,6 +169,8 @@ static inline __attribute__((always_inline)) void lowbit_scales(int codec, const
         return;
     }
     const float d = fp16_at(b);
+    uint64_t nibbles = 0;  // IQ2_XS's sixteen 4-bit scales, scale s at bit 4s (read as one word, not bytewise)
+    if (codec == FT_CODEC_IQ2_XS) memcpy(&nibbles, b + 66, sizeof nibbles);
     for (int s = 0; s < 16; s++) {
         mn[s] = 0.0f;
         switch (codec) {
@@ -181,7 +183,7 @@ static inline __attribute__((always_inline)) void lowbit_scales(int codec, const
                 break;
             }
             case FT_CODEC_IQ2_XXS: sc[s] = d * (0.5f + (float)(u32_at(b + 6 + 8 * (s / 2)) >> 28)) * 0.25f; break;
-            case FT_CODEC_IQ2_XS: sc[s] = d * (0.5f + (float)((b[66 + s / 2] >> (4 * (s % 2))) & 15)) * 0.25f; break;
+            case FT_CODEC_IQ2_XS: sc[s] = d * (0.5f + (float)((nibbles >> (4 * s)) & 15)) * 0.25f; break;
             case FT_CODEC_IQ3_XXS: sc[s] = d * (0.5f + (float)(u32_at(b + 66 + 4 * (s / 2)) >> 28)) * 0.5f; break;
             default: sc[s] = d * (float)(1 + 2 * ((b[106 + s / 4] >> (4 * ((s / 2) % 2))) & 15)); break;
         }
