@@ -1,14 +1,14 @@
-"""The GGML types beyond Q8_0, Q4_K, Q6_K and MXFP4 read as stored by the Triton expert kernels: a block's
-weights computed in registers from its bytes, each byte, scale and codebook entry read once a tile. A
-codec's tile is shaped by its layout ([N, groups..., weights of a group], k order when flattened), so a
-field shared by a group (a quant byte holding 2–4 weights, a sub-block's scale, a sign byte, a grid entry
-of 4 or 8 weights read as int32 words) is loaded at its group's shape and broadcast to the weights; every
-weight then costs a shift, a mask and a multiply-add. Codebooks and sign patterns come from one small
-table on the device (codec_table; its grids at 4-byte aligned offsets). Layouts as lowbit_dot.h's header
-comment; numbers as cpu_experts.CODEC_IDS: 8 Q5_K, 10 IQ4_XS, 19 Q2_K, 20 Q3_K, 21 IQ2_XXS, 22 IQ2_XS,
-23 IQ3_XXS, 24 IQ3_S (super-blocks of 256: superblock_weights), 17 Q4_0, 18 Q5_0, 25 IQ4_NL, 26 Q4_1,
-27 Q5_1 (blocks of 32: legacy_weights), and the safetensors codecs 14 FP8 and 15 NVFP4 (blocks of 128:
-block128_weights). References: codecs/torch_lowbit.py and gguf's."""
+"""The GGML types beyond Q8_0, Q4_K, Q6_K and MXFP4 read as stored by the Triton expert kernels, a block's
+weights computed in registers from its bytes. Most codecs' tiles are shaped by the layout ([N, groups,
+weights of a group], at most four dimensions, k order when flattened), so a field shared by a group (a
+quant byte holding two weights, a sub-block's scale, a sign byte, a grid entry of 4 or 8 weights read as
+int32 words) is loaded once at its group's shape and broadcast to the weights. Q5_K, Q2_K, Q3_K and NVFP4
+compute each weight from its own bits (_k_per_weight, block128_weights). Codebooks and sign patterns
+come from one small table on the device (codec_table; its grids at 4-byte aligned offsets). Layouts as
+lowbit_dot.h's header comment; numbers as cpu_experts.CODEC_IDS: 8 Q5_K, 10 IQ4_XS, 19 Q2_K, 20 Q3_K,
+21 IQ2_XXS, 22 IQ2_XS, 23 IQ3_XXS, 24 IQ3_S (super-blocks of 256: superblock_weights), 17 Q4_0, 18 Q5_0,
+25 IQ4_NL, 26 Q4_1, 27 Q5_1 (blocks of 32: legacy_weights), and the safetensors codecs 14 FP8 and 15
+NVFP4 (blocks of 128: block128_weights). References: codecs/torch_lowbit.py and gguf's."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from freetoken.runtime.moe.kernels.block_bits_triton import (
     fp16_at,
     fp16_low,
     k4_header,
-    k4_scale_min,
+    k4_scale_min_words,
 )
 
 # codec_table's parts, as constants the kernels may read (the grids as int32 word offsets)
@@ -58,48 +58,39 @@ def _signed(w, signs, bit):
 
 
 @triton.jit
-def _k_low2(base, live, CODEC: tl.constexpr):
-    """Q2_K / Q3_K at super-blocks `base` ([N] byte pointers) -> [N, 2, 4, 2, 16]: weight 128h + 32s + 16u
-    + l (its 2 bits at shift 2s of quant byte 32h + 16u + l; its scale the sub-block 8h + 2s + u)."""
-    h = tl.arange(0, 2)[None, :, None, None, None]
-    s = tl.arange(0, 4)[None, None, :, None, None]
-    u = tl.arange(0, 2)[None, None, None, :, None]
-    lane = tl.arange(0, 16)[None, None, None, None, :]
-    b = base[:, None, None, None, None]
-    m = live[:, None, None, None, None]
-    sub = 8 * h + 2 * s + u  # [1, 2, 4, 2, 1]
-    if CODEC == 19:  # Q2_K: 16 scale bytes (scale | min << 4), 64 quant bytes, d, dmin
-        q = (_u8(b + 16 + 32 * h + 16 * u + lane, m) >> (2 * s)) & 3
-        sc = _u8(b + sub, m)
-        d = fp16_at(base + 80, live)[:, None, None, None, None]
-        dmin = fp16_at(base + 82, live)[:, None, None, None, None]
-        return as_float(q, 0.0) * (d * (sc & 15).to(tl.float32)) - dmin * (sc >> 4).to(tl.float32)
+def _k_per_weight(rows, sb, live, CODEC: tl.constexpr):
+    """Q5_K / Q2_K / Q3_K super-block `sb` of rows `rows` -> [N, 256], each weight gathering its own bits
+    (neighbours share the loaded bytes through L1). Kept per weight: tiles of these layouts shaped as
+    [N, 2, 4, 2, 16] computed wrong weights when compiled (the interpreter's were right), and Q5_K's
+    [N, 4, 2, 32] tile ran slower than this on an H100."""
+    e = tl.arange(0, 256)[None, :]
+    m = live[:, None]
+    if CODEC == 8:  # Q5_K: Q4_K's header, 32 bytes of fifth bits, 128 of nibbles
+        base = rows + sb * 176
+        b = base[:, None]
+        head, s0, s1, s2 = k4_header(base, live)
+        sc, mn = k4_scale_min_words(s0, s1, s2, tl.arange(0, 256) // 32)  # [N, 256]
+        low = (_u8(b + 48 + 32 * (e // 64) + e % 32, m) >> (4 * ((e // 32) % 2))) & 15
+        high = (_u8(b + 16 + e % 32, m) >> (e // 32)) & 1
+        q = (low | (high << 4)).to(tl.float32)
+        return fp16_low(head)[:, None] * sc * q - fp16_low(head >> 16)[:, None] * mn
+    elif CODEC == 19:  # Q2_K: 16 scale bytes (scale | min << 4), 64 quant bytes, d, dmin
+        base = rows + sb * 84
+        b = base[:, None]
+        q = (_u8(b + 16 + 32 * (e // 128) + e % 32, m) >> (2 * ((e % 128) // 32))) & 3
+        sc = _u8(b + e // 16, m)
+        d, dmin = fp16_at(base + 80, live)[:, None], fp16_at(base + 82, live)[:, None]
+        return d * (sc & 15).to(tl.float32) * q.to(tl.float32) - dmin * (sc >> 4).to(tl.float32)
     else:  # Q3_K: 32 bytes of third bits (weight k's at byte k % 32, bit k // 32), 64 quant bytes, scales, d
-        q = (_u8(b + 32 + 32 * h + 16 * u + lane, m) >> (2 * s)) & 3
-        high = (_u8(b + 16 * u + lane, m) >> (4 * h + s)) & 1
+        base = rows + sb * 110
+        b = base[:, None]
+        sub = e // 16
+        q = (_u8(b + 32 + 32 * (e // 128) + e % 32, m) >> (2 * ((e % 128) // 32))) & 3
+        h = (_u8(b + e % 32, m) >> (e // 32)) & 1
         low = (_u8(b + 96 + sub % 8, m) >> (4 * (sub // 8))) & 15
-        top = (_u8(b + 104 + sub % 4, m) >> (2 * (sub // 4))) & 3
-        d = fp16_at(base + 108, live)[:, None, None, None, None]
-        return as_float(q + 4 * high, 4.0) * (d * ((low | (top << 4)) - 32).to(tl.float32))
-
-
-@triton.jit
-def _q5k(base, live):
-    """Q5_K at super-blocks `base` -> [N, 4, 2, 32]: weight 64c + 32t + l (nibble t of quant byte 32c + l,
-    fifth bit 2c + t of byte l; sub-block 2c + t's scale and min as Q4_K's)."""
-    c = tl.arange(0, 4)[None, :, None, None]
-    t = tl.arange(0, 2)[None, None, :, None]
-    lane = tl.arange(0, 32)[None, None, None, :]
-    b = base[:, None, None, None]
-    m = live[:, None, None, None]
-    low = (_u8(b + 48 + 32 * c + lane, m) >> (4 * t)) & 15
-    high = (_u8(b + 16 + lane, m) >> (2 * c + t)) & 1
-    head, s0, s1, s2 = k4_header(base, live)
-    words = (s0[:, None, None, None], s1[:, None, None, None], s2[:, None, None, None])
-    sc, mn = k4_scale_min(words[0], words[1], words[2], 2 * c + t)
-    d = fp16_low(head)[:, None, None, None] * sc  # [N, 4, 2, 1]
-    dmin = fp16_low(head >> 16)[:, None, None, None] * mn
-    return as_float(low | (high << 4), 0.0) * d - dmin
+        high = (_u8(b + 104 + sub % 4, m) >> (2 * (sub // 4))) & 3
+        scale = ((low | (high << 4)) - 32).to(tl.float32)
+        return fp16_at(base + 108, live)[:, None] * scale * (q - 4 + 4 * h).to(tl.float32)
 
 
 @triton.jit
@@ -175,14 +166,10 @@ def _iq3(base, live, table, CODEC: tl.constexpr):
 def superblock_weights(rows, sb, live, table, CODEC: tl.constexpr):
     """Super-block `sb` of rows `rows` ([BLOCK_N] byte pointers; `live` [BLOCK_N]) as fp32 weights
     [BLOCK_N, 256] in k order."""
-    if CODEC == 8:
-        w = tl.reshape(_q5k(rows + sb * 176, live), [live.shape[0], 256])
+    if CODEC == 8 or CODEC == 19 or CODEC == 20:
+        w = _k_per_weight(rows, sb, live, CODEC)
     elif CODEC == 10:
         w = tl.reshape(_iq4xs(rows + sb * 136, live, table), [live.shape[0], 256])
-    elif CODEC == 19:
-        w = tl.reshape(_k_low2(rows + sb * 84, live, CODEC), [live.shape[0], 256])
-    elif CODEC == 20:
-        w = tl.reshape(_k_low2(rows + sb * 110, live, CODEC), [live.shape[0], 256])
     elif CODEC == 21:
         w = tl.reshape(_iq2(rows + sb * 66, live, table, CODEC), [live.shape[0], 256])
     elif CODEC == 22:
@@ -243,22 +230,18 @@ def _e4m3(byte):
 def block128_weights(rows, block, live, CODEC: tl.constexpr):
     """Blocks `block` ([NB]) of 128 weights of rows `rows` ([BLOCK_N] byte pointers; `live` [BLOCK_N, NB])
     as fp32 weights [BLOCK_N, NB, 128]: FP8 (an fp32 scale, 128 e4m3), NVFP4 (an fp32 multiplier, eight
-    e4m3 scales of 16, then per 16 eight bytes: weights i and i + 8 in byte i's low and high nibble, built
-    as [BLOCK_N, NB, 8, 2, 8])."""
+    e4m3 scales of 16, then per 16 eight bytes: weights i and i + 8 in byte i's low and high nibble)."""
     if CODEC == 14:
         j = tl.arange(0, 128)[None, None, :]
         base = rows[:, None] + block[None, :] * 132
         scale = tl.load(base.to(tl.pointer_type(tl.float32)), mask=live, other=0.0)[:, :, None]
         return _e4m3(_u8(base[:, :, None] + 4 + j, live[:, :, None])) * scale
     else:
-        s = tl.arange(0, 8)[None, None, :, None, None]
-        t = tl.arange(0, 2)[None, None, None, :, None]
-        i = tl.arange(0, 8)[None, None, None, None, :]
-        m = live[:, :, None, None, None]
+        j = tl.arange(0, 128)[None, None, :]
+        m = live[:, :, None]
         base = rows[:, None] + block[None, :] * 76
-        b = base[:, :, None, None, None]
-        multiplier = tl.load(base.to(tl.pointer_type(tl.float32)), mask=live, other=0.0)
-        scale = _e4m3(_u8(b + 4 + s, m)) * (0.5 * multiplier[:, :, None, None, None])  # [N, NB, 8, 1, 1]
-        code = (_u8(b + 12 + 8 * s + i, m) >> (4 * t)) & 15
-        w = e2m1_doubled(code) * scale
-        return tl.reshape(w, [live.shape[0], live.shape[1], 128])
+        b = base[:, :, None]
+        multiplier = tl.load(base.to(tl.pointer_type(tl.float32)), mask=live, other=0.0)[:, :, None]
+        scale = _e4m3(_u8(b + 4 + j // 16, m)) * multiplier
+        code = (_u8(b + 12 + 8 * (j // 16) + j % 8, m) >> (4 * ((j % 16) // 8))) & 15
+        return e2m1_doubled(code) * 0.5 * scale
