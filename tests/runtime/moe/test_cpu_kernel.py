@@ -224,3 +224,19 @@ def test_bf16_activations_equal_their_reference(t: int, h: int, i: int, threads:
     fp32_act = grouped_experts(x.float(), ids, w, gate_up.float(), down.float())
     assert float((fp32_act - want).abs().max()) > 3e-4 * scale
     assert bf16_activations(torch.bfloat16) == loader.bf16_dot_units() and not bf16_activations(torch.float32)
+
+
+def test_every_header_a_source_includes_is_in_the_build_key() -> None:
+    """The library is rebuilt when a source or header changes (its cache key hashes them): a header that a
+    source includes but HEADERS does not name would leave a stale build in place after an edit."""
+    import re
+
+    named = {h.name for h in loader.HEADERS}
+    todo, seen = [s for s in loader.SOURCES], set()
+    while todo:
+        text = todo.pop().read_text()
+        for name in re.findall(r'#include "([^"]+)"', text):
+            if name not in seen:
+                seen.add(name)
+                todo.append(loader.HERE / name)
+    assert seen <= named, f"headers missing from loader.HEADERS: {sorted(seen - named)}"

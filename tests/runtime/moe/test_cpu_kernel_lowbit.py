@@ -84,3 +84,16 @@ def test_bf16_activations(codec: str) -> None:
         rounded = bf16_act_reference(x, ids, w, gate_up, down, codecs=(codec, codec))
         assert min(rel_err(ours, rounded), rel_err(ours, plain)) < 1e-2
         assert rel_err(ours, plain) < 1e-2
+
+
+@pytest.mark.parametrize("codec", LOWBIT)
+def test_bf16_activations_of_one_or_two_pairs(codec: str) -> None:
+    """A bf16 model's decode (an expert's one or two pairs): the rows' int8 decoding meets the bf16
+    activations in pair-dot instructions where the CPU has them (lowbit_bf16_dot.h; scales and, for
+    Q2_K, Q4_1 and Q5_1, mins per 16 applied after the integer sums), the fp32 dots elsewhere: either way
+    the products are exact, so the result is the reference's up to the order of fp32 sums (the
+    activations between the projections rounded to bf16, as a bf16 model rounds them)."""
+    for tokens in (1, 2):
+        x, ids, w, gate_up, down = case((codec, codec), tokens, 256, 512, bf16=True)
+        ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=(codec, codec))
+        assert rel_err(ours, bf16_act_reference(x, ids, w, gate_up, down, codecs=(codec, codec))) < 1e-4

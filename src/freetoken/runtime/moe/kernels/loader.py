@@ -51,6 +51,7 @@ HEADERS = tuple(
         "iq_grids.h",
         "lowbit_dot.h",
         "lowbit_dot_int8.h",
+        "lowbit_bf16_dot.h",
         "widen_row.h",
         "row_dots.h",
         "expert_fn.h",

@@ -8,6 +8,7 @@
 #include "kquant_bf16_dot.h"
 #include "kquant_dot.h"
 #include "kquant_dot_int8.h"
+#include "lowbit_bf16_dot.h"
 #include "lowbit_dot.h"
 #include "lowbit_dot_int8.h"
 #include "quant_dot.h"
@@ -121,8 +122,15 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
         for (int j = 0; j < cnt; j++) out[j] = dot_fp8(row, v->f[j], n);
     else if (codec == FT_CODEC_NVFP4)
         for (int j = 0; j < cnt; j++) out[j] = dot_nvfp4(row, v->f[j], n);
-    else if (lowbit_codec(codec))
+    else if (lowbit_codec(codec)) {
+#if HAVE_KQUANT_BF16
+        if (cnt <= LOWBIT_BF16_VECTORS && all_bf16(v, cnt)) {
+            dots_lowbit_bf16(codec, row, v->kb, cnt, n, out);
+            return;
+        }
+#endif
         dots_lowbit(codec, row, v->f, cnt, n, out);
+    }
     else if (lowbit_act8(codec))
         dots_lowbit_q8(codec, row, v->q, v->d, v->s, cnt, n, out);
     else if (codec == FT_CODEC_F32)

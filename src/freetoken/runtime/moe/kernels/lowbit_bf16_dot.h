@@ -1,0 +1,75 @@
+// lowbit_dot.h's types against activations that are bf16 values (a bf16 model's), with the bf16 pair-dot
+// instruction: each 32 weights' int8 decoding (legacy32 / super32, the one decoding per type) becomes 32
+// bf16 in registers (int8 values are exact in bf16) and meets 32 activations in one instruction, scaled
+// per 16 (Σ (sc·q − mn)·x = sc · Σ q·x − mn · Σ x over each 16, Σ x by the same instruction against
+// ones). Where the fp32 path decodes a chunk into L1 and reads it back, this one keeps the weights in
+// registers. The products are exact either way; only the order of the fp32 sums differs.
+#ifndef FT_LOWBIT_BF16_DOT_H
+#define FT_LOWBIT_BF16_DOT_H
+#include <stdint.h>
+
+#include "bf16_dot.h"
+#include "kquant_dot.h"
+#include "lowbit_dot.h"
+
+#if HAVE_KQUANT_BF16
+#define LOWBIT_BF16_VECTORS 2  // vectors one call meets (more are dotted as the fp32 path's widened rows)
+
+// 32 int8 weights as 32 bf16, in order.
+static inline __m512bh int8_bf16(__m256i q) {
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+    return _mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// a in lanes 0-7 (the pair sums of weights 0-15), b in lanes 8-15 (weights 16-31).
+static inline __m512 halves(float a, float b) {
+    return _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
+}
+
+static inline __attribute__((always_inline)) void dots_lowbit_bf16_of(int codec, const uint8_t *restrict row,
+                                                                      const uint16_t *const *kb, int cnt, int n,
+                                                                      float *out) {
+    const int has_min = codec == FT_CODEC_Q2_K || codec == FT_CODEC_Q4_1 || codec == FT_CODEC_Q5_1;
+    const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3f80);
+    int elements, bytes;
+    codec_block(codec, &elements, &bytes);
+    __m512 acc[LOWBIT_BF16_VECTORS] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    float sc[16], mn[16];
+    for (int k = 0; k < n; k += elements, row += bytes) {
+        lowbit_scales(codec, row, sc, mn);
+        for (int c = 0; c < elements / 32; c++) {
+            const __m512bh q = int8_bf16(elements == 32 ? legacy32(codec, row) : super32(codec, row, c));
+            const __m512 scale = halves(sc[2 * c], sc[2 * c + 1]);
+            for (int j = 0; j < cnt; j++) {
+                const __m512bh x = load_bh(kb[j] + k + 32 * c);
+                acc[j] = _mm512_fmadd_ps(scale, _mm512_dpbf16_ps(_mm512_setzero_ps(), q, x), acc[j]);
+                if (has_min)
+                    acc[j] = _mm512_fnmadd_ps(halves(mn[2 * c], mn[2 * c + 1]),
+                                              _mm512_dpbf16_ps(_mm512_setzero_ps(), ones, x), acc[j]);
+            }
+        }
+    }
+    for (int j = 0; j < cnt; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
+}
+
+// out[j] = row · kb[j] for cnt ≤ LOWBIT_BF16_VECTORS bf16 vectors, the codec a constant in each branch.
+static inline void dots_lowbit_bf16(int codec, const uint8_t *restrict row, const uint16_t *const *kb, int cnt,
+                                    int n, float *out) {
+    switch (codec) {
+        case FT_CODEC_Q4_0: dots_lowbit_bf16_of(FT_CODEC_Q4_0, row, kb, cnt, n, out); return;
+        case FT_CODEC_Q4_1: dots_lowbit_bf16_of(FT_CODEC_Q4_1, row, kb, cnt, n, out); return;
+        case FT_CODEC_Q5_0: dots_lowbit_bf16_of(FT_CODEC_Q5_0, row, kb, cnt, n, out); return;
+        case FT_CODEC_Q5_1: dots_lowbit_bf16_of(FT_CODEC_Q5_1, row, kb, cnt, n, out); return;
+        case FT_CODEC_IQ4_NL: dots_lowbit_bf16_of(FT_CODEC_IQ4_NL, row, kb, cnt, n, out); return;
+        case FT_CODEC_Q2_K: dots_lowbit_bf16_of(FT_CODEC_Q2_K, row, kb, cnt, n, out); return;
+        case FT_CODEC_Q3_K: dots_lowbit_bf16_of(FT_CODEC_Q3_K, row, kb, cnt, n, out); return;
+        case FT_CODEC_IQ2_XXS: dots_lowbit_bf16_of(FT_CODEC_IQ2_XXS, row, kb, cnt, n, out); return;
+        case FT_CODEC_IQ2_XS: dots_lowbit_bf16_of(FT_CODEC_IQ2_XS, row, kb, cnt, n, out); return;
+        case FT_CODEC_IQ3_XXS: dots_lowbit_bf16_of(FT_CODEC_IQ3_XXS, row, kb, cnt, n, out); return;
+        default: dots_lowbit_bf16_of(FT_CODEC_IQ3_S, row, kb, cnt, n, out); return;
+    }
+}
+#endif
+
+#endif
