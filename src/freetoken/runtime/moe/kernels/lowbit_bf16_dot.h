@@ -12,7 +12,8 @@
 #include "kquant_dot.h"
 #include "lowbit_dot.h"
 
-#if HAVE_KQUANT_BF16
+#if HAVE_KQUANT_BF16 && LOWBIT_SIMD
+#define HAVE_LOWBIT_BF16 1
 #define LOWBIT_BF16_VECTORS 2  // vectors one call meets (more are dotted as the fp32 path's widened rows)
 
 // 32 int8 weights as 32 bf16, in order.
@@ -70,6 +71,8 @@ static inline void dots_lowbit_bf16(int codec, const uint8_t *restrict row, cons
         default: dots_lowbit_bf16_of(FT_CODEC_IQ3_S, row, kb, cnt, n, out); return;
     }
 }
+#else
+#define HAVE_LOWBIT_BF16 0
 #endif
 
 #endif

@@ -123,7 +123,7 @@ static inline void dots(int codec, const uint8_t *row, const vecs_t *v, int cnt,
     else if (codec == FT_CODEC_NVFP4)
         for (int j = 0; j < cnt; j++) out[j] = dot_nvfp4(row, v->f[j], n);
     else if (lowbit_codec(codec)) {
-#if HAVE_KQUANT_BF16
+#if HAVE_LOWBIT_BF16
         if (cnt <= LOWBIT_BF16_VECTORS && all_bf16(v, cnt)) {
             dots_lowbit_bf16(codec, row, v->kb, cnt, n, out);
             return;
