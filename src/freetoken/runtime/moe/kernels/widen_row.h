@@ -1,7 +1,7 @@
 // Rows of a weight-only codec widened for several dots with the same row (the CPU expert kernel's prompt
 // path, experts_cpu.c): to fp32 (dequant_row), or, where the CPU has AVX512-BF16, to bf16 — straight for
-// Q4_K, Q5_K, Q6_K, Q8_0 and MXFP4 (tables of a block's possible values gathered by permutes, or sixteen
-// weights at a time), bit for bit what dequantising to fp32 and rounding gives (widen_bf16;
+// Q4_K, Q5_K, Q6_K, Q8_0, MXFP4, IQ4_XS and the low-bit types (tables of a block's possible values gathered
+// by permutes, or sixteen weights at a time), bit for bit what dequantising to fp32 and rounding gives (widen_bf16;
 // tests/runtime/moe/test_cpu_widening.py checks it).
 #ifndef FT_WIDEN_ROW_H
 #define FT_WIDEN_ROW_H
@@ -157,6 +157,65 @@ static inline void dequant_mxfp4_bf16(const uint8_t *restrict w, uint16_t *restr
     }
 }
 
+// An IQ4_XS row rounded to bf16 (what dequant_iq4_xs then round_row_bf16 give, bit for bit): a sub-block's
+// sixteen values (d · scale times the codebook) computed once, its 32 quants gathered by two permutes.
+static inline void dequant_iq4_xs_bf16(const uint8_t *restrict w, uint16_t *restrict out, int n) {
+    const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES)));
+    const __m256i low4 = _mm256_set1_epi16(15);
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = w + (long)b * IQ4_XS_BYTES, *qs = blk + 8;
+        const float d = fp16_at(blk);
+        for (int s = 0; s < 8; s++) {
+            const float dl = d * (float)iq4_xs_scale(blk, s);
+            const __m256i table = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_set1_ps(dl), values));
+            const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16 * s)));
+            uint16_t *y = out + (long)b * QK_K + 32 * s;
+            _mm256_storeu_si256((__m256i *)y, _mm256_permutexvar_epi16(_mm256_and_si256(q, low4), table));
+            _mm256_storeu_si256((__m256i *)(y + 16), _mm256_permutexvar_epi16(_mm256_srli_epi16(q, 4), table));
+        }
+    }
+}
+
+#if LOWBIT_SIMD
+// A low-bit row (lowbit_codec) rounded to bf16, bit for bit: each 32 weights' int8 decoding scaled per 16
+// (sc · q − mn in one rounding, as decode_lowbit_of's) and converted sixteen at a time.
+static inline __attribute__((always_inline)) void dequant_lowbit_bf16_of(int codec, const uint8_t *restrict row,
+                                                                         uint16_t *restrict out, int n) {
+    int elements, bytes;
+    codec_block(codec, &elements, &bytes);
+    float sc[16], mn[16];
+    for (int k = 0; k < n; k += elements, row += bytes) {
+        lowbit_scales(codec, row, sc, mn);
+        for (int c = 0; c < elements / 32; c++) {
+            const __m256i q = elements == 32 ? legacy32(codec, row) : super32(codec, row, c);
+            for (int h = 0; h < 2; h++) {
+                const __m128i half = h ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q);
+                const __m512 w = _mm512_fmsub_ps(_mm512_set1_ps(sc[2 * c + h]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(half)),
+                                                 _mm512_set1_ps(mn[2 * c + h]));
+                _mm256_storeu_si256((__m256i *)(out + k + 32 * c + 16 * h), (__m256i)_mm512_cvtneps_pbh(w));
+            }
+        }
+    }
+}
+
+// dequant_lowbit_bf16_of with the codec a constant in each branch.
+static inline void dequant_lowbit_bf16(int codec, const uint8_t *restrict row, uint16_t *restrict out, int n) {
+    switch (codec) {
+        case FT_CODEC_Q4_0: dequant_lowbit_bf16_of(FT_CODEC_Q4_0, row, out, n); return;
+        case FT_CODEC_Q4_1: dequant_lowbit_bf16_of(FT_CODEC_Q4_1, row, out, n); return;
+        case FT_CODEC_Q5_0: dequant_lowbit_bf16_of(FT_CODEC_Q5_0, row, out, n); return;
+        case FT_CODEC_Q5_1: dequant_lowbit_bf16_of(FT_CODEC_Q5_1, row, out, n); return;
+        case FT_CODEC_IQ4_NL: dequant_lowbit_bf16_of(FT_CODEC_IQ4_NL, row, out, n); return;
+        case FT_CODEC_Q2_K: dequant_lowbit_bf16_of(FT_CODEC_Q2_K, row, out, n); return;
+        case FT_CODEC_Q3_K: dequant_lowbit_bf16_of(FT_CODEC_Q3_K, row, out, n); return;
+        case FT_CODEC_IQ2_XXS: dequant_lowbit_bf16_of(FT_CODEC_IQ2_XXS, row, out, n); return;
+        case FT_CODEC_IQ2_XS: dequant_lowbit_bf16_of(FT_CODEC_IQ2_XS, row, out, n); return;
+        case FT_CODEC_IQ3_XXS: dequant_lowbit_bf16_of(FT_CODEC_IQ3_XXS, row, out, n); return;
+        default: dequant_lowbit_bf16_of(FT_CODEC_IQ3_S, row, out, n); return;
+    }
+}
+#endif
+
 // A widened codec's row rounded to bf16 into rowbuf16: straight where the codec has its own widening (bit
 // for bit the plain way), else dequantised into rowbuf and rounded. Returns 1 for the straight way.
 static inline int widen_bf16(int codec, const uint8_t *row, float *rowbuf, uint16_t *rowbuf16, int n, int plain) {
@@ -165,6 +224,10 @@ static inline int widen_bf16(int codec, const uint8_t *row, float *rowbuf, uint1
     else if (!plain && codec == FT_CODEC_Q6_K) dequant_q6_k_bf16(row, rowbuf16, n);
     else if (!plain && codec == FT_CODEC_Q8_0) dequant_q8_0_bf16(row, rowbuf16, n);
     else if (!plain && codec == FT_CODEC_MXFP4) dequant_mxfp4_bf16(row, rowbuf16, n);
+    else if (!plain && codec == FT_CODEC_IQ4_XS) dequant_iq4_xs_bf16(row, rowbuf16, n);
+#if LOWBIT_SIMD
+    else if (!plain && lowbit_codec(codec)) dequant_lowbit_bf16(codec, row, rowbuf16, n);
+#endif
     else {
         dequant_row(codec, row, rowbuf, n);
         round_row_bf16(rowbuf, rowbuf16, n);
