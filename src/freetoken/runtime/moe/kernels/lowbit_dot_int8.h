@@ -18,70 +18,105 @@ static inline __m256i pair_sums(__m256i q, __m256i v) {
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
-// A super-block row against one int8 activation vector (a scale per 256): per super-block its scales
-// per 16, then 32 weights at a time decoded in registers and dotted at once.
-static inline __attribute__((always_inline)) float dot_super_q8_of(int codec, const uint8_t *restrict row,
-                                                                   const int8_t *restrict x, const float *restrict xd,
-                                                                   const int16_t *restrict xs, int n, int bytes) {
+// A super-block row against M int8 activation vectors (a scale per 256): per super-block its scales per 16,
+// then 32 weights at a time decoded in registers once and dotted with each vector (M constant: 1, or
+// LOWBIT_Q8_VECTORS for a prompt's pairs, whose decoding is then shared).
+#define LOWBIT_Q8_VECTORS 4
+static inline __attribute__((always_inline)) void dots_super_q8_of(int codec, const uint8_t *restrict row,
+                                                                   const int8_t *const *x, const float *const *xd,
+                                                                   const int16_t *const *xs, int n, int bytes,
+                                                                   const int M, float *out) {
     const int has_min = codec == FT_CODEC_Q2_K;
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
+    __m256 acc[LOWBIT_Q8_VECTORS];
+    float mins[LOWBIT_Q8_VECTORS];
+    for (int j = 0; j < M; j++) acc[j] = _mm256_setzero_ps(), mins[j] = 0.0f;
     for (int b = 0; b < n / 256; b++, row += bytes) {
         float sc[16], mn[16];
         lowbit_scales(codec, row, sc, mn);
-        const float dx = xd[b];
         for (int c = 0; c < 8; c++) {
-            const __m256 sums = _mm256_cvtepi32_ps(
-                pair_sums(super32(codec, row, c), _mm256_loadu_si256((const __m256i *)(x + 256 * b + 32 * c))));
-            const __m256 scale = _mm256_set_m128(_mm_set1_ps(sc[2 * c + 1] * dx), _mm_set1_ps(sc[2 * c] * dx));
-            acc = _mm256_fmadd_ps(scale, sums, acc);
+            const __m256i q = super32(codec, row, c);
+            for (int j = 0; j < M; j++) {
+                const float dx = xd[j][b];
+                const __m256 sums = _mm256_cvtepi32_ps(
+                    pair_sums(q, _mm256_loadu_si256((const __m256i *)(x[j] + 256 * b + 32 * c))));
+                const __m256 scale = _mm256_set_m128(_mm_set1_ps(sc[2 * c + 1] * dx), _mm_set1_ps(sc[2 * c] * dx));
+                acc[j] = _mm256_fmadd_ps(scale, sums, acc[j]);
+            }
         }
         if (has_min)
-            for (int g = 0; g < 16; g++) mins += mn[g] * dx * (float)xs[16 * b + g];
+            for (int j = 0; j < M; j++)
+                for (int g = 0; g < 16; g++) mins[j] += mn[g] * xd[j][b] * (float)xs[j][16 * b + g];
     }
-    return hsum256(acc) - mins;
+    for (int j = 0; j < M; j++) out[j] = hsum256(acc[j]) - mins[j];
 }
 
-// dot_super_q8_of with the codec a constant in each branch (its decoding specialised, no switch a step).
-static inline float dot_super_q8(int codec, const uint8_t *restrict row, const int8_t *restrict x,
-                                 const float *restrict xd, const int16_t *restrict xs, int n, int bytes) {
+// dots_super_q8_of with the codec and M constants in each branch (its decoding specialised, no switch a
+// step).
+static inline void dots_super_q8(int codec, const uint8_t *restrict row, const int8_t *const *x,
+                                 const float *const *xd, const int16_t *const *xs, int n, int bytes, int M,
+                                 float *out) {
+#define FT_SUPER_Q8(C)                                                         \
+    do {                                                                       \
+        if (M == 1)                                                            \
+            dots_super_q8_of(C, row, x, xd, xs, n, bytes, 1, out);             \
+        else                                                                   \
+            dots_super_q8_of(C, row, x, xd, xs, n, bytes, LOWBIT_Q8_VECTORS, out); \
+        return;                                                                \
+    } while (0)
     switch (codec) {
-        case FT_CODEC_Q2_K: return dot_super_q8_of(FT_CODEC_Q2_K, row, x, xd, xs, n, bytes);
-        case FT_CODEC_Q3_K: return dot_super_q8_of(FT_CODEC_Q3_K, row, x, xd, xs, n, bytes);
-        case FT_CODEC_IQ2_XXS: return dot_super_q8_of(FT_CODEC_IQ2_XXS, row, x, xd, xs, n, bytes);
-        case FT_CODEC_IQ2_XS: return dot_super_q8_of(FT_CODEC_IQ2_XS, row, x, xd, xs, n, bytes);
-        case FT_CODEC_IQ3_XXS: return dot_super_q8_of(FT_CODEC_IQ3_XXS, row, x, xd, xs, n, bytes);
-        default: return dot_super_q8_of(FT_CODEC_IQ3_S, row, x, xd, xs, n, bytes);
+        case FT_CODEC_Q2_K: FT_SUPER_Q8(FT_CODEC_Q2_K);
+        case FT_CODEC_Q3_K: FT_SUPER_Q8(FT_CODEC_Q3_K);
+        case FT_CODEC_IQ2_XXS: FT_SUPER_Q8(FT_CODEC_IQ2_XXS);
+        case FT_CODEC_IQ2_XS: FT_SUPER_Q8(FT_CODEC_IQ2_XS);
+        case FT_CODEC_IQ3_XXS: FT_SUPER_Q8(FT_CODEC_IQ3_XXS);
+        default: FT_SUPER_Q8(FT_CODEC_IQ3_S);
     }
+#undef FT_SUPER_Q8
 }
 
-// A legacy row against one int8 activation vector (blocks of 32, one activation scale each), each block
-// decoded in registers and dotted at once: Σ_b d_b · dx_b · Σ q·x8 (+ m_b · dx_b · Σ x8 for Q4_1, Q5_1).
-static inline __attribute__((always_inline)) float dot_legacy_q8_of(int codec, const uint8_t *restrict row,
-                                                                    const int8_t *restrict x, const float *restrict xd,
-                                                                    const int16_t *restrict xs, int n, int bytes) {
+// A legacy row against M int8 activation vectors (blocks of 32, one activation scale each), each block
+// decoded in registers once and dotted with each vector: Σ_b d_b · dx_b · Σ q·x8 (+ m_b · dx_b · Σ x8 for
+// Q4_1, Q5_1).
+static inline __attribute__((always_inline)) void dots_legacy_q8_of(int codec, const uint8_t *restrict row,
+                                                                    const int8_t *const *x, const float *const *xd,
+                                                                    const int16_t *const *xs, int n, int bytes,
+                                                                    const int M, float *out) {
     const int affine = codec == FT_CODEC_Q4_1 || codec == FT_CODEC_Q5_1;
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f, sc[2], mn[2];
+    __m256 acc[LOWBIT_Q8_VECTORS];
+    float mins[LOWBIT_Q8_VECTORS], sc[2], mn[2];
+    for (int j = 0; j < M; j++) acc[j] = _mm256_setzero_ps(), mins[j] = 0.0f;
     for (int b = 0; b < n / 32; b++, row += bytes) {
-        const __m256i q = legacy32(codec, row), v = _mm256_loadu_si256((const __m256i *)(x + 32 * b));
+        const __m256i q = legacy32(codec, row);
         lowbit_scales(codec, row, sc, mn);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(sc[0] * xd[b]), _mm256_cvtepi32_ps(pair_sums(q, v)), acc);
-        if (affine) mins += mn[0] * xd[b] * (float)(xs[2 * b] + xs[2 * b + 1]);
+        for (int j = 0; j < M; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(x[j] + 32 * b));
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(sc[0] * xd[j][b]), _mm256_cvtepi32_ps(pair_sums(q, v)), acc[j]);
+            if (affine) mins[j] += mn[0] * xd[j][b] * (float)(xs[j][2 * b] + xs[j][2 * b + 1]);
+        }
     }
-    return hsum256(acc) - mins;
+    for (int j = 0; j < M; j++) out[j] = hsum256(acc[j]) - mins[j];
 }
 
-// dot_legacy_q8_of with the codec a constant in each branch.
-static inline float dot_legacy_q8(int codec, const uint8_t *restrict row, const int8_t *restrict x,
-                                  const float *restrict xd, const int16_t *restrict xs, int n, int bytes) {
+// dots_legacy_q8_of with the codec and M constants in each branch.
+static inline void dots_legacy_q8(int codec, const uint8_t *restrict row, const int8_t *const *x,
+                                  const float *const *xd, const int16_t *const *xs, int n, int bytes, int M,
+                                  float *out) {
+#define FT_LEGACY_Q8(C)                                                         \
+    do {                                                                        \
+        if (M == 1)                                                             \
+            dots_legacy_q8_of(C, row, x, xd, xs, n, bytes, 1, out);             \
+        else                                                                    \
+            dots_legacy_q8_of(C, row, x, xd, xs, n, bytes, LOWBIT_Q8_VECTORS, out); \
+        return;                                                                 \
+    } while (0)
     switch (codec) {
-        case FT_CODEC_Q4_0: return dot_legacy_q8_of(FT_CODEC_Q4_0, row, x, xd, xs, n, bytes);
-        case FT_CODEC_Q4_1: return dot_legacy_q8_of(FT_CODEC_Q4_1, row, x, xd, xs, n, bytes);
-        case FT_CODEC_Q5_0: return dot_legacy_q8_of(FT_CODEC_Q5_0, row, x, xd, xs, n, bytes);
-        case FT_CODEC_Q5_1: return dot_legacy_q8_of(FT_CODEC_Q5_1, row, x, xd, xs, n, bytes);
-        default: return dot_legacy_q8_of(FT_CODEC_IQ4_NL, row, x, xd, xs, n, bytes);
+        case FT_CODEC_Q4_0: FT_LEGACY_Q8(FT_CODEC_Q4_0);
+        case FT_CODEC_Q4_1: FT_LEGACY_Q8(FT_CODEC_Q4_1);
+        case FT_CODEC_Q5_0: FT_LEGACY_Q8(FT_CODEC_Q5_0);
+        case FT_CODEC_Q5_1: FT_LEGACY_Q8(FT_CODEC_Q5_1);
+        default: FT_LEGACY_Q8(FT_CODEC_IQ4_NL);
     }
+#undef FT_LEGACY_Q8
 }
 #else
 // The plain statement's dot (builds without AVX2): Σ over groups of 16 of dx · (sc · Σ q·x8 − mn · Σ x8).
@@ -108,9 +143,14 @@ static inline void dots_lowbit_q8(int act8, const uint8_t *restrict row, const i
     int elements, bytes;
     codec_block(codec, &elements, &bytes);
 #if LOWBIT_SIMD
-    for (int j = 0; j < count; j++)
-        out[j] = elements == 32 ? dot_legacy_q8(codec, row, vq[j], vd[j], vs[j], n, bytes)
-                                : dot_super_q8(codec, row, vq[j], vd[j], vs[j], n, bytes);
+    for (int j = 0; j < count;) {  // the vectors four at a time (each block decoded once for them), then one
+        const int m = count - j >= LOWBIT_Q8_VECTORS ? LOWBIT_Q8_VECTORS : 1;
+        if (elements == 32)
+            dots_legacy_q8(codec, row, vq + j, vd + j, vs + j, n, bytes, m, out + j);
+        else
+            dots_super_q8(codec, row, vq + j, vd + j, vs + j, n, bytes, m, out + j);
+        j += m;
+    }
 #else
     const int a_shift = act8_block(act8) == 256 ? 8 : 5;
     int8_t q[LOWBIT_CHUNK];
