@@ -135,8 +135,9 @@ static inline float block_dot_q8(const int8_t *restrict q, const float *restrict
 #endif
 
 // out[j] = row · vector j for `count` int8 activation vectors (q, d, 16-sums) of `act8` (a lowbit act8
-// id): with AVX2 each block decoded in registers and dotted at once; otherwise the plain statement, up to
-// 256 weights decoded at a time into L1 for all the vectors.
+// id): with AVX2 each block decoded in registers and dotted at once, with four vectors at a time where
+// there are four (a prompt's pairs share the decoding); otherwise the plain statement, up to 256 weights
+// decoded at a time into L1 for all the vectors.
 static inline void dots_lowbit_q8(int act8, const uint8_t *restrict row, const int8_t *const *vq,
                                   const float *const *vd, const int16_t *const *vs, int count, int n, float *out) {
     const int codec = lowbit_of_act8(act8);
