@@ -23,11 +23,6 @@ static inline __m512bh int8_bf16(__m256i q) {
     return _mm512_cvtne2ps_pbh(hi, lo);
 }
 
-// a in lanes 0-7 (the pair sums of weights 0-15), b in lanes 8-15 (weights 16-31).
-static inline __m512 halves(float a, float b) {
-    return _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
-}
-
 static inline __attribute__((always_inline)) void dots_lowbit_bf16_of(int codec, const uint8_t *restrict row,
                                                                       const uint16_t *const *kb, int cnt, int n,
                                                                       float *out) {
@@ -39,15 +34,20 @@ static inline __attribute__((always_inline)) void dots_lowbit_bf16_of(int codec,
     float sc[16], mn[16];
     for (int k = 0; k < n; k += elements, row += bytes) {
         lowbit_scales(codec, row, sc, mn);
+        // a legacy block's one scale and min (sc[0] = sc[1]) broadcast; a super-block's sixteen read as one
+        // vector (sixteen stores, then a load that waits for them: worth it for 256 weights, not for 32)
+        const __m512 scales = elements == 32 ? _mm512_set1_ps(sc[0]) : _mm512_loadu_ps(sc);
+        const __m512 mins = !has_min ? _mm512_setzero_ps() : elements == 32 ? _mm512_set1_ps(mn[0]) : _mm512_loadu_ps(mn);
         for (int c = 0; c < elements / 32; c++) {
             const __m512bh q = int8_bf16(elements == 32 ? legacy32(codec, row) : super32(codec, row, c));
-            const __m512 scale = halves(sc[2 * c], sc[2 * c + 1]);
+            const __m512i pick = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_set1_epi32(2 * c),
+                                                         _mm512_set1_epi32(2 * c + 1));  // scale 2c, then 2c + 1
+            const __m512 scale = elements == 32 ? scales : _mm512_permutexvar_ps(pick, scales);
+            const __m512 min = elements == 32 ? mins : _mm512_permutexvar_ps(pick, mins);
             for (int j = 0; j < cnt; j++) {
                 const __m512bh x = load_bh(kb[j] + k + 32 * c);
                 acc[j] = _mm512_fmadd_ps(scale, _mm512_dpbf16_ps(_mm512_setzero_ps(), q, x), acc[j]);
-                if (has_min)
-                    acc[j] = _mm512_fnmadd_ps(halves(mn[2 * c], mn[2 * c + 1]),
-                                              _mm512_dpbf16_ps(_mm512_setzero_ps(), ones, x), acc[j]);
+                if (has_min) acc[j] = _mm512_fnmadd_ps(min, _mm512_dpbf16_ps(_mm512_setzero_ps(), ones, x), acc[j]);
             }
         }
     }
