@@ -54,22 +54,12 @@ static inline __attribute__((always_inline)) void dots_lowbit_bf16_of(int codec,
     for (int j = 0; j < cnt; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
 }
 
-// out[j] = row · kb[j] for cnt ≤ LOWBIT_BF16_VECTORS bf16 vectors, the codec a constant in each branch.
+// out[j] = row · kb[j] for cnt ≤ LOWBIT_BF16_VECTORS bf16 vectors.
 static inline void dots_lowbit_bf16(int codec, const uint8_t *restrict row, const uint16_t *const *kb, int cnt,
                                     int n, float *out) {
-    switch (codec) {
-        case FT_CODEC_Q4_0: dots_lowbit_bf16_of(FT_CODEC_Q4_0, row, kb, cnt, n, out); return;
-        case FT_CODEC_Q4_1: dots_lowbit_bf16_of(FT_CODEC_Q4_1, row, kb, cnt, n, out); return;
-        case FT_CODEC_Q5_0: dots_lowbit_bf16_of(FT_CODEC_Q5_0, row, kb, cnt, n, out); return;
-        case FT_CODEC_Q5_1: dots_lowbit_bf16_of(FT_CODEC_Q5_1, row, kb, cnt, n, out); return;
-        case FT_CODEC_IQ4_NL: dots_lowbit_bf16_of(FT_CODEC_IQ4_NL, row, kb, cnt, n, out); return;
-        case FT_CODEC_Q2_K: dots_lowbit_bf16_of(FT_CODEC_Q2_K, row, kb, cnt, n, out); return;
-        case FT_CODEC_Q3_K: dots_lowbit_bf16_of(FT_CODEC_Q3_K, row, kb, cnt, n, out); return;
-        case FT_CODEC_IQ2_XXS: dots_lowbit_bf16_of(FT_CODEC_IQ2_XXS, row, kb, cnt, n, out); return;
-        case FT_CODEC_IQ2_XS: dots_lowbit_bf16_of(FT_CODEC_IQ2_XS, row, kb, cnt, n, out); return;
-        case FT_CODEC_IQ3_XXS: dots_lowbit_bf16_of(FT_CODEC_IQ3_XXS, row, kb, cnt, n, out); return;
-        default: dots_lowbit_bf16_of(FT_CODEC_IQ3_S, row, kb, cnt, n, out); return;
-    }
+#define FT_DOTS_BF16(C) dots_lowbit_bf16_of(C, row, kb, cnt, n, out)
+    FT_LOWBIT_SWITCH(codec, FT_DOTS_BF16)
+#undef FT_DOTS_BF16
 }
 #else
 #define HAVE_LOWBIT_BF16 0

@@ -39,6 +39,12 @@ static const int8_t IQ4_NL_KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -
 
 static inline int lowbit_codec(int codec) { return codec >= FT_CODEC_Q4_0 && codec <= FT_CODEC_Q5_1; }
 
+// The low-bit codecs of 32-weight blocks (the rest are super-blocks of 256).
+static inline int lowbit_legacy(int codec) {
+    return codec == FT_CODEC_Q4_0 || codec == FT_CODEC_IQ4_NL || codec == FT_CODEC_Q4_1 || codec == FT_CODEC_Q5_0 ||
+           codec == FT_CODEC_Q5_1;
+}
+
 static inline uint32_t u32_at(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, sizeof v);
@@ -162,8 +168,7 @@ static inline void signed_grid8(uint64_t grid, uint8_t signs, int8_t *restrict q
 // A block's scales and mins per 16 weights (w = sc·q − mn), from its header: a legacy block's two
 // halves share its d (and −m for Q4_1, Q5_1); a super-block's per type.
 static inline __attribute__((always_inline)) void lowbit_scales(int codec, const uint8_t *restrict b, float *restrict sc, float *restrict mn) {
-    if (codec == FT_CODEC_Q4_0 || codec == FT_CODEC_IQ4_NL || codec == FT_CODEC_Q4_1 || codec == FT_CODEC_Q5_0 ||
-        codec == FT_CODEC_Q5_1) {
+    if (lowbit_legacy(codec)) {
         sc[0] = sc[1] = fp16_at(b);
         mn[0] = mn[1] = codec == FT_CODEC_Q4_1 || codec == FT_CODEC_Q5_1 ? -fp16_at(b + 2) : 0.0f;
         return;
@@ -302,21 +307,27 @@ static inline __attribute__((always_inline)) void decode_lowbit_of(int codec, co
     }
 }
 
-// decode_lowbit_of with the codec a constant in each branch (its decoding specialised, no switch a block).
-static inline void decode_lowbit(int codec, const uint8_t *restrict row, int k0, int count, float *restrict y) {
-    switch (codec) {
-        case FT_CODEC_Q4_0: decode_lowbit_of(FT_CODEC_Q4_0, row, k0, count, y); return;
-        case FT_CODEC_Q4_1: decode_lowbit_of(FT_CODEC_Q4_1, row, k0, count, y); return;
-        case FT_CODEC_Q5_0: decode_lowbit_of(FT_CODEC_Q5_0, row, k0, count, y); return;
-        case FT_CODEC_Q5_1: decode_lowbit_of(FT_CODEC_Q5_1, row, k0, count, y); return;
-        case FT_CODEC_IQ4_NL: decode_lowbit_of(FT_CODEC_IQ4_NL, row, k0, count, y); return;
-        case FT_CODEC_Q2_K: decode_lowbit_of(FT_CODEC_Q2_K, row, k0, count, y); return;
-        case FT_CODEC_Q3_K: decode_lowbit_of(FT_CODEC_Q3_K, row, k0, count, y); return;
-        case FT_CODEC_IQ2_XXS: decode_lowbit_of(FT_CODEC_IQ2_XXS, row, k0, count, y); return;
-        case FT_CODEC_IQ2_XS: decode_lowbit_of(FT_CODEC_IQ2_XS, row, k0, count, y); return;
-        case FT_CODEC_IQ3_XXS: decode_lowbit_of(FT_CODEC_IQ3_XXS, row, k0, count, y); return;
-        default: decode_lowbit_of(FT_CODEC_IQ3_S, row, k0, count, y); return;
+// A switch over the low-bit codecs (lowbit_codec) that runs CALL(C) with the codec a constant C in each
+// branch, so each type's decoding is specialised outside the loops (IQ3_S the default), then returns.
+#define FT_LOWBIT_SWITCH(codec, CALL)                  \
+    switch (codec) {                                   \
+        case FT_CODEC_Q4_0: CALL(FT_CODEC_Q4_0); return;       \
+        case FT_CODEC_Q4_1: CALL(FT_CODEC_Q4_1); return;       \
+        case FT_CODEC_Q5_0: CALL(FT_CODEC_Q5_0); return;       \
+        case FT_CODEC_Q5_1: CALL(FT_CODEC_Q5_1); return;       \
+        case FT_CODEC_IQ4_NL: CALL(FT_CODEC_IQ4_NL); return;   \
+        case FT_CODEC_Q2_K: CALL(FT_CODEC_Q2_K); return;       \
+        case FT_CODEC_Q3_K: CALL(FT_CODEC_Q3_K); return;       \
+        case FT_CODEC_IQ2_XXS: CALL(FT_CODEC_IQ2_XXS); return; \
+        case FT_CODEC_IQ2_XS: CALL(FT_CODEC_IQ2_XS); return;   \
+        case FT_CODEC_IQ3_XXS: CALL(FT_CODEC_IQ3_XXS); return; \
+        default: CALL(FT_CODEC_IQ3_S); return;                 \
     }
+
+static inline void decode_lowbit(int codec, const uint8_t *restrict row, int k0, int count, float *restrict y) {
+#define FT_DECODE(C) decode_lowbit_of(C, row, k0, count, y)
+    FT_LOWBIT_SWITCH(codec, FT_DECODE)
+#undef FT_DECODE
 }
 
 static inline void dequant_lowbit(int codec, const uint8_t *restrict row, float *restrict out, int n) {

@@ -50,30 +50,6 @@ static inline __attribute__((always_inline)) void dots_super_q8_of(int codec, co
     for (int j = 0; j < M; j++) out[j] = hsum256(acc[j]) - mins[j];
 }
 
-// dots_super_q8_of with the codec and M constants in each branch (its decoding specialised, no switch a
-// step).
-static inline void dots_super_q8(int codec, const uint8_t *restrict row, const int8_t *const *x,
-                                 const float *const *xd, const int16_t *const *xs, int n, int bytes, int M,
-                                 float *out) {
-#define FT_SUPER_Q8(C)                                                         \
-    do {                                                                       \
-        if (M == 1)                                                            \
-            dots_super_q8_of(C, row, x, xd, xs, n, bytes, 1, out);             \
-        else                                                                   \
-            dots_super_q8_of(C, row, x, xd, xs, n, bytes, LOWBIT_Q8_VECTORS, out); \
-        return;                                                                \
-    } while (0)
-    switch (codec) {
-        case FT_CODEC_Q2_K: FT_SUPER_Q8(FT_CODEC_Q2_K);
-        case FT_CODEC_Q3_K: FT_SUPER_Q8(FT_CODEC_Q3_K);
-        case FT_CODEC_IQ2_XXS: FT_SUPER_Q8(FT_CODEC_IQ2_XXS);
-        case FT_CODEC_IQ2_XS: FT_SUPER_Q8(FT_CODEC_IQ2_XS);
-        case FT_CODEC_IQ3_XXS: FT_SUPER_Q8(FT_CODEC_IQ3_XXS);
-        default: FT_SUPER_Q8(FT_CODEC_IQ3_S);
-    }
-#undef FT_SUPER_Q8
-}
-
 // A legacy row against M int8 activation vectors (blocks of 32, one activation scale each), each block
 // decoded in registers once and dotted with each vector: Σ_b d_b · dx_b · Σ q·x8 (+ m_b · dx_b · Σ x8 for
 // Q4_1, Q5_1).
@@ -97,26 +73,17 @@ static inline __attribute__((always_inline)) void dots_legacy_q8_of(int codec, c
     for (int j = 0; j < M; j++) out[j] = hsum256(acc[j]) - mins[j];
 }
 
-// dots_legacy_q8_of with the codec and M constants in each branch.
-static inline void dots_legacy_q8(int codec, const uint8_t *restrict row, const int8_t *const *x,
-                                  const float *const *xd, const int16_t *const *xs, int n, int bytes, int M,
-                                  float *out) {
-#define FT_LEGACY_Q8(C)                                                         \
-    do {                                                                        \
-        if (M == 1)                                                             \
-            dots_legacy_q8_of(C, row, x, xd, xs, n, bytes, 1, out);             \
-        else                                                                    \
-            dots_legacy_q8_of(C, row, x, xd, xs, n, bytes, LOWBIT_Q8_VECTORS, out); \
-        return;                                                                 \
-    } while (0)
-    switch (codec) {
-        case FT_CODEC_Q4_0: FT_LEGACY_Q8(FT_CODEC_Q4_0);
-        case FT_CODEC_Q4_1: FT_LEGACY_Q8(FT_CODEC_Q4_1);
-        case FT_CODEC_Q5_0: FT_LEGACY_Q8(FT_CODEC_Q5_0);
-        case FT_CODEC_Q5_1: FT_LEGACY_Q8(FT_CODEC_Q5_1);
-        default: FT_LEGACY_Q8(FT_CODEC_IQ4_NL);
-    }
-#undef FT_LEGACY_Q8
+// A row of any low-bit codec against M int8 vectors (dots_legacy_q8_of or dots_super_q8_of), the codec and
+// M constants in each branch (M 1, or LOWBIT_Q8_VECTORS).
+static inline void dots_q8(int codec, const uint8_t *restrict row, const int8_t *const *x, const float *const *xd,
+                           const int16_t *const *xs, int n, int bytes, int M, float *out) {
+#define FT_DOTS_Q8_M(C, m)                                                \
+    (lowbit_legacy(C) ? dots_legacy_q8_of(C, row, x, xd, xs, n, bytes, m, out) \
+                             : dots_super_q8_of(C, row, x, xd, xs, n, bytes, m, out))
+#define FT_DOTS_Q8(C) (M == 1 ? FT_DOTS_Q8_M(C, 1) : FT_DOTS_Q8_M(C, LOWBIT_Q8_VECTORS))
+    FT_LOWBIT_SWITCH(codec, FT_DOTS_Q8)
+#undef FT_DOTS_Q8
+#undef FT_DOTS_Q8_M
 }
 #else
 // The plain statement's dot (builds without AVX2): Σ over groups of 16 of dx · (sc · Σ q·x8 − mn · Σ x8).
@@ -146,10 +113,7 @@ static inline void dots_lowbit_q8(int act8, const uint8_t *restrict row, const i
 #if LOWBIT_SIMD
     for (int j = 0; j < count;) {  // the vectors four at a time (each block decoded once for them), then one
         const int m = count - j >= LOWBIT_Q8_VECTORS ? LOWBIT_Q8_VECTORS : 1;
-        if (elements == 32)
-            dots_legacy_q8(codec, row, vq + j, vd + j, vs + j, n, bytes, m, out + j);
-        else
-            dots_super_q8(codec, row, vq + j, vd + j, vs + j, n, bytes, m, out + j);
+        dots_q8(codec, row, vq + j, vd + j, vs + j, n, bytes, m, out + j);
         j += m;
     }
 #else

@@ -198,21 +198,10 @@ static inline __attribute__((always_inline)) void dequant_lowbit_bf16_of(int cod
     }
 }
 
-// dequant_lowbit_bf16_of with the codec a constant in each branch.
 static inline void dequant_lowbit_bf16(int codec, const uint8_t *restrict row, uint16_t *restrict out, int n) {
-    switch (codec) {
-        case FT_CODEC_Q4_0: dequant_lowbit_bf16_of(FT_CODEC_Q4_0, row, out, n); return;
-        case FT_CODEC_Q4_1: dequant_lowbit_bf16_of(FT_CODEC_Q4_1, row, out, n); return;
-        case FT_CODEC_Q5_0: dequant_lowbit_bf16_of(FT_CODEC_Q5_0, row, out, n); return;
-        case FT_CODEC_Q5_1: dequant_lowbit_bf16_of(FT_CODEC_Q5_1, row, out, n); return;
-        case FT_CODEC_IQ4_NL: dequant_lowbit_bf16_of(FT_CODEC_IQ4_NL, row, out, n); return;
-        case FT_CODEC_Q2_K: dequant_lowbit_bf16_of(FT_CODEC_Q2_K, row, out, n); return;
-        case FT_CODEC_Q3_K: dequant_lowbit_bf16_of(FT_CODEC_Q3_K, row, out, n); return;
-        case FT_CODEC_IQ2_XXS: dequant_lowbit_bf16_of(FT_CODEC_IQ2_XXS, row, out, n); return;
-        case FT_CODEC_IQ2_XS: dequant_lowbit_bf16_of(FT_CODEC_IQ2_XS, row, out, n); return;
-        case FT_CODEC_IQ3_XXS: dequant_lowbit_bf16_of(FT_CODEC_IQ3_XXS, row, out, n); return;
-        default: dequant_lowbit_bf16_of(FT_CODEC_IQ3_S, row, out, n); return;
-    }
+#define FT_WIDEN(C) dequant_lowbit_bf16_of(C, row, out, n)
+    FT_LOWBIT_SWITCH(codec, FT_WIDEN)
+#undef FT_WIDEN
 }
 #endif
 
