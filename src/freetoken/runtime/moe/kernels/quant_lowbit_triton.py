@@ -2,8 +2,8 @@
 weights computed in registers from its bytes. Most codecs' tiles are shaped by the layout ([N, groups,
 weights of a group], at most four dimensions, k order when flattened), so a field shared by a group (a
 quant byte holding two weights, a sub-block's scale, a sign byte, a grid entry of 4 or 8 weights read as
-int32 words) is loaded once at its group's shape and broadcast to the weights. Q5_K, Q2_K, Q3_K and NVFP4
-compute each weight from its own bits (_k_per_weight, block128_weights). Codebooks and sign patterns
+int32 words) is loaded once at its group's shape and broadcast to the weights. Q5_K and NVFP4 compute
+each weight from its own bits (_q5k, block128_weights). Codebooks and sign patterns
 come from one small table on the device (codec_table; its grids at 4-byte aligned offsets). Layouts as
 lowbit_dot.h's header comment; numbers as cpu_experts.CODEC_IDS: 8 Q5_K, 10 IQ4_XS, 19 Q2_K, 20 Q3_K,
 21 IQ2_XXS, 22 IQ2_XS, 23 IQ3_XXS, 24 IQ3_S (super-blocks of 256: superblock_weights), 17 Q4_0, 18 Q5_0,
@@ -58,39 +58,52 @@ def _signed(w, signs, bit):
 
 
 @triton.jit
-def _k_per_weight(rows, sb, live, CODEC: tl.constexpr):
-    """Q5_K / Q2_K / Q3_K super-block `sb` of rows `rows` -> [N, 256], each weight gathering its own bits
-    (neighbours share the loaded bytes through L1). Kept per weight: tiles of these layouts shaped as
-    [N, 2, 4, 2, 16] computed wrong weights when compiled (the interpreter's were right), and Q5_K's
-    [N, 4, 2, 32] tile ran slower than this on an H100."""
+def _q5k(rows, sb, live):
+    """Q5_K super-block `sb` of rows `rows` -> [N, 256], each weight gathering its own bits (neighbours
+    share the loaded bytes through L1): a [N, 4, 2, 32] tile of this layout ran slower on an H100."""
     e = tl.arange(0, 256)[None, :]
     m = live[:, None]
-    if CODEC == 8:  # Q5_K: Q4_K's header, 32 bytes of fifth bits, 128 of nibbles
-        base = rows + sb * 176
-        b = base[:, None]
-        head, s0, s1, s2 = k4_header(base, live)
-        sc, mn = k4_scale_min_words(s0, s1, s2, tl.arange(0, 256) // 32)  # [N, 256]
-        low = (_u8(b + 48 + 32 * (e // 64) + e % 32, m) >> (4 * ((e // 32) % 2))) & 15
-        high = (_u8(b + 16 + e % 32, m) >> (e // 32)) & 1
-        q = (low | (high << 4)).to(tl.float32)
-        return fp16_low(head)[:, None] * sc * q - fp16_low(head >> 16)[:, None] * mn
-    elif CODEC == 19:  # Q2_K: 16 scale bytes (scale | min << 4), 64 quant bytes, d, dmin
-        base = rows + sb * 84
-        b = base[:, None]
-        q = (_u8(b + 16 + 32 * (e // 128) + e % 32, m) >> (2 * ((e % 128) // 32))) & 3
-        sc = _u8(b + e // 16, m)
-        d, dmin = fp16_at(base + 80, live)[:, None], fp16_at(base + 82, live)[:, None]
-        return d * (sc & 15).to(tl.float32) * q.to(tl.float32) - dmin * (sc >> 4).to(tl.float32)
+    base = rows + sb * 176  # Q4_K's header, 32 bytes of fifth bits, 128 of nibbles
+    b = base[:, None]
+    head, s0, s1, s2 = k4_header(base, live)
+    sc, mn = k4_scale_min_words(s0, s1, s2, tl.arange(0, 256) // 32)  # [N, 256]
+    low = (_u8(b + 48 + 32 * (e // 64) + e % 32, m) >> (4 * ((e // 32) % 2))) & 15
+    high = (_u8(b + 16 + e % 32, m) >> (e // 32)) & 1
+    q = (low | (high << 4)).to(tl.float32)
+    return fp16_low(head)[:, None] * sc * q - fp16_low(head >> 16)[:, None] * mn
+
+
+@triton.jit
+def _u16(ptr, mask):
+    return _u8(ptr, mask) | (_u8(ptr + 1, mask) << 8)
+
+
+@triton.jit
+def _q2k_q3k(rows, sb, live, CODEC: tl.constexpr):
+    """Q2_K / Q3_K super-block `sb` of rows `rows` -> [N, 2, 4, 32]: weight 128h + 32s + l holds bits
+    2s..2s+1 of quant byte 32h + l (each byte read once, at [N, 2, 1, 32]); its sub-block 8h + 2s + l // 16
+    takes its scale from a byte pair read once per (h, s). Four dimensions: a [N, 2, 4, 2, 16] tile computed
+    wrong weights when compiled (Triton's interpreter gave the right ones)."""
+    h = tl.arange(0, 2)[None, :, None, None]
+    s = tl.arange(0, 4)[None, None, :, None]
+    lane = tl.arange(0, 32)[None, None, None, :]
+    b = rows[:, None, None, None] + sb * (84 if CODEC == 19 else 110)
+    m = live[:, None, None, None]
+    half = 8 * (lane // 16)  # which byte of a scale pair
+    if CODEC == 19:  # Q2_K: 16 scale bytes (scale | min << 4), 64 quant bytes, d, dmin
+        q = (_u8(b + 16 + 32 * h + lane, m) >> (2 * s)) & 3
+        sc = (_u16(b + 8 * h + 2 * s, m) >> half) & 255  # [N, 2, 4, 32]
+        d = fp16_at(rows + sb * 84 + 80, live)[:, None, None, None]
+        dmin = fp16_at(rows + sb * 84 + 82, live)[:, None, None, None]
+        return d * (sc & 15).to(tl.float32) * as_float(q, 0.0) - dmin * (sc >> 4).to(tl.float32)
     else:  # Q3_K: 32 bytes of third bits (weight k's at byte k % 32, bit k // 32), 64 quant bytes, scales, d
-        base = rows + sb * 110
-        b = base[:, None]
-        sub = e // 16
-        q = (_u8(b + 32 + 32 * (e // 128) + e % 32, m) >> (2 * ((e % 128) // 32))) & 3
-        h = (_u8(b + e % 32, m) >> (e // 32)) & 1
-        low = (_u8(b + 96 + sub % 8, m) >> (4 * (sub // 8))) & 15
-        high = (_u8(b + 104 + sub % 4, m) >> (2 * (sub // 4))) & 3
-        scale = ((low | (high << 4)) - 32).to(tl.float32)
-        return fp16_at(base + 108, live)[:, None] * scale * (q - 4 + 4 * h).to(tl.float32)
+        q = (_u8(b + 32 + 32 * h + lane, m) >> (2 * s)) & 3
+        third = (_u8(b + lane, m) >> (4 * h + s)) & 1
+        low = (((_u16(b + 96 + 2 * s, m) >> half) & 255) >> (4 * h)) & 15
+        high = (((_u16(b + 104 + 2 * (s % 2), m) >> half) & 255) >> (2 * (2 * h + s // 2))) & 3
+        scale = as_float(low | (high << 4), 32.0)
+        d = fp16_at(rows + sb * 110 + 108, live)[:, None, None, None]
+        return d * scale * as_float(q + 4 * third, 4.0)
 
 
 @triton.jit
@@ -166,8 +179,10 @@ def _iq3(base, live, table, CODEC: tl.constexpr):
 def superblock_weights(rows, sb, live, table, CODEC: tl.constexpr):
     """Super-block `sb` of rows `rows` ([BLOCK_N] byte pointers; `live` [BLOCK_N]) as fp32 weights
     [BLOCK_N, 256] in k order."""
-    if CODEC == 8 or CODEC == 19 or CODEC == 20:
-        w = _k_per_weight(rows, sb, live, CODEC)
+    if CODEC == 8:
+        w = _q5k(rows, sb, live)
+    elif CODEC == 19 or CODEC == 20:
+        w = tl.reshape(_q2k_q3k(rows, sb, live, CODEC), [live.shape[0], 256])
     elif CODEC == 10:
         w = tl.reshape(_iq4xs(rows + sb * 136, live, table), [live.shape[0], 256])
     elif CODEC == 21:
