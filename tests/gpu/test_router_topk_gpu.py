@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freetoken.runtime.moe.kernels.router_topk import router_topk, router_topk_reference
+from freetoken.runtime.moe.kernels.router_topk import (
+    RouterRule,
+    choose_experts,
+    choose_experts_reference,
+    router_topk,
+    router_topk_reference,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -79,3 +85,27 @@ def test_replays_in_a_cuda_graph_after_the_logits_change() -> None:
         assert_same_choice(logits, K, True, ids, weights)
         want_ids, want_weights = router_topk(logits, K, True)
         assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
+
+
+@pytest.mark.parametrize(
+    ("rule", "e"),
+    [
+        (RouterRule(8, "sigmoid", True, True, n_group=8, topk_group=4, scaling=2.5), 256),  # DeepSeek-V3
+        (RouterRule(8, "sigmoid", True, True, scaling=1.0), 160),  # GLM-4.5
+        (RouterRule(6, "sqrtsoftplus", True, True, scaling=1.5), 256),  # DeepSeek-V4
+        (RouterRule(4, "topk_softmax"), 32),  # gpt-oss
+    ],
+)
+def test_every_rule_compiled_matches_its_reference(rule: RouterRule, e: int) -> None:
+    """fp32 logits as the sigmoid routers make them (x and gate in fp32): the same choice, the weights a
+    few fp32 ulps apart (exp, division and sums compiled)."""
+    logits = gate_logits(8, seed=e, e=e).float() * 4
+    bias = (
+        torch.randn(e, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)) * 0.01
+    ).float()
+    ids, weights = choose_experts(logits, rule, bias if rule.biased else None, torch.float32)
+    want_ids, want_weights = choose_experts_reference(
+        logits, rule, bias if rule.biased else None, torch.float32
+    )
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_weights, rtol=4e-6, atol=1e-7)

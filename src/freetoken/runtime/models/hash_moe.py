@@ -21,15 +21,14 @@ from freetoken.runtime.models.kernels.cpu_linear import Linear
 from freetoken.runtime.models.slot_decode import DecodeStep
 from freetoken.runtime.moe.executor import ExpertExecutor
 from freetoken.runtime.moe.expert_fn import ExpertFn, expert_fn_of
-
-
-def expert_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
-    """Router logits [T, E] (fp32) -> scores [T, E]."""
-    if scoring == "sqrtsoftplus":
-        return F.softplus(logits).sqrt()
-    if scoring == "sigmoid":
-        return torch.sigmoid(logits)
-    return torch.softmax(logits, dim=-1)
+from freetoken.runtime.moe.kernels.router_topk import (
+    RENORM_EPS,
+    RouterRule,
+    choose_experts,
+    choose_experts_reference,
+    expert_scores,
+    use_router_kernel,
+)
 
 
 class Router(nn.Module):
@@ -40,6 +39,7 @@ class Router(nn.Module):
         super().__init__()
         self.hashed, self.top_k = hashed, cfg.num_experts_per_tok
         self.scoring, self.scaling = cfg.router_scoring, cfg.routed_scaling_factor
+        self.rule = RouterRule(self.top_k, self.scoring, True, biased=True, scaling=self.scaling)
         self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size), requires_grad=False)
         if hashed:
             table = torch.zeros(cfg.vocab_size, self.top_k, dtype=torch.int64)
@@ -49,13 +49,13 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H], token_ids [T] -> topk_ids [T, K] int64, topk_weights [T, K] in x's dtype."""
-        scores = expert_scores(F.linear(x.float(), self.weight.float()), self.scoring)  # [T, E]
-        if self.hashed:
-            ids = self.tid2eid[token_ids].long()
-        else:
-            ids = (scores + self.e_score_correction_bias.float()).topk(self.top_k, dim=-1).indices
-        weights = scores.gather(1, ids)
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        logits = F.linear(x.float(), self.weight.float())  # [T, E]
+        if not self.hashed:
+            choose = choose_experts if use_router_kernel(x) else choose_experts_reference
+            return choose(logits, self.rule, self.e_score_correction_bias, x.dtype)
+        ids = self.tid2eid[token_ids].long()
+        weights = expert_scores(logits, self.scoring).gather(1, ids)
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + RENORM_EPS)
         return ids, (weights * self.scaling).to(x.dtype)
 
 

@@ -41,7 +41,12 @@ from freetoken.runtime.models.mla import LatentAttention
 from freetoken.runtime.models.rope import RotaryEmbedding, partial_rotary
 from freetoken.runtime.models.slot_decode import DecodeOps, DecodeRows, DecodeStep
 from freetoken.runtime.moe.executor import ExpertExecutor
-from freetoken.runtime.moe.kernels.router_topk import router_topk, use_router_kernel
+from freetoken.runtime.moe.kernels.router_topk import (
+    RouterRule,
+    choose_experts,
+    choose_experts_reference,
+    use_router_kernel,
+)
 
 
 class Attention(nn.Module):
@@ -148,6 +153,12 @@ class SparseMoeBlock(nn.Module):
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)
         self.scoring, self.n_group, self.topk_group = cfg.router_scoring, cfg.n_group, cfg.topk_group
         self.scaling = cfg.routed_scaling_factor
+        sigmoid = cfg.router_scoring == "sigmoid"  # softmax routers are unscaled, as transformers' are
+        renormalize = self.norm_topk_prob and cfg.router_scoring != "topk_softmax"  # gpt-oss: sums to 1
+        self.rule = RouterRule(
+            self.top_k, cfg.router_scoring, renormalize, biased=sigmoid, n_group=cfg.n_group,
+            topk_group=cfg.topk_group if cfg.n_group > 1 else 1, scaling=self.scaling if sigmoid else 1.0,
+        )  # fmt: skip
         if cfg.router_scoring == "sigmoid":  # the choice's correction bias, a checkpoint tensor
             self.gate.e_score_correction_bias = nn.Parameter(
                 torch.zeros(cfg.num_experts), requires_grad=False
@@ -161,38 +172,15 @@ class SparseMoeBlock(nn.Module):
         self.recorder: Any = None  # a RoutingRecorder while --record-routing is on
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, H] -> topk_ids [T, K] int64, topk_weights [T, K] in x's dtype."""
-        if self.scoring == "sigmoid":
-            return self._route_sigmoid(x)
-        logits = self.gate(x)  # [T, E]
-        if self.scoring == "topk_softmax":  # gpt-oss: the top-k logits, then a softmax over them
-            values, ids = torch.topk(logits, self.top_k, dim=-1)
-            return ids, F.softmax(values, dim=-1, dtype=values.dtype)
-        if use_router_kernel(x):  # a decode step on CUDA: one launch instead of four
-            return router_topk(logits, self.top_k, self.norm_topk_prob)
-        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return ids, weights.to(logits.dtype)
-
-    def _route_sigmoid(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """In fp32: scores = sigmoid(logits); experts chosen by score + correction bias among the best
-        topk_group groups (a group scored by its two best); weights are the chosen scores, renormalised
-        if norm_topk_prob, times routed_scaling_factor."""
-        scores = F.linear(x.float(), self.gate.weight.float()).sigmoid()  # [T, E]
-        choice = scores + self.gate.e_score_correction_bias.float()
-        if self.n_group > 1:
-            t, e = choice.shape
-            grouped = choice.view(t, self.n_group, e // self.n_group)
-            best = grouped.topk(2, dim=-1)[0].sum(dim=-1).topk(self.topk_group, dim=-1)[1]  # [T, topk_group]
-            keep = torch.zeros(t, self.n_group, dtype=torch.bool, device=x.device).scatter_(1, best, True)
-            choice = choice.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(t, e), float("-inf"))
-        ids = choice.topk(self.top_k, dim=-1)[1]
-        weights = scores.gather(1, ids)
-        if self.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return ids, (weights * self.scaling).to(x.dtype)
+        """x [T, H] -> topk_ids [T, K] int64, topk_weights [T, K] in x's dtype, by `rule`: one launch after
+        the gate on a decode step on CUDA (choose_experts), the same rule in torch elsewhere."""
+        if self.rule.scoring == "sigmoid":  # scored in fp32 from the gate's fp32 product
+            logits = F.linear(x.float(), self.gate.weight.float())
+            bias = self.gate.e_score_correction_bias
+        else:
+            logits, bias = self.gate(x), None
+        choose = choose_experts if use_router_kernel(x) else choose_experts_reference
+        return choose(logits, self.rule, bias, x.dtype)
 
     def forward(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, H] -> [T, H]. `rows` [T] bool: the rows that are real (a padded decode step's padding
