@@ -31,21 +31,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from random_gguf import (
+    CHATML,
     EXPERT_TYPES,
     add_array,
     add_byte_tokenizer,
     add_embeddings,
-    expert_types,
-    fitting,
+    add_expert_banks,
     random_bf16,
-    random_experts,
     shape_parser,
     write_out,
-)
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
@@ -223,14 +217,7 @@ def main(argv: list[str] | None = None, family: str = "qwen3moe") -> None:
             add_array(w, blk + "exp_probs_b.bias", f32(e))
         for name, array in shared.items():
             add_array(w, blk + name, array)
-        gate_up, down = expert_types(args.expert_type, layer, args.layers)
-        for part, kind, shape in (("gate", gate_up, (e, i, h)), ("up", gate_up, (e, i, h)),
-                                  ("down", down, (e, h, i))):  # fmt: skip
-            kind = fitting(kind, shape[-1])
-            key = (layer % 2, part, kind)
-            if key not in banks:
-                banks[key] = random_experts(rng, kind, *shape)
-            add_array(w, f"{blk}ffn_{part}_exps.weight", banks[key], kind)
+        add_expert_banks(w, rng, banks, layer, layer % 2, args.expert_type, args.layers, (e, i, h))
     write_out(w)
 
 

@@ -15,8 +15,10 @@ leading dense ones, D), N = round((1 - budget) · M) keep their experts in host 
 `-ngl 99 -ncmoe D + N` (it counts from the first layer, dense ones included); FreeToken gets `fused` at 1
 and `--moe-backend BACKEND --moe-cache-ratio (M - N) / M` below it, the same bytes. On a cpu
 device both run everything on the host (`-ngl 0`; FreeToken's `cpu` backend). Prefill: one prompt of
-`--prompt` tokens (llama-bench pp); decode: `--gen` tokens after it (tg). Random weights route unevenly,
-so a cache hits more than on a real model: say so beside any figure.
+`--prompt` tokens (llama-bench pp); decode: `--gen` tokens after it (tg). Routing: the generators' expert
+blocks are zero-mean and our decode samples its tokens (as tg feeds random ones), so random hidden states
+route near uniformly — a cache hits less than on a real model — unless a file states a skew
+(`make_qwen35_gguf.py --router-skew`); each row reports the run's miss rate: say it beside any figure.
 
 `--split tensors` places a budget by expert tensor instead (gate, up and down of each MoE layer, from the
 first layer on, kept in host memory by llama.cpp's `-ot NAME=CPU`): on a file of few MoE layers this comes
@@ -34,6 +36,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,8 @@ from freetoken.runtime.moe.kernels.loader import cpu_description
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 from freetoken.runtime.sequence import GenerationStats, TokenEvent
+
+SAMPLED = SamplingParams(temperature=1.0, seed=0, ignore_eos=True)  # decode's tokens (freetoken_bench)
 
 
 def llama_bench(
@@ -87,9 +92,11 @@ def host_read_floor(engine: Engine, threads: int) -> float:
 
 def freetoken_bench(engine: Engine, prompt: int, gen: int) -> dict[str, Any]:
     """Through the engine's scheduler, as `ft run` does: prefill `prompt` tokens (timed to the first
-    token); decode `gen` greedy tokens after a short prompt, as llama-bench's tg starts from an empty
-    context. Warmed up first on the same prompt (the prefill path it takes and its kernels compiled, the
-    batch-1 graph captured)."""
+    token); decode `gen` tokens after a short prompt, as llama-bench's tg starts from an empty context,
+    sampled at temperature 1 (SAMPLED): as varied as tg's random token ids, where a random-weight model
+    decoding greedily can settle on repeating one token, which routes to the same experts every step.
+    Warmed up first on the same prompt (the prefill path it takes and its kernels compiled, the batch-1
+    graph captured)."""
     vocab = engine.config.vocab_size
     ids = [(7 * i + 11) % vocab for i in range(prompt)]
     list(engine.generate(ids, SamplingParams(max_tokens=8, ignore_eos=True)))
@@ -99,7 +106,7 @@ def freetoken_bench(engine: Engine, prompt: int, gen: int) -> dict[str, Any]:
     branch = getattr(engine.executor, "stream_branch", None)
     if branch is not None:
         branch.timings(reset=True)
-    decode = _last(engine.generate(ids[-8:], SamplingParams(max_tokens=gen + 1, ignore_eos=True)))
+    decode = _last(engine.generate(ids[-8:], replace(SAMPLED, max_tokens=gen + 1)))
     out: dict[str, Any] = {"prefill_tok_s": prefill.prefill_tok_s, "decode_tok_s": decode.decode_tok_s}
     if branch is not None:  # where a decode layer's CPU side spends its time, µs a layer
         out["cpu_branch_us"] = branch.timings()

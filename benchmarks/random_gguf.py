@@ -136,13 +136,55 @@ def fitting(kind: str, row: int) -> str:
     return kind if row % get_codec(kind).block_elements == 0 else "Q8_0"
 
 
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)  # the Qwen families' chat template, as the generators write it
+
+
+def add_expert_banks(
+    writer: Any, rng: np.random.Generator, banks: dict[tuple[int, str, str], np.ndarray], layer: int,
+    share: int, expert_type: str, layers: int, shape: tuple[int, int, int],
+) -> None:  # fmt: skip
+    """blk.`layer`'s routed experts (gate, up, down of `shape` (E, I, H)) in `expert_type`'s types for that
+    layer (expert_types, fitting); banks are drawn once per (share, part, type) and kept in `banks`."""
+    e, i, h = shape
+    gate_up, down = expert_types(expert_type, layer, layers)
+    for part, kind, dims in (
+        ("gate", gate_up, (e, i, h)),
+        ("up", gate_up, (e, i, h)),
+        ("down", down, (e, h, i)),
+    ):
+        kind = fitting(kind, dims[-1])
+        key = (share, part, kind)
+        if key not in banks:
+            banks[key] = random_experts(rng, kind, *dims)
+        add_array(writer, f"blk.{layer}.ffn_{part}_exps.weight", banks[key], kind)
+
+
 def random_experts(rng: np.random.Generator, kind: str, *shape: int) -> np.ndarray:
     """A bank of `shape` ([E, out, in]) in GGML type `kind`: bf16 bits (std 0.02), or random raw blocks
-    with small finite scales (gguf.quants.dequantize defines their values)."""
+    with small finite scales (gguf.quants.dequantize defines their values), each block's fp16 scales
+    negated together at random (zero_mean_blocks)."""
     if kind == "BF16":
         return random_bf16(rng, *shape)
     from freetoken.codecs import get_codec
 
     codec = get_codec(kind)
     out = np.empty((*shape[:-1], codec.row_bytes(shape[-1])), dtype=np.uint8)
-    return codec.random_blocks(out, rng, block_scale(kind))
+    blocks = codec.random_blocks(out, rng, block_scale(kind))
+    return zero_mean_blocks(blocks, rng, codec.block_bytes, codec.scale_offsets)
+
+
+def zero_mean_blocks(out: np.ndarray, rng: np.random.Generator, block_bytes: int,
+                     scale_offsets: tuple[int, ...]) -> np.ndarray:  # fmt: skip
+    """`out` (uint8 [..., whole blocks of `block_bytes`]) with every fp16 scale of a block (d, and dmin
+    where there is one: `scale_offsets`) negated together at random, so the block's weights are negated.
+    Uniform random quants under unsigned sub-block scales and mins have the sign of the scale as mean
+    (Q4_K's d·sc·7.5 − dmin·m): every row's product then shares one direction, and within a few layers the
+    residual stream collapsed onto it and every token routed to the same few experts. Returns `out`."""
+    blocks = out.reshape(-1, block_bytes)
+    negate = rng.integers(0, 2, len(blocks), dtype=np.uint8) << 7  # [blocks]: 0x80 or 0
+    for at in scale_offsets:  # the fp16's sign bit: its high byte's top bit (little-endian)
+        blocks[:, at + 1] ^= negate
+    return out

@@ -241,8 +241,9 @@ def ftw_logits_match(path: Path, ftw: Path, prompt: list[int]) -> bool:
 
 def random_blocks(qtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     """Random raw blocks of a GGML type for a weight of `shape` (last dim = row length): every bit pattern
-    of the quants and packed sub-block scales, small finite super-block scales; a type no codec of ours
-    is (TQ1_0, TQ2_0) quantizes random values by gguf's quantizer. -> uint8 [..., row bytes]"""
+    of the quants and packed sub-block scales, small finite super-block scales of either sign (a block's
+    all negated at once); a type no codec of ours is (TQ1_0, TQ2_0) quantizes random values by gguf's
+    quantizer. -> uint8 [..., row bytes]"""
     from freetoken.codecs import CODECS, get_codec
 
     if qtype not in CODECS:
@@ -253,7 +254,12 @@ def random_blocks(qtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
         return gq.quantize(values, Q[qtype])
     codec = get_codec(qtype)
     out = np.empty((*shape[:-1], codec.row_bytes(shape[-1])), dtype=np.uint8)
-    return codec.random_blocks(out, np.random.default_rng(seed), BLOCK_SCALE[qtype])
+    rng = np.random.default_rng(seed)
+    blocks = codec.random_blocks(out, rng, BLOCK_SCALE[qtype]).reshape(-1, codec.block_bytes)
+    negate = rng.integers(0, 2, len(blocks), dtype=np.uint8) << 7  # the fp16 sign bits
+    for at in codec.scale_offsets:
+        blocks[:, at + 1] ^= negate
+    return out
 
 
 def expert_count(cfg: Any) -> int:
