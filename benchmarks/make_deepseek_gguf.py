@@ -30,6 +30,7 @@ from random_gguf import (
     add_embeddings,
     random_bf16,
     random_experts,
+    router_rows,
     shape_parser,
     write_out,
 )
@@ -163,7 +164,7 @@ def main() -> None:
             for name, array in dense.items():
                 add(f"blk.{layer}.{name}", array)
             continue
-        add(f"blk.{layer}.ffn_gate_inp.weight", bf16(e, h, std=0.5))
+        add(f"blk.{layer}.ffn_gate_inp.weight", router_rows(rng, e, h, args.router_skew))
         add(f"blk.{layer}.exp_probs_b.bias", (rng.standard_normal(e, dtype=np.float32) * 0.01))
         for name, array in shared.items():
             add(f"blk.{layer}.{name}", array)

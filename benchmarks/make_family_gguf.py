@@ -38,6 +38,7 @@ from random_gguf import (
     add_embeddings,
     add_expert_banks,
     random_bf16,
+    router_rows,
     shape_parser,
     write_out,
 )
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None, family: str = "qwen3moe") -> None:
     shared = {"ffn_gate_shexp.weight": bf16(s, h), "ffn_up_shexp.weight": bf16(s, h),
               "ffn_down_shexp.weight": bf16(h, s)} if s else {}  # fmt: skip
     attentions = [attention() for _ in range(2)]  # per parity
-    router = [bf16(e, h, std=0.5) for _ in range(2)]
+    router = [router_rows(rng, e, h, args.router_skew) for _ in range(2)]
     banks: dict[tuple[int, str, str], np.ndarray] = {}  # (parity, part, type) -> bank
     ones = f32(h, 1.0)
     for layer in range(args.layers):

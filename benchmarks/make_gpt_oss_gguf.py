@@ -14,7 +14,15 @@ what the real model's does.
 from __future__ import annotations
 
 import numpy as np
-from random_gguf import add_array, add_byte_tokenizer, add_embeddings, random_bf16, shape_parser, write_out
+from random_gguf import (
+    add_array,
+    add_byte_tokenizer,
+    add_embeddings,
+    random_bf16,
+    router_rows,
+    shape_parser,
+    write_out,
+)
 
 from freetoken.codecs import get_codec
 
@@ -81,7 +89,7 @@ def main() -> None:
             "attn_v.weight": bf16(args.kv_heads * d, h), "attn_v.bias": f32(args.kv_heads * d),
             "attn_output.weight": bf16(h, args.heads * d), "attn_output.bias": f32(h),
             "attn_sinks.weight": f32(args.heads, std=1.0),
-            "ffn_gate_inp.weight": bf16(e, h, std=0.5), "ffn_gate_inp.bias": f32(e),
+            "ffn_gate_inp.weight": router_rows(rng, e, h, args.router_skew), "ffn_gate_inp.bias": f32(e),
             "ffn_gate_exps.weight": blocks(e, i, h), "ffn_gate_exps.bias": f32(e, i),
             "ffn_up_exps.weight": blocks(e, i, h), "ffn_up_exps.bias": f32(e, i),
             "ffn_down_exps.weight": blocks(e, h, i), "ffn_down_exps.bias": f32(e, h),

@@ -8,14 +8,12 @@ in `--expert-type` (BF16, any GGML type of the codec registry as random raw bloc
 mix); everything else bf16, norms and gains fp32 (the zero-centred norms stored as 1 + w, as the converter
 writes them). Layers of equal index mod 4 share their arrays (fast to write; the bytes read are the same).
 
-Routing, stated: `--router-skew S` draws each expert's popularity g ~ N(0, 1) once per layer and scales
-its router row by exp(S·g), so a row of larger norm wins the top-k more often (S = 0: every row alike,
-near-uniform routing: a global LRU over 37 % of the experts misses about 63 % of routed experts; S = 0.5
-about 16–18 %, the paper's trace of Qwen3.6-35B-A3B 16 %, measured on 8 layers of Q4_K experts over 96
-sampled tokens). The miss rate a run sees is measured beside it, not assumed (`ft run --record-routing`
-and `ft replay routing`; docs/benchmarks.md).
+Routing, stated: `--router-skew S` (random_gguf.router_rows) scales each expert's router row by exp(S·g),
+g ~ N(0, 1), so a row of larger norm wins the top-k more often. Measured (docs/benchmarks.md): a global LRU
+over 37 % of the experts misses about 62 % of routed experts at S = 0 (near uniform) and 16 % at S = 0.5,
+the paper's trace of Qwen3.6-35B-A3B. A run's own miss rate is reported beside it, not assumed.
 
-  python benchmarks/make_qwen35_gguf.py /dev/shm/q36-q4km.gguf --expert-type Q4_K_M --router-skew 1.0
+  python benchmarks/make_qwen35_gguf.py /dev/shm/q36-q4km.gguf --expert-type Q4_K_M --router-skew 0.5
   python benchmarks/make_qwen35_gguf.py /tmp/small.gguf --layers 4 --hidden 256 --experts 16 \\
       --moe-inter 128 --heads 4 --kv-heads 2 --head-dim 64 --linear-heads 4 --linear-dim 32 --vocab 4096
 """
@@ -33,6 +31,7 @@ from random_gguf import (
     add_embeddings,
     add_expert_banks,
     random_bf16,
+    router_rows,
     shape_parser,
     write_out,
 )
@@ -53,11 +52,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--linear-dim", type=int, default=128, help="DeltaNet key and value head size")
     ap.add_argument("--shared-inter", type=int, default=512, help="the shared expert's size")
     ap.add_argument("--expert-type", choices=EXPERT_TYPES, default="BF16")
-    ap.add_argument("--router-skew", type=float, default=0.0, help="spread of the experts' popularity")
-    args = ap.parse_args(argv)
-    if args.router_skew < 0:
-        ap.error("--router-skew must be >= 0")
-    return args
+    return ap.parse_args(argv)
 
 
 def write_header(w: object, args: argparse.Namespace) -> None:
@@ -127,15 +122,9 @@ def main(argv: list[str] | None = None) -> None:
             "attn_q_norm.weight": f32(hd, value=1.0), "attn_k_norm.weight": f32(hd, value=1.0),
         }  # fmt: skip
 
-    def router() -> np.ndarray:
-        """[E, H] bf16 bits: row j of std 0.5 · exp(skew · g_j)."""
-        spread = np.exp(args.router_skew * rng.standard_normal(e, dtype=np.float32))
-        rows = rng.standard_normal((e, h), dtype=np.float32) * (0.5 * spread / spread.mean())[:, None]
-        return (rows.view(np.uint32) >> 16).astype(np.uint16)
-
     kinds = max(1, min(args.layers, INTERVAL))
     mixers = [attention() if (k + 1) % INTERVAL == 0 else delta_net() for k in range(kinds)]
-    routers = [router() for _ in range(kinds)]
+    routers = [router_rows(rng, e, h, args.router_skew) for _ in range(kinds)]
     shared = {"ffn_gate_shexp.weight": bf16(s, h), "ffn_up_shexp.weight": bf16(s, h),
               "ffn_down_shexp.weight": bf16(h, s), "ffn_gate_inp_shexp.weight": bf16(1, h)}  # fmt: skip
     banks: dict[tuple[int, str, str], np.ndarray] = {}  # (layer mod 4, part, type) -> bank

@@ -47,7 +47,25 @@ def shape_parser(description: str, **defaults: int) -> argparse.ArgumentParser:
         "head_dim",
     ):
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=defaults[name])
+    ap.add_argument(
+        "--router-skew", type=float, default=0.0,
+        help="spread of the experts' popularity (router_rows; 0: near-uniform routing)",
+    )  # fmt: skip
     return ap
+
+
+def router_rows(rng: np.random.Generator, experts: int, hidden: int, skew: float) -> np.ndarray:
+    """A router weight [E, H] as bf16 bits: row j of std exp(skew · g_j) / sqrt(H) (g ~ N(0, 1), the
+    factors' mean 1), so a normed input's logits are about N(0, 1) and a row of larger norm wins the
+    top-k more often: routing of a stated skew (0: every row alike, near uniform). Logits of tens (rows of
+    std 0.5, as the generators drew them before) saturated a sigmoid router to 1.0 for most experts,
+    leaving the choice to the correction bias alone: the same experts for every token."""
+    if skew < 0:
+        raise SystemExit(f"--router-skew {skew}: must be >= 0")
+    spread = np.exp(skew * rng.standard_normal(experts, dtype=np.float32))
+    rows = rng.standard_normal((experts, hidden), dtype=np.float32)
+    rows *= (spread / spread.mean() / np.sqrt(hidden)).astype(np.float32)[:, None]
+    return (rows.view(np.uint32) >> 16).astype(np.uint16)
 
 
 def random_bf16(rng: np.random.Generator, *shape: int, std: float = 0.02) -> np.ndarray:
@@ -81,8 +99,12 @@ def add_array(writer: Any, name: str, array: np.ndarray, blocks: str | None = No
 
 
 def add_embeddings(writer: Any, rng: np.random.Generator, vocab: int, hidden: int) -> None:
-    """token_embd and output (bf16, std 0.02) and output_norm (ones)."""
-    add_array(writer, "token_embd.weight", random_bf16(rng, vocab, hidden))
+    """token_embd (bf16, std 1), output (bf16, std 0.02) and output_norm (ones). Embeddings of std 0.02
+    were outweighed by the random attention's output, which over a random history is nearly the same
+    vector for every token (its mean of values): from the second layer on, every token's router input was
+    that vector and routing collapsed onto a few experts. At std 1 each token's own identity stays in the
+    residual stream, so random weights route near uniformly."""
+    add_array(writer, "token_embd.weight", random_bf16(rng, vocab, hidden, std=1.0))
     add_array(writer, "output_norm.weight", np.ones(hidden, dtype=np.float32))
     add_array(writer, "output.weight", random_bf16(rng, vocab, hidden))
 

@@ -262,3 +262,14 @@ def test_qwen35_generator_writes_qwen36_layers_and_states_its_routing(tmp_path: 
     miss_uniform, miss_skewed = lru_decode_miss_rate(uniform, 0.37), lru_decode_miss_rate(skewed, 0.37)
     assert miss_uniform > 0.45, miss_uniform
     assert miss_skewed < miss_uniform - 0.15, (miss_uniform, miss_skewed)
+
+
+@pytest.mark.parametrize("family", ["glm4moe", "qwen3moe"])
+def test_family_files_route_near_uniformly_without_a_skew(tmp_path: Path, family: str) -> None:
+    """Router rows of std 0.5 saturated a sigmoid router (GLM-4.5's) to 1.0 for most experts, so the
+    correction bias alone chose — the same experts for every token."""
+    path = tmp_path / "f.gguf"
+    shape = ["--hidden", "512", "--experts", "32", "--top-k", "4", "--moe-inter", "256", "--head-dim", "64"]
+    generate("make_family_gguf.py", path, "--family", family, "--layers", "4", "--vocab", "2048", "--heads",
+             "4", "--kv-heads", "2", "--dense-inter", "256", *shape, "--expert-type", "Q4_K")  # fmt: skip
+    assert lru_decode_miss_rate(path, 0.37) > 0.45
