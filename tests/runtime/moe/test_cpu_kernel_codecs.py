@@ -141,6 +141,12 @@ def test_mixed_codecs_and_bf16_rows_as_bytes() -> None:
     assert rel_err(ours, plain) < 3e-2
 
 
+# the bf16-activation paths against their reference: the same products, summed in another order, which can
+# move an activation between the projections across a bf16 rounding boundary (one ulp, 2^-8 of it; a
+# wrong scale, sign or min is off by orders more)
+BF16_FLIP = 1e-4
+
+
 def random_blocks(codec_name: str, *shape: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(gguf_fixture.random_blocks(codec_name, shape, seed))
 
@@ -220,7 +226,7 @@ def test_k_quants_against_bf16_activations(codec: str, tokens: int) -> None:
     ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(tokens)])
     w = torch.rand(tokens, k, generator=gen)
     ours = cpu_experts(x, ids, w, gate_up, down, threads=2, codecs=(codec, codec))
-    assert rel_err(ours, bf16_act_reference(x, ids, w, gate_up, down, codecs=(codec, codec))) < 1e-5
+    assert rel_err(ours, bf16_act_reference(x, ids, w, gate_up, down, codecs=(codec, codec))) < BF16_FLIP
 
 
 @pytest.mark.parametrize("codec", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "MXFP4"])
@@ -243,7 +249,7 @@ def test_a_bf16_prompt_widens_rows_to_bf16(codec: str) -> None:
     )
     plain = grouped_experts(x, ids, w, gu_f, dn_f)
     rounded = bf16_act_reference(x, ids, w, gu_f.bfloat16(), dn_f.bfloat16())
-    assert min(rel_err(ours, rounded), rel_err(ours, plain)) < 1e-5
+    assert min(rel_err(ours, rounded), rel_err(ours, plain)) < BF16_FLIP
     assert rel_err(ours, plain) < 1e-2
 
 
