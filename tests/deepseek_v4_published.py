@@ -18,6 +18,8 @@ import torch
 from safetensors.torch import save_file
 
 from freetoken.codecs import get_codec
+from freetoken.runtime.models.deepseek_v4_config import older_spelling
+from freetoken.runtime.models.deepseek_v4_names import published_name
 from oracle import build_family_model
 
 SHAPE = dict(hidden_size=64, moe_intermediate_size=64, intermediate_size=64)  # whole 32-weight blocks
@@ -53,15 +55,6 @@ def fp8_published(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
             codes[128 * i : 128 * (i + 1), 128 * j : 128 * (j + 1)] = q
             values[128 * i : 128 * (i + 1), 128 * j : 128 * (j + 1)] = q.float() * 2.0**exponent
     return codes, tiles, values
-
-
-def published_name(name: str) -> str:
-    """transformers' saved name (DeepSeek's under `model.`) -> the published one."""
-    name = name.removeprefix("model.")
-    renames = (("embed_tokens.", "embed."), ("hc_head.hc_", "hc_head_"), (".attn.norm.", ".attn.kv_norm."))
-    for before, after in renames:
-        name = name.replace(before, after)
-    return name
 
 
 FP8_MATRICES = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.", ".shared_experts.")
@@ -115,27 +108,3 @@ def hf_name(hf: Any, saved: str) -> str:
     name = DEEPSEEK_V4_EXPERTS.canonical(saved)
     assert name is not None and name in dict(hf.named_parameters()), saved
     return name
-
-
-def older_spelling(raw: dict[str, Any]) -> dict[str, Any]:
-    """The config as DeepSeek's files spell it: per-layer compress ratios, scalar rates, a hash-layer
-    count, rope dims and a flat `rope_scaling` (yarn for the compressed layers)."""
-    old = {k: v for k, v in raw.items() if k not in ("layer_types", "mlp_layer_types", "compress_rates")}
-    rates = raw["compress_rates"]
-    by_kind = {"sliding_attention": 0, **rates}
-    compress = raw["rope_parameters"]["compress"]
-    old.update(
-        compress_ratios=[by_kind[kind] for kind in raw["layer_types"]],
-        compress_rate_csa=rates["compressed_sparse_attention"],
-        compress_rate_hca=rates["heavily_compressed_attention"],
-        num_hash_layers=raw["mlp_layer_types"].count("hash_moe"),
-        qk_rope_head_dim=int(raw["head_dim"] * raw["partial_rotary_factor"]),
-        rope_scaling={
-            "type": "yarn",
-            "factor": compress["factor"],
-            "original_max_position_embeddings": compress["original_max_position_embeddings"],
-        },
-    )
-    old.pop("partial_rotary_factor")
-    old.pop("rope_parameters")
-    return old

@@ -273,3 +273,33 @@ def test_family_files_route_near_uniformly_without_a_skew(tmp_path: Path, family
     generate("make_family_gguf.py", path, "--family", family, "--layers", "4", "--vocab", "2048", "--heads",
              "4", "--kv-heads", "2", "--dense-inter", "256", *shape, "--expert-type", "Q4_K")  # fmt: skip
     assert lru_decode_miss_rate(path, 0.37) > 0.45
+
+
+V4_TINY = {"hidden_size": 64, "moe_intermediate_size": 64, "intermediate_size": 64, "q_lora_rank": 32,
+           "o_lora_rank": 16, "o_groups": 2, "num_attention_heads": 4, "head_dim": 32, "index_n_heads": 2,
+           "index_head_dim": 16, "vocab_size": 2048, "qk_rope_head_dim": 4, "n_routed_experts": 16,
+           "index_topk": 16, "sliding_window": 8}  # fmt: skip
+
+
+def test_deepseek_v4_generator_writes_the_published_form(tmp_path: Path) -> None:
+    """V4-Flash's layer kinds (hash-routed, then score-routed; heavily compressed, then compressed-sparse)
+    as DeepSeek publishes them, FP4 experts kept as MXFP4; llama.cpp's converter (where fetched) makes a
+    GGUF of it that decodes the folder's own greedy tokens."""
+    folder = tmp_path / "v4"
+    generate("make_deepseek_v4.py", folder, "--layers", "4", "--shape", json.dumps(V4_TINY))
+    engine = build_engine(folder, device="cpu", dtype="float32", moe_backend="cpu")
+    try:
+        cfg = engine.config
+        assert cfg.architecture == "deepseek_v4" and cfg.vocab_size == 2048
+        assert cfg.hash_layers == (0, 1, 2) and engine.pool.describe()["dtypes"] == ["MXFP4"]
+    finally:
+        engine.close()
+    want = decode(folder)
+    converter = Path(__file__).resolve().parent.parent / ".cache" / "llama-cpp-converter"
+    if not (converter / "convert_hf_to_gguf.py").is_file():
+        pytest.skip("llama.cpp's converter not fetched (make llama-cpp-converter)")
+    gguf_path = tmp_path / "v4.gguf"
+    driver = Path(__file__).resolve().parent / "llama_cpp_convert.py"
+    subprocess.run([sys.executable, str(driver), str(converter), str(folder), str(gguf_path),
+                    "DeepseekV4ForCausalLM"], check=True, capture_output=True)  # fmt: skip
+    assert decode(gguf_path) == want

@@ -188,3 +188,28 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> DeepseekV4
         o_lora_rank=cfg.get("o_lora_rank", POSITIVE_INT),
         **fields,
     )
+
+
+def older_spelling(raw: dict[str, Any]) -> dict[str, Any]:
+    """transformers' config dict as DeepSeek's published files spell it (what llama.cpp's converter reads;
+    parse_config reads both): per-layer compress ratios, scalar rates, a hash-layer
+    count, rope dims and a flat `rope_scaling` (yarn for the compressed layers)."""
+    old = {k: v for k, v in raw.items() if k not in ("layer_types", "mlp_layer_types", "compress_rates")}
+    rates = raw["compress_rates"]
+    by_kind = {"sliding_attention": 0, **rates}
+    compress = raw["rope_parameters"]["compress"]
+    old.update(
+        compress_ratios=[by_kind[kind] for kind in raw["layer_types"]],
+        compress_rate_csa=rates["compressed_sparse_attention"],
+        compress_rate_hca=rates["heavily_compressed_attention"],
+        num_hash_layers=raw["mlp_layer_types"].count("hash_moe"),
+        qk_rope_head_dim=int(raw["head_dim"] * raw["partial_rotary_factor"]),
+        rope_scaling={
+            "type": "yarn",
+            "factor": compress["factor"],
+            "original_max_position_embeddings": compress["original_max_position_embeddings"],
+        },
+    )
+    old.pop("partial_rotary_factor")
+    old.pop("rope_parameters")
+    return old

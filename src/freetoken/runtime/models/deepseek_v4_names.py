@@ -59,3 +59,14 @@ DEEPSEEK_V4_EXPERTS = ExpertNaming(
     ignored=("mtp.",),
     rewrites=_REWRITES,
 )
+
+
+def published_name(name: str) -> str:
+    """A name transformers saves a DeepSeek-V4 tensor under (DeepSeek's, under `model.`) -> the one
+    DeepSeek's own files use (no `model.`, `embed`, `hc_head_fn`, `attn.kv_norm`): what llama.cpp's
+    converter reads."""
+    name = name.removeprefix("model.")
+    renames = (("embed_tokens.", "embed."), ("hc_head.hc_", "hc_head_"), (".attn.norm.", ".attn.kv_norm."))
+    for before, after in renames:
+        name = name.replace(before, after)
+    return name
