@@ -149,13 +149,14 @@ def moe_layers(gguf: Path) -> tuple[int, int]:
 def llama_server(
     binary: Path, gguf: Path, budget: float, context: int, threads: int
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """Start llama-server with `budget` of the expert layers on the GPU (-ncmoe the rest) -> (process,
-    port), once healthy."""
+    """Start llama-server with `budget` of the expert layers on the GPU (-ncmoe the rest) and two slots (the
+    main session and a subagent; each gets half of -c, so -c is twice `context`) -> (process, port), once
+    healthy."""
     layers, dense = moe_layers(gguf)
     host_layers = dense + round((1 - budget) * layers)
     port = free_port()
     args = [str(binary), "-m", str(gguf), "--port", str(port), "-ngl", "99", "-ncmoe", str(host_layers),
-            "-c", str(context), "-t", str(threads), "--jinja", "-np", "2"]  # fmt: skip
+            "-c", str(2 * context), "-t", str(threads), "--jinja", "-np", "2"]  # fmt: skip
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     client = Client("127.0.0.1", port, timeout=2.0)
     deadline = time.monotonic() + 600

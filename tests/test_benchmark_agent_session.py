@@ -5,6 +5,7 @@ its prompt tokens, TTFT and decode speed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,25 @@ def test_the_session_grows_to_its_targets_beside_a_subagent(tmp_path: Path) -> N
     assert rows[0]["decode_over_turn_1"] == 1.0
     side = rows[-1]["subagent"]
     assert "error" not in side and side["completion_tokens"] == 8 and side["prompt_tokens"] < 400
+
+
+def test_llama_server_runs_the_same_session(tmp_path: Path) -> None:
+    """Where llama.cpp's CPU build has llama-server (the peers' build script, TARGETS with llama-server):
+    its rows, from the same messages, reach the same targets."""
+    import pytest
+
+    binary = BENCHMARKS.parent / ".peers" / "llama-build-cpu" / "bin" / "llama-server"
+    if not binary.is_file():
+        pytest.skip("llama-server not built (.peers/build_llamacpp.sh with TARGETS=llama-server)")
+    gguf = tmp_path / "q.gguf"
+    subprocess.run([sys.executable, str(BENCHMARKS / "make_qwen35_gguf.py"), str(gguf), *SMALL], check=True,
+                   capture_output=True)  # fmt: skip
+    args = [str(gguf), "--turns", "800,1600", "--gen", "8", "--device", "cpu", "--threads", "2", "--json",
+            "--llama-server", str(binary)]  # fmt: skip
+    env = {**os.environ, "LD_LIBRARY_PATH": str(binary.parent)}
+    run = subprocess.run([sys.executable, str(BENCHMARKS / "agent_session.py"), *args], check=True,
+                         capture_output=True, text=True, cwd=BENCHMARKS, env=env)  # fmt: skip
+    doc = json.loads(run.stdout)
+    for ours, theirs in zip(doc["freetoken"], doc["llama_cpp"], strict=True):
+        assert abs(ours["prompt_tokens"] - theirs["prompt_tokens"]) < 0.05 * ours["prompt_tokens"]
+        assert theirs["completion_tokens"] == 8 and theirs["decode_tok_s"] > 0
