@@ -58,8 +58,8 @@ def router_rows(rng: np.random.Generator, experts: int, hidden: int, skew: float
     """A router weight [E, H] as bf16 bits: row j of std exp(skew · g_j) / sqrt(H) (g ~ N(0, 1), the
     factors' mean 1), so a normed input's logits are about N(0, 1) and a row of larger norm wins the
     top-k more often: routing of a stated skew (0: every row alike, near uniform). Logits of tens (rows of
-    std 0.5, as the generators drew them before) saturated a sigmoid router to 1.0 for most experts,
-    leaving the choice to the correction bias alone: the same experts for every token."""
+    std 0.5) saturate a sigmoid router to 1.0 for most experts and leave the choice to the correction bias
+    alone: the same experts for every token."""
     if skew < 0:
         raise SystemExit(f"--router-skew {skew}: must be >= 0")
     spread = np.exp(skew * rng.standard_normal(experts, dtype=np.float32))
@@ -100,9 +100,9 @@ def add_array(writer: Any, name: str, array: np.ndarray, blocks: str | None = No
 
 def add_embeddings(writer: Any, rng: np.random.Generator, vocab: int, hidden: int) -> None:
     """token_embd (bf16, std 1), output (bf16, std 0.02) and output_norm (ones). Embeddings of std 0.02
-    were outweighed by the random attention's output, which over a random history is nearly the same
-    vector for every token (its mean of values): from the second layer on, every token's router input was
-    that vector and routing collapsed onto a few experts. At std 1 each token's own identity stays in the
+    are outweighed by the random attention's output, which over a random history is nearly the same vector
+    for every token (its mean of values): from the second layer on every token's router input would be that
+    vector, and routing would collapse onto a few experts. At std 1 each token's own identity stays in the
     residual stream, so random weights route near uniformly."""
     add_array(writer, "token_embd.weight", random_bf16(rng, vocab, hidden, std=1.0))
     add_array(writer, "output_norm.weight", np.ones(hidden, dtype=np.float32))
@@ -203,8 +203,9 @@ def zero_mean_blocks(out: np.ndarray, rng: np.random.Generator, block_bytes: int
     """`out` (uint8 [..., whole blocks of `block_bytes`]) with every fp16 scale of a block (d, and dmin
     where there is one: `scale_offsets`) negated together at random, so the block's weights are negated.
     Uniform random quants under unsigned sub-block scales and mins have the sign of the scale as mean
-    (Q4_K's d·sc·7.5 − dmin·m): every row's product then shares one direction, and within a few layers the
-    residual stream collapsed onto it and every token routed to the same few experts. Returns `out`."""
+    (Q4_K's d·sc·7.5 − dmin·m): every row's product would share one direction, the residual stream would
+    collapse onto it within a few layers, and every token would route to the same few experts. Returns
+    `out`."""
     blocks = out.reshape(-1, block_bytes)
     negate = rng.integers(0, 2, len(blocks), dtype=np.uint8) << 7  # [blocks]: 0x80 or 0
     for at in scale_offsets:  # the fp16's sign bit: its high byte's top bit (little-endian)
