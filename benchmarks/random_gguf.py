@@ -186,28 +186,13 @@ def add_expert_banks(
 
 def random_experts(rng: np.random.Generator, kind: str, *shape: int) -> np.ndarray:
     """A bank of `shape` ([E, out, in]) in GGML type `kind`: bf16 bits (std 0.02), or random raw blocks
-    with small finite scales (gguf.quants.dequantize defines their values), each block's fp16 scales
-    negated together at random (zero_mean_blocks)."""
+    with small finite scales (gguf.quants.dequantize defines their values), each block's scales negated
+    together at random (Codec.random_blocks' `signed`): unsigned blocks' nonzero mean made every row's
+    product share one direction, and routing collapsed within a few layers."""
     if kind == "BF16":
         return random_bf16(rng, *shape)
     from freetoken.codecs import get_codec
 
     codec = get_codec(kind)
     out = np.empty((*shape[:-1], codec.row_bytes(shape[-1])), dtype=np.uint8)
-    blocks = codec.random_blocks(out, rng, block_scale(kind))
-    return zero_mean_blocks(blocks, rng, codec.block_bytes, codec.scale_offsets)
-
-
-def zero_mean_blocks(out: np.ndarray, rng: np.random.Generator, block_bytes: int,
-                     scale_offsets: tuple[int, ...]) -> np.ndarray:  # fmt: skip
-    """`out` (uint8 [..., whole blocks of `block_bytes`]) with every fp16 scale of a block (d, and dmin
-    where there is one: `scale_offsets`) negated together at random, so the block's weights are negated.
-    Uniform random quants under unsigned sub-block scales and mins have the sign of the scale as mean
-    (Q4_K's d·sc·7.5 − dmin·m): every row's product would share one direction, the residual stream would
-    collapse onto it within a few layers, and every token would route to the same few experts. Returns
-    `out`."""
-    blocks = out.reshape(-1, block_bytes)
-    negate = rng.integers(0, 2, len(blocks), dtype=np.uint8) << 7  # [blocks]: 0x80 or 0
-    for at in scale_offsets:  # the fp16's sign bit: its high byte's top bit (little-endian)
-        blocks[:, at + 1] ^= negate
-    return out
+    return codec.random_blocks(out, rng, block_scale(kind), signed=True)

@@ -254,12 +254,7 @@ def random_blocks(qtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
         return gq.quantize(values, Q[qtype])
     codec = get_codec(qtype)
     out = np.empty((*shape[:-1], codec.row_bytes(shape[-1])), dtype=np.uint8)
-    rng = np.random.default_rng(seed)
-    blocks = codec.random_blocks(out, rng, BLOCK_SCALE[qtype]).reshape(-1, codec.block_bytes)
-    negate = rng.integers(0, 2, len(blocks), dtype=np.uint8) << 7  # the fp16 sign bits
-    for at in codec.scale_offsets:
-        blocks[:, at + 1] ^= negate
-    return out
+    return codec.random_blocks(out, np.random.default_rng(seed), BLOCK_SCALE[qtype], signed=True)
 
 
 def expert_count(cfg: Any) -> int:

@@ -69,9 +69,14 @@ class Codec:
         assert self.ggml_type is not None
         return dequantize(data, GGMLQuantizationType(self.ggml_type)).astype(np.float32, copy=False)
 
-    def random_blocks(self, out: np.ndarray, rng: np.random.Generator, scale: float) -> np.ndarray:
+    def random_blocks(
+        self, out: np.ndarray, rng: np.random.Generator, scale: float, signed: bool = False
+    ) -> np.ndarray:
         """Fill `out` (uint8 [..., whole blocks]) with random blocks: every bit pattern of the quants and
-        packed sub-block scales, every fp16 scale set to `scale` (small and finite). Returns `out`."""
+        packed sub-block scales, every fp16 scale set to `scale` (small and finite), or with `signed` a
+        block's fp16 scales (d, and dmin where there is one) negated together at random, so the block's
+        weights are negated: uniform quants under unsigned sub-block scales and mins have the scale's sign
+        as mean (Q4_K's d·sc·7.5 − dmin·m), which signed blocks cancel. Returns `out`."""
         if not self.scale_offsets and not self.e8m0_offsets:
             raise FreeTokenError(f"no random blocks for {self.name}: its scale offsets are not recorded")
         blocks = out.reshape(-1, self.block_bytes)
@@ -80,6 +85,10 @@ class Codec:
             blocks[:, at : at + 2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
         for at in self.e8m0_offsets:  # the power of two nearest `scale`
             blocks[:, at] = np.uint8(128 + round(float(np.log2(scale))))
+        if signed:
+            negate = rng.integers(0, 2, len(blocks), dtype=np.uint8) << 7  # the fp16 sign bits
+            for at in self.scale_offsets:  # little-endian: the high byte's top bit
+                blocks[:, at + 1] ^= negate
         return out
 
     def quantize(self, values: np.ndarray, name: str = "tensor") -> np.ndarray:
