@@ -12,7 +12,12 @@ import torch
 from freetoken.codecs import get_codec
 from freetoken.runtime.moe.expert_fn import ExpertFn, PairBias
 from freetoken.runtime.moe.experts import grouped_experts
-from freetoken.runtime.moe.kernels.moe_decode import INT8_WIDE_BLOCKS, DecodeBlocks, fused_moe_decode
+from freetoken.runtime.moe.kernels.moe_decode import (
+    INT8_BLOCKS,
+    INT8_WIDE_BLOCKS,
+    DecodeBlocks,
+    fused_moe_decode,
+)
 from freetoken.runtime.moe.kernels.moe_decode_int8 import (
     int8_decode_reference,
     int8_side,
@@ -126,6 +131,18 @@ INT8_CASES = [  # (gate_up codec, down codec), H, I, tiles: both sides int8, one
     # rows a program (the interpreter takes minutes at their size): 3 super-blocks, the second chunk's last
     # past H
     (("Q4_K", "Q4_K"), 768, 256, replace(INT8_WIDE_BLOCKS["Q4_K"], gate_up_n=32, gate_up_k=512, down_n=64)),
+    # the nibble-table codecs (MXFP4, Q4_0, IQ4_NL): gate_up programs of 32 rows quantizing the activations,
+    # down's 96 = 1.5 chunks; x's 96 = 1.5 chunks, the activations quantized by their own launch; gate and
+    # up as one tile; beside Q4_K either way
+    (("MXFP4", "MXFP4"), 128, 96, DecodeBlocks(32, 64, 16, 64)),
+    (("Q4_0", "IQ4_NL"), 96, 64, DecodeBlocks(16, 64, 16, 32, split_choices=1)),
+    (("IQ4_NL", "Q4_0"), 64, 96, DecodeBlocks(32, 32, 32, 64, gate_up_joint=1)),
+    (("Q4_K", "MXFP4"), 256, 96, DecodeBlocks(32, 256, 32, 64)),
+    (("MXFP4", "Q4_K"), 96, 256, DecodeBlocks(32, 64, 32, 256, split_choices=1)),
+    # gpt-oss's width, 2880 = 90 blocks: in the shipped chunk of 2048 (64 blocks, then 26 with 38 past the
+    # row); cut in two parts of 1440, each in chunks of 1024 (the second reads 416, none of the next part)
+    (("MXFP4", "MXFP4"), 2880, 32, replace(INT8_BLOCKS, gate_up_n=32, down_n=512, down_k=32)),
+    (("MXFP4", "MXFP4"), 2880, 32, DecodeBlocks(32, 2048, 512, 32, gate_up_splits=2)),
 ]
 
 
@@ -153,14 +170,33 @@ def one_quant_step(
     return out
 
 
+# the int8 sides' blocks of 32 with one scale each take a scale of their own (SCALES' times 1/2, 1 or 2), so a
+# block met with another block's scale fails the check
+OWN_SCALES = ("MXFP4", "Q4_0", "IQ4_NL")
+
+
+def int8_rows(codec: str, experts: int, rows: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """uint8 [experts, rows, row bytes] of random `codec` blocks at SCALES' scale (OWN_SCALES: per block)."""
+    c = get_codec(codec)
+    out = c.random_blocks(np.empty((experts, rows, c.row_bytes(n)), np.uint8), rng, SCALES[codec])
+    if codec in OWN_SCALES:
+        blocks = out.reshape(-1, c.block_bytes)
+        shift = rng.integers(-1, 2, blocks.shape[0])
+        if c.e8m0_offsets:  # e8m0: the exponent's byte
+            blocks[:, 0] = (blocks[:, 0].astype(np.int64) + shift).astype(np.uint8)
+        else:  # fp16 at bytes 0-1
+            d = (SCALES[codec] * 2.0**shift).astype(np.float16)
+            blocks[:, :2] = d.view(np.uint8).reshape(-1, 2)
+    return out
+
+
 def check_int8_banks(codecs: tuple[str, str], h: int, i: int, tiles: DecodeBlocks, device: str) -> None:
     """The int8-activation sides against int8_decode_reference (x and each activation quantize-dequantized
     per block of 32, then fp32 sums over gguf's dequantisation of the same blocks), with biases, a skipped
     pair, a block of x all zeros and a row whose scales are zero; and within 3e-2 of the float path."""
     rng = np.random.default_rng(2)
     gu, dn = (get_codec(name) for name in codecs)
-    gu_blocks = gu.random_blocks(np.empty((5, 2 * i, gu.row_bytes(h)), np.uint8), rng, SCALES[gu.name])
-    dn_blocks = dn.random_blocks(np.empty((5, h, dn.row_bytes(i)), np.uint8), rng, SCALES[dn.name])
+    gu_blocks, dn_blocks = int8_rows(gu.name, 5, 2 * i, h, rng), int8_rows(dn.name, 5, h, i, rng)
     gu_blocks[1, 3, :] = 0  # every scale and quant of a row zero
     gate_up = torch.from_numpy(gu.dequantize(gu_blocks, h)).to(device)
     down = torch.from_numpy(dn.dequantize(dn_blocks, i)).to(device)

@@ -44,7 +44,8 @@ def linear_attention_choice() -> str:
 
 def moe_decode_kernel_choice() -> str:
     """`FREETOKEN_MOE_DECODE_KERNEL`: `auto` (the Triton decode kernel for a few tokens on CUDA when Triton
-    imports), `int8` (the same, with Q4_K and Q8_0 experts met by int8 activations: moe_decode_int8.py)
+    imports), `int8` (the same, with Q4_K, Q8_0, MXFP4, Q4_0 and IQ4_NL experts met by int8 activations:
+    moe_decode_int8.py)
     or `torch` (the gathered torch path)."""
     return os.environ.get("FREETOKEN_MOE_DECODE_KERNEL", "auto").lower()
 

@@ -1,7 +1,7 @@
-"""The fused MoE decode step's int8-activation sides (kernels: moe_decode_int8_triton.py): Q4_K and Q8_0
-banks met by dp4a against the vector quantized per block of 32 (x before gate_up, the activation before
-down), as llama.cpp's GPU decode does; about 1 % from the float path on random weights (the int8
-activations' error), so it is chosen (FREETOKEN_MOE_DECODE_KERNEL=int8), not the default.
+"""The fused MoE decode step's int8-activation sides (kernels: moe_decode_int8_triton.py): Q4_K, Q8_0,
+MXFP4, Q4_0 and IQ4_NL banks met by dp4a against the vector quantized per block of 32 (x before gate_up,
+the activation before down), as llama.cpp's GPU decode does; about 1 % from the float path on random
+weights (the int8 activations' error), so it is chosen (FREETOKEN_MOE_DECODE_KERNEL=int8), not the default.
 
 `int8_decode_reference` is the plain torch statement of the same arithmetic (x and the activation
 replaced by their quantize-dequantize), which the kernels are tested against.
@@ -17,8 +17,9 @@ import torch
 from freetoken.runtime.moe.expert_fn import ExpertFn, PairBias
 
 # codecs whose rows the int8 kernels read, by the kernels' numbers, and the reduction chunk's granule
-INT8_CODECS = {"Q4_K": 3, "Q8_0": 1}
-INT8_GRANULE = {3: 256, 1: 64}  # Q8_0 is read in block pairs (68 bytes, 4-byte aligned)
+INT8_CODECS = {"Q4_K": 3, "Q8_0": 1, "MXFP4": 12, "Q4_0": 17, "IQ4_NL": 25}
+# Q8_0 is read in block pairs (68 bytes, 4-byte aligned); MXFP4, Q4_0 and IQ4_NL block by block
+INT8_GRANULE = {3: 256, 1: 64, 12: 32, 17: 32, 25: 32}
 QUANTIZE_BLOCKS = 16  # blocks of 32 per program of the quantize kernel
 Quantized = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # words [R, W / 4], scales, sums [R, W / 32]
 

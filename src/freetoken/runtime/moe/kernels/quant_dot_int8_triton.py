@@ -18,9 +18,17 @@ The sum is W · ṽ over the dequantised vector ṽ = d · q exactly, up to fp32
   Q8_0 (CODEC 1): blocks are 34 bytes (2-byte aligned), so two blocks (68 bytes, 17 words) are read as
     words from a 4-byte aligned pair start: the even block's quants straddle words (a funnel of halves), the
     odd block's are words 9..16. Needs rows of an even number of blocks (a multiple of 4 bytes).
+  MXFP4 (CODEC 12), Q4_0 (17), IQ4_NL (25): blocks of 32 weights as 16 bytes of nibbles (byte j: weight j
+    in the low nibble, j + 16 in the high) after a scale (MXFP4: an e8m0 byte e, 2^(e − 128), 17-byte
+    blocks; the others an fp16 d, 18-byte blocks), each nibble an index into 16 int8 values (the doubled
+    e2m1 values; n − 8; IQ4_NL's kvalues). A word of four code bytes becomes its eight weights' int8 values
+    by byte permutes (prmt) of the table's four words (table16, as llama.cpp's get_int_from_table_16):
+    8 permutes and 2 dp4a for 8 weights, where the float path widens, scales and multiplies each weight;
+    a block's eight dp4a sums add in int32 and are scaled once.
 
-Interpreted (TRITON_INTERPRET=1, CI) the dp4a is the same sum in plain integer operations (EMULATE), so
-the interpreter checks the layout and the scales; the instruction itself is checked by the GPU tests.
+Interpreted (TRITON_INTERPRET=1, CI) the dp4a and prmt are the same in plain integer operations (EMULATE),
+so the interpreter checks the layout and the scales; the instructions themselves are checked by the GPU
+tests.
 """
 
 from __future__ import annotations
@@ -29,12 +37,29 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from freetoken.codecs.torch_lowbit import IQ4_NL_VALUES
 from freetoken.runtime.moe.kernels.block_bits_triton import (
+    fp16_at,
     fp16_low,
     k4_header,
     k4_scale_min,
     k4_scale_min_words,
 )
+
+
+def table_words(values: tuple[int, ...]) -> tuple[int, ...]:
+    """16 int8 values -> table16's four table words: values 4w..4w + 3 little-endian in word w, as signed
+    int32."""
+    packed = [sum((v & 255) << (8 * b) for b, v in enumerate(values[4 * w : 4 * w + 4])) for w in range(4)]
+    return tuple(p - (1 << 32) if p >= 1 << 31 else p for p in packed)
+
+
+# the nibble codecs' tables (table16): MXFP4's doubled e2m1 values (its scale halved), Q4_0's n − 8, IQ4_NL's
+E2M1_DOUBLED = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+# (one constexpr a word: a kernel indexes no tuple)
+MXFP4_T0, MXFP4_T1, MXFP4_T2, MXFP4_T3 = (tl.constexpr(w) for w in table_words(E2M1_DOUBLED))
+Q4_0_T0, Q4_0_T1, Q4_0_T2, Q4_0_T3 = (tl.constexpr(w) for w in table_words(tuple(range(-8, 8))))
+IQ4_NL_T0, IQ4_NL_T1, IQ4_NL_T2, IQ4_NL_T3 = (tl.constexpr(w) for w in table_words(IQ4_NL_VALUES))
 
 
 @triton.jit
@@ -60,6 +85,50 @@ def dp4a(a, b, SIGNED_A: tl.constexpr, EMULATE: tl.constexpr):
                 "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros(a.shape, tl.int32)],
                 dtype=tl.int32, is_pure=True, pack=1,
             )  # fmt: skip
+
+
+@triton.jit
+def prmt(a, b, sel, EMULATE: tl.constexpr):
+    """PTX's byte permute of int32 tensors of one shape: result byte k is byte (sel >> 4k) & 7 of the eight
+    bytes {a's 0-3, b's as 4-7}, or where bit 3 of that nibble is set, that byte's sign bit replicated
+    (callers mask selectors with & 0x7777 for plain bytes)."""
+    if EMULATE:
+        out = tl.zeros(a.shape, tl.int32)
+        for k in tl.static_range(4):
+            nibble = (sel >> (4 * k)) & 15
+            byte = (tl.where((nibble & 4) == 0, a, b) >> (8 * (nibble & 3))) & 255
+            byte = tl.where(nibble >= 8, ((byte >> 7) & 1) * 255, byte)
+            out = out | (byte << (8 * k))
+        return out
+    else:
+        return tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, sel], dtype=tl.int32, is_pure=True, pack=1
+        )
+
+
+@triton.jit
+def _table_quad(s, t0, t1, t2, t3, EMULATE: tl.constexpr):
+    """The table values of the four nibbles in the low 16 bits of s, as bytes in nibble order (table words
+    t0..t3 broadcast to s's shape)."""
+    sel = s & 0x7777
+    low = prmt(t0, t1, sel, EMULATE)  # byte k: table[nibble k & 7]
+    high = prmt(t2, t3, sel, EMULATE)  # byte k: table[8 + (nibble k & 7)]
+    return prmt(low, high, 0x3210 | ((s & 0x8888) >> 1), EMULATE)  # high's byte k where nibble k >= 8
+
+
+@triton.jit
+def table16(q4, t0, t1, t2, t3, EMULATE: tl.constexpr):
+    """q4: int32 words of four code bytes (byte i: weight j + i in its low nibble, j + 16 + i in its high)
+    -> (lo, hi) int32 words of the int8 table values of weights j..j + 3 and j + 16..j + 19. t0..t3: the
+    table's 16 int8 values, four a word little-endian (table_words)."""
+    # (q4.shape each time: a shape held in a local becomes a tuple of tensors when compiled)
+    t0, t1 = tl.full(q4.shape, t0, tl.int32), tl.full(q4.shape, t1, tl.int32)
+    t2, t3 = tl.full(q4.shape, t2, tl.int32), tl.full(q4.shape, t3, tl.int32)
+    even = _table_quad(q4, t0, t1, t2, t3, EMULATE)  # weights j, j + 16, j + 1, j + 17
+    odd = _table_quad(q4 >> 16, t0, t1, t2, t3, EMULATE)  # weights j + 2, j + 18, j + 3, j + 19
+    lo = prmt(even, odd, tl.full(q4.shape, 0x6420, tl.int32), EMULATE)
+    hi = prmt(even, odd, tl.full(q4.shape, 0x7531, tl.int32), EMULATE)
+    return lo, hi
 
 
 @triton.jit
@@ -265,6 +334,54 @@ def _q8_int8(rows, pair, live, pair_live, q_ptr, d_ptr, EMULATE: tl.constexpr, W
 
 
 @triton.jit
+def _nibble_words(rows, block, live, CODEC: tl.constexpr):
+    """Blocks `block` ([NB]) of rows `rows` ([N] byte pointers; `live` [N, NB]) of a nibble codec -> (their
+    code bytes as int32 words [N, NB, 4], word w bytes 4w..4w + 3 of the 16; their scales [N, NB] fp32)."""
+    w = tl.arange(0, 4)[None, None, :]
+    mask = live[:, :, None]
+    if CODEC == 12:  # MXFP4: 17-byte blocks, 1-byte aligned: bytes combined
+        base = rows[:, None] + block[None, :] * 17  # [N, NB]
+        at = base[:, :, None] + 1 + 4 * w
+        words = tl.load(at, mask=mask, other=0).to(tl.int32)
+        for b in tl.static_range(1, 4):
+            words = words | (tl.load(at + b, mask=mask, other=0).to(tl.int32) << (8 * b))
+        scale = tl.exp2(tl.load(base, mask=live, other=0).to(tl.float32) - 128.0)
+    else:  # Q4_0 / IQ4_NL: 18-byte blocks (rows whole blocks), 2-byte aligned: halves combined
+        base = rows[:, None] + block[None, :] * 18
+        at = base.to(tl.pointer_type(tl.uint16))[:, :, None] + 1 + 2 * w
+        low = tl.load(at, mask=mask, other=0).to(tl.int32)
+        words = low | (tl.load(at + 1, mask=mask, other=0).to(tl.int32) << 16)
+        scale = fp16_at(base, live)
+    return words, scale
+
+
+@triton.jit
+def _nibble_int8(rows, block, live, block_live, q_ptr, d_ptr, CODEC: tl.constexpr, EMULATE: tl.constexpr,
+                 WAIT: tl.constexpr):  # fmt: skip
+    """Blocks `block` ([NB]; the vector's read where `block_live` [NB]) of rows `rows` ([N] byte pointers to
+    row starts; `live` [N, NB]) of MXFP4 / Q4_0 / IQ4_NL against the quantized vector -> [N, NB] fp32
+    partial products (a block's eight dp4a sums added in int32, then scaled once)."""
+    words, scale = _nibble_words(rows, block, live, CODEC)
+    if WAIT:  # the weights are in flight; the vector is the kernel before's output
+        gdc_wait()
+    if CODEC == 12:
+        lo, hi = table16(words, MXFP4_T0, MXFP4_T1, MXFP4_T2, MXFP4_T3, EMULATE)
+    elif CODEC == 17:
+        lo, hi = table16(words, Q4_0_T0, Q4_0_T1, Q4_0_T2, Q4_0_T3, EMULATE)
+    else:
+        lo, hi = table16(words, IQ4_NL_T0, IQ4_NL_T1, IQ4_NL_T2, IQ4_NL_T3, EMULATE)
+    # [NB, 4]: the vector's words of weights 4w..4w + 3 of each block (those of 16 + 4w.. four words on)
+    v_at = q_ptr + 8 * block[:, None] + tl.arange(0, 4)[None, :]
+    v_live = block_live[:, None]
+    sums = tl.sum(
+        dp4a(lo, tl.load(v_at, mask=v_live, other=0)[None], True, EMULATE)
+        + dp4a(hi, tl.load(v_at + 4, mask=v_live, other=0)[None], True, EMULATE),
+        axis=2,
+    )  # [N, NB]
+    return sums.to(tl.float32) * scale * tl.load(d_ptr + block, mask=block_live, other=0.0)[None, :]
+
+
+@triton.jit
 def int8_row_part(
     rows,
     live,
@@ -294,6 +411,13 @@ def int8_row_part(
             part += p
             mins += m
         return part, mins
+    elif CODEC == 12 or CODEC == 17 or CODEC == 25:
+        # MXFP4 / Q4_0 / IQ4_NL: BLOCK_K // 32 blocks -> [N, BLOCK_K // 32]
+        block = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        block_live = block * 32 < limit
+        here = live[:, None] & block_live[None, :]
+        zeros = tl.zeros([live.shape[0]], dtype=tl.float32)
+        return _nibble_int8(rows, block, here, block_live, q_ptr, d_ptr, CODEC, EMULATE, WAIT), zeros
     else:  # Q8_0: BLOCK_K // 64 block pairs -> [N, BLOCK_K // 64]
         pair = k0 // 64 + tl.arange(0, BLOCK_K // 64)
         pair_live = pair * 64 < limit
