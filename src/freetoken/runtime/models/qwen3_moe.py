@@ -151,13 +151,12 @@ class SparseMoeBlock(nn.Module):
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)
-        self.scoring, self.n_group, self.topk_group = cfg.router_scoring, cfg.n_group, cfg.topk_group
-        self.scaling = cfg.routed_scaling_factor
         sigmoid = cfg.router_scoring == "sigmoid"  # softmax routers are unscaled, as transformers' are
         renormalize = self.norm_topk_prob and cfg.router_scoring != "topk_softmax"  # gpt-oss: sums to 1
-        self.rule = RouterRule(
+        self.rule = RouterRule(  # the one statement of this block's routing (the native CPU step reads it)
             self.top_k, cfg.router_scoring, renormalize, biased=sigmoid, n_group=cfg.n_group,
-            topk_group=cfg.topk_group if cfg.n_group > 1 else 1, scaling=self.scaling if sigmoid else 1.0,
+            topk_group=cfg.topk_group if cfg.n_group > 1 else 1,
+            scaling=cfg.routed_scaling_factor if sigmoid else 1.0,
         )  # fmt: skip
         if cfg.router_scoring == "sigmoid":  # the choice's correction bias, a checkpoint tensor
             self.gate.e_score_correction_bias = nn.Parameter(

@@ -28,6 +28,7 @@ from freetoken.runtime.moe.executor import ExpertExecutor
 from freetoken.runtime.moe.expert_fn import SILU
 from freetoken.runtime.moe.kernels.cpu_experts import bf16_activations, codec_ids, kernel_takes
 from freetoken.runtime.moe.kernels.loader import load_library, pointer
+from freetoken.runtime.moe.kernels.router_topk import RouterRule
 
 MAX_ROWS = 16
 MAX_EXPERTS = 4096
@@ -143,14 +144,14 @@ class CpuDecodeStep:
         router = next(
             (layer.mlp for layer in model.model.layers if isinstance(layer.mlp, SparseMoeBlock)), None
         )
-        sigmoid = router is not None and router.scoring == "sigmoid"
+        rule = router.rule if router is not None else RouterRule(cfg.num_experts_per_tok)
         return _Decoder(
             cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_experts,
             cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.vocab_size, pool.capacity,
-            pool.k[0].element_size(), int(cfg.norm_topk_prob), widest, NORM_MODES[first.qk_norm],
-            cfg.rotary_dim, int(sigmoid), cfg.n_group, cfg.topk_group, cfg.rms_norm_eps,
+            pool.k[0].element_size(), int(rule.renormalize), widest, NORM_MODES[first.qk_norm],
+            cfg.rotary_dim, int(rule.scoring == "sigmoid"), rule.n_group, rule.topk_group, cfg.rms_norm_eps,
             first.q_norm.eps if first.qk_norm != "none" else 0.0, float(first.clip or 0.0),
-            float(cfg.routed_scaling_factor), layers, pointer(model.model.norm.weight),
+            float(rule.scaling), layers, pointer(model.model.norm.weight),
             pointer(model.lm_head.weight), pointer(model.model.embed_tokens.weight), pointer(self._inv_freq),
             float(model.rotary.scaling),
         )  # fmt: skip
@@ -247,6 +248,4 @@ def routes_otherwise(mlp: nn.Module) -> bool:
     scaling); no router bias, no gate on the shared experts."""
     if mlp.gate.bias is not None or getattr(mlp, "shared_expert_gate", None) is not None:
         return True
-    if mlp.scoring == "softmax":
-        return mlp.scaling != 1.0
-    return mlp.scoring != "sigmoid"
+    return mlp.rule.scoring not in ("softmax", "sigmoid")
