@@ -9,8 +9,9 @@ host reads), so the same wrappers the engine calls run unchanged.
 
 Run as a program, in a process where TRITON_INTERPRET is unset (the test suite sets it for its own
 process): `python tests/hopper_compile.py SET` compiles a set of kernels (`moe-decode`: the expert decode
-kernels for every codec, float and int8 sides; `router`: the router kernel for each family's rule), one
-line a case; exit 1 on the first kernel that does not compile.
+kernels for every codec, float and int8 sides; `router`: the router kernel for each family's rule;
+`model`: the decode step's other kernels at published dims), one line a case; exit 1 on the first kernel
+that does not compile.
 """
 
 from __future__ import annotations
@@ -161,7 +162,62 @@ def compile_router() -> list[str]:
     return lines
 
 
-SETS = {"moe-decode": compile_moe_decode, "router": compile_router}
+def model_kernel_cases() -> list[tuple[str, Callable[[], None]]]:
+    """(label, a launch on meta tensors at a family's published dims): the decode step's other kernels."""
+    import torch
+
+    from freetoken.runtime.models.kernels import delta_step, latent_attention, norm_rope
+    from freetoken.runtime.models.kernels.decode_attention import slot_decode_attention
+    from freetoken.runtime.models.kernels.sinkhorn import sinkhorn_kernel
+    from freetoken.runtime.models.kernels.slot_write import slot_write
+
+    def t(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return torch.empty(*shape, dtype=dtype, device="meta")
+
+    def i32(*shape: int) -> torch.Tensor:
+        return t(*shape, dtype=torch.int32)
+
+    b, slots, cap = 4, 8, 4096
+    return [
+        ("gqa attention (qwen3.6 full layers)", lambda: slot_decode_attention(
+            t(b, 16, 256), t(slots, 2, cap, 256), t(slots, 2, cap, 256), i32(b), i32(b), 0.0625)),
+        ("gqa attention, sinks and window (gpt-oss)", lambda: slot_decode_attention(
+            t(b, 64, 64), t(slots, 8, cap, 64), t(slots, 8, cap, 64), i32(b), i32(b), 0.125,
+            sinks=t(64, dtype=torch.float32), window=128)),
+        ("latent attention (deepseek-v3)", lambda: latent_attention.latent_decode_attention(
+            t(b, 128, 576), t(slots, 1, cap, 576), i32(b), i32(b), 0.1, 512)),
+        ("norm, rope, kv write (qwen3)", lambda: norm_rope.qk_norm_rope_kv_write(
+            t(b, 32 * 128), t(b, 4 * 128), t(b, 4 * 128), t(128), t(128), 1e-6, t(b, 128), t(b, 128),
+            t(slots, 4, cap, 128), t(slots, 4, cap, 128), i32(b), i32(b))),
+        ("norm, partial rope, zero-centred (qwen3.6)", lambda: norm_rope.qk_norm_rope_kv_write(
+            t(b, 16, 256), t(b, 2 * 256), t(b, 2 * 256), t(256), t(256), 1e-6, t(b, 64), t(b, 64),
+            t(slots, 2, cap, 256), t(slots, 2, cap, 256), i32(b), i32(b), zero_centred=True)),
+        ("add rms norm", lambda: norm_rope.add_rms_norm(t(b, 2048), t(b, 2048), t(2048), 1e-6)),
+        ("causal conv step (qwen3.6)", lambda: delta_step.causal_conv_step(
+            t(b, 8192), t(slots, 8192, 3), t(8192, 1, 4), i32(b))),
+        ("gated delta rule step (qwen3.6)", lambda: delta_step.delta_rule_step(
+            t(b, 2 * 16 * 128 + 32 * 128), t(b, 32), t(b, 32), t(32, dtype=torch.float32),
+            t(32, dtype=torch.float32), t(slots, 32, 128, 128, dtype=torch.float32), i32(b), 16, 128)),
+        ("kda rule step (kimi-linear)", lambda: delta_step.kda_rule_step(
+            t(b, 3 * 32 * 128), t(b, 32), t(b, 32, 128, dtype=torch.float32),
+            t(slots, 32, 128, 128, dtype=torch.float32), i32(b))),
+        ("sinkhorn (deepseek-v4 hyper-connections)", lambda: sinkhorn_kernel(
+            t(b, 4, 4, dtype=torch.float32), 20, 1e-6)),
+        ("slot write (latent cache)", lambda: slot_write(t(b, 576), t(slots, 1, cap, 576), i32(b), i32(b))),
+    ]  # fmt: skip
+
+
+def compile_model_kernels() -> list[str]:
+    driver = compiling_for_hopper()
+    lines = []
+    for label, launch in model_kernel_cases():
+        before = len(driver.launched)
+        launch()
+        lines.append(f"{label}: {', '.join(sorted(set(driver.launched[before:])))}")
+    return lines
+
+
+SETS = {"moe-decode": compile_moe_decode, "router": compile_router, "model": compile_model_kernels}
 
 
 def main(argv: list[str]) -> int:

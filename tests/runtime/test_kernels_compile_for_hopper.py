@@ -1,7 +1,8 @@
 """The Triton kernels compiled for sm_90 with the wheel's own compiler and ptxas, on a machine without a
 GPU (tests/hopper_compile.py): the expert decode kernels for every codec, float and int8 sides, batch 1 and
-4; the router kernel for each family's rule. The interpreter runs these bodies in the other tests; it
-accepts code the compiler rejects."""
+4; the router kernel for each family's rule; the decode step's attention, norm/rope, DeltaNet, KDA,
+Sinkhorn and slot-write kernels at the families' published dims. The interpreter runs these bodies in the
+other tests; it accepts code the compiler rejects."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from freetoken.runtime.moe.kernels.moe_decode import triton_available
-from hopper_compile import SETS, moe_decode_cases, router_cases
+from hopper_compile import SETS, model_kernel_cases, moe_decode_cases, router_cases
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -38,5 +39,8 @@ def test_kernels_compile_for_hopper(kernel_set: str) -> None:
         assert set(lines) == {label for label, *_ in moe_decode_cases()}
         assert all("gate_up_int8_kernel" in lines[label] for label in lines if "int8" in label)
         assert all("down_sum_kernel" in lines[label] for label in lines if "int8" not in label)
-    else:
+    elif kernel_set == "router":
         assert lines == {label: "router_topk_kernel" for label, *_ in router_cases()}
+    else:
+        assert set(lines) == {label for label, _ in model_kernel_cases()}
+        assert all(lines.values())
