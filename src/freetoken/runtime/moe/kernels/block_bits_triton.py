@@ -1,5 +1,6 @@
 """Bit-level helpers the Triton codec kernels share: fp16 scales read from block bytes, small ints made
-fp32 without a conversion instruction, and Q4_K/Q5_K's packed 6-bit scales and mins."""
+fp32 without a conversion instruction, Q4_K/Q5_K's packed 6-bit scales and mins, and byte runs at any
+alignment read as 32-bit words (MXFP4's 17-byte blocks)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,23 @@ import triton.language as tl
 def fp16_at(ptr, mask):
     """The little-endian fp16 at byte pointers `ptr` (2-byte aligned: every codec's scales are), as fp32."""
     return tl.load(ptr.to(tl.pointer_type(tl.float16)), mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def unaligned_words(first, mask):
+    """The four little-endian int32 words of the 16 bytes from byte pointers `first` ([N, NB], any
+    alignment) -> [N, NB, 4]: word w from the aligned words w and w + 1 around them, shifted by `first`'s
+    offset s in its aligned word (word w + 1 read only where s > 0: it then still holds one of the 16
+    bytes, so no read passes the last aligned word that does)."""
+    w = tl.arange(0, 4)[None, None, :]
+    address = first.to(tl.int64)
+    offset = (address & 3)[:, :, None]
+    aligned = (address[:, :, None] - offset).to(tl.pointer_type(tl.int32)) + w
+    mask = mask[:, :, None]
+    low = tl.load(aligned, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    high = tl.load(aligned + 1, mask=mask & (offset > 0), other=0).to(tl.uint32, bitcast=True)
+    shift = (8 * offset).to(tl.uint32)
+    return tl.where(shift == 0, low, (low >> shift) | (high << (32 - shift))).to(tl.int32, bitcast=True)
 
 
 @triton.jit

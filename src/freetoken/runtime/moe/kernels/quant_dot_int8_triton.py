@@ -44,6 +44,7 @@ from freetoken.runtime.moe.kernels.block_bits_triton import (
     k4_header,
     k4_scale_min,
     k4_scale_min_words,
+    unaligned_words,
 )
 
 
@@ -341,16 +342,7 @@ def _nibble_words(rows, block, live, CODEC: tl.constexpr):
     mask = live[:, :, None]
     if CODEC == 12:  # MXFP4: 17-byte blocks, 1-byte aligned: each code word from two aligned words
         base = rows[:, None] + block[None, :] * 17  # [N, NB]
-        # the aligned word holding the first code byte, and the code bytes' offset s in it: word w is the
-        # aligned words w and w + 1 shifted by s bytes (w + 1 read only where s > 0: it then holds a code
-        # byte of this block, so no read passes the bank's last aligned word)
-        first = (base + 1).to(tl.int64)  # [N, NB] byte addresses
-        offset = first & 3
-        aligned = (first - offset).to(tl.pointer_type(tl.int32))[:, :, None] + w
-        low = tl.load(aligned, mask=mask, other=0).to(tl.uint32, bitcast=True)
-        high = tl.load(aligned + 1, mask=mask & (offset[:, :, None] > 0), other=0).to(tl.uint32, bitcast=True)
-        shift = (8 * offset[:, :, None]).to(tl.uint32)
-        words = tl.where(shift == 0, low, (low >> shift) | (high << (32 - shift))).to(tl.int32, bitcast=True)
+        words = unaligned_words(base + 1, live)
         scale = tl.exp2(tl.load(base, mask=live, other=0).to(tl.float32) - 128.0)
     else:  # Q4_0 / IQ4_NL: 18-byte blocks (rows whole blocks), 2-byte aligned: halves combined
         base = rows[:, None] + block[None, :] * 18

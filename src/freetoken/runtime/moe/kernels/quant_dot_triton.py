@@ -33,6 +33,7 @@ from freetoken.runtime.moe.kernels.block_bits_triton import (
     fp16_low,
     k4_header,
     k4_scale_min_words,
+    unaligned_words,
 )
 from freetoken.runtime.moe.kernels.quant_lowbit_triton import (
     block128_weights,
@@ -99,9 +100,10 @@ def _q8_weights(rows, block, live):
 def _mxfp4_halves(rows, block, live):
     """Blocks `block` of rows `rows` as fp32 weights: two [BLOCK_N, NB, 16], weights j and j + 16 of each
     block (byte j's low and high nibble)."""
-    j = tl.arange(0, 16)
     base = rows[:, None] + block[None, :] * 17
-    codes = tl.load(base[:, :, None] + 1 + j[None, None, :], mask=live[:, :, None], other=0).to(tl.int32)
+    words = unaligned_words(base + 1, live)  # [BLOCK_N, NB, 4]: four aligned-word reads, not 16 byte reads
+    codes = (words[:, :, :, None] >> (8 * tl.arange(0, 4))[None, None, None, :]) & 255  # [.., 4, 4]
+    codes = tl.reshape(codes, [codes.shape[0], codes.shape[1], 16])  # byte j = 4w + b
     scale = tl.exp2(tl.load(base, mask=live, other=0).to(tl.float32) - 128.0)[:, :, None]
     return e2m1_doubled(codes & 15) * scale, e2m1_doubled(codes >> 4) * scale
 
