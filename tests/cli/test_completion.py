@@ -42,5 +42,14 @@ def test_help_topics_print_their_page(topic: str) -> None:
 def test_an_unknown_help_topic_is_one_line() -> None:
     out = subprocess.run([sys.executable, "-m", "freetoken", "help", "nope"], capture_output=True, text=True)
     assert out.returncode == 1 and out.stderr.strip() == (
-        "error: no help topic 'nope'; topics: backends, formats, qstar"
+        "error: no help topic or command 'nope'; topics: backends, formats, qstar; "
+        "commands: run, convert, serve, ls, bench, replay, models"
     )
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_help_of_a_command_is_its_help_flag(command: str) -> None:
+    cli = [sys.executable, "-m", "freetoken"]
+    got = subprocess.run([*cli, "help", command], capture_output=True, text=True)
+    want = subprocess.run([*cli, command, "--help"], capture_output=True, text=True)
+    assert got.returncode == want.returncode == 0 and got.stdout == want.stdout and "Usage" in got.stdout

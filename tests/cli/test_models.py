@@ -114,7 +114,7 @@ def test_table_shows_names_and_reasons(places: dict[str, Path]) -> None:
     rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") > 2}
     assert {"acme/tiny-moe", "acme/llama-like", "mymodel", "tiny.gguf"} <= set(rows)
     assert "no: architecture 'llama' is not supported" in rows["acme/llama-like"]
-    assert " ftw " in rows["mymodel"] and " yes " in rows["mymodel"] and "KiB" in rows["mymodel"]
+    assert " ftw " in rows["mymodel"] and " header ok " in rows["mymodel"] and "KiB" in rows["mymodel"]
     assert runner.invoke(app, ["ls"], env={"COLUMNS": "400"}).stdout == result.stdout
 
 

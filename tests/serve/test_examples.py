@@ -1,4 +1,5 @@
-"""The client examples run as shipped against a live server, found through --base-url or FREETOKEN_URL."""
+"""The client examples run as shipped against a live server, found through --base-url / --model or
+FREETOKEN_URL / FREETOKEN_MODEL."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ def test_client_example_streams_an_answer(server: Server, script: str, via: str)
     env = {**os.environ, "FREETOKEN_API_KEY": API_KEY}
     args = [sys.executable, str(EXAMPLES / script)]
     if via == "flag":
-        args += ["--base-url", server.url]
+        args += ["--base-url", server.url, "--model", "tiny"]
         env.pop("FREETOKEN_URL", None)
+        env.pop("FREETOKEN_MODEL", None)
     else:
-        env["FREETOKEN_URL"] = server.url
+        env["FREETOKEN_URL"], env["FREETOKEN_MODEL"] = server.url, "tiny"
     out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1].startswith("[")  # the usage line after the streamed text

@@ -242,3 +242,37 @@ def test_unknown_path_and_method_answer_in_schema(server: Server) -> None:
     assert code == 404 and doc["error"]["type"] == "not_found_error"
     code, doc = http("GET", f"{server.url}/v1/messages", headers=HEADERS)
     assert code == 405 and doc["type"] == "error"
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens"]
+)
+def test_a_model_not_served_here_is_404_in_the_protocols_schema(server: Server, path: str) -> None:
+    body: dict[str, Any] = {"model": "gpt-4o"} | ({} if path.endswith("count_tokens") else {"max_tokens": 2})
+    body |= {"prompt": "hi"} if path.endswith("completions") and "chat" not in path else {}
+    body |= {"messages": [{"role": "user", "content": "hi"}]} if "prompt" not in body else {}
+    code, doc = http("POST", f"{server.url}{path}", body, headers=HEADERS)
+    assert code == 404, doc
+    if path.startswith("/v1/messages"):
+        assert doc["type"] == "error" and doc["error"]["type"] == "not_found_error"
+        message = doc["error"]["message"]
+    else:
+        assert doc["error"]["code"] == "model_not_found" and doc["error"]["param"] == "model"
+        message = doc["error"]["message"]
+    assert message == "model 'gpt-4o' is not served here (served: 'tiny')"
+    if path != "/v1/messages":  # Anthropic's API requires the field; OpenAI's server takes its one model
+        del body["model"]
+        assert http("POST", f"{server.url}{path}", body, headers=HEADERS)[0] == 200
+
+
+def test_the_sdks_raise_not_found_for_a_model_not_served(openai_client: Any, anthropic_client: Any) -> None:
+    import anthropic
+    import openai
+
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.NotFoundError):
+        openai_client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=2)
+    with pytest.raises(anthropic.NotFoundError):
+        anthropic_client.messages.create(model="claude-x", messages=messages, max_tokens=2)
+    done = openai_client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    assert done.model == "tiny"

@@ -88,6 +88,7 @@ def test_sigterm_drains_then_ends_requests_and_exits_0(second_signal: bool) -> N
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert "Traceback" not in proc.communicate()[1]  # a second signal too exits without one
     if second_signal:
         assert exited < 2.0
     else:
@@ -105,3 +106,19 @@ def test_sigint_on_an_idle_server_exits_0_quickly() -> None:
     os.kill(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=10) == 0
     assert time.monotonic() - signalled < 3
+    err = proc.communicate()[1]
+    base = f"http://127.0.0.1:{port}"
+    assert f"serving 'demo' at {base} (OpenAI: {base}/v1, Anthropic: {base}/v1/messages)" in err
+    assert "warning" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_server_beyond_loopback_without_a_key_is_warned_of(keyed: bool) -> None:
+    port = _free_port()
+    proc = start(port, "--host", "0.0.0.0", *(["--api-key", "k"] if keyed else []))
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=10) == 0
+    err = proc.communicate()[1]
+    assert f"at http://0.0.0.0:{port} " in err
+    warned = f"warning: listening on 0.0.0.0 without --api-key: anyone who can reach port {port} can use"
+    assert (warned in err) is not keyed

@@ -1,8 +1,9 @@
-"""`ft help TOPIC`: short man pages on the ideas behind the flags (backends, formats, q*)."""
+"""`ft help TOPIC`: short man pages on the ideas behind the flags (backends, formats, q*); `ft help COMMAND`
+prints that command's --help."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -74,16 +75,26 @@ favour for this machine.
 
 
 def help_topic(
-    topic: Annotated[str | None, typer.Argument(help=f"One of: {', '.join(TOPICS)}.")] = None,
+    ctx: typer.Context,
+    topic: Annotated[
+        str | None, typer.Argument(help=f"One of: {', '.join(TOPICS)}; or a command, as its --help.")
+    ] = None,
 ) -> None:
-    """Explain a topic: backends, formats, qstar."""
+    """Explain a topic (backends, formats, qstar), or a command: `ft help run` is `ft run --help`."""
     from rich.console import Console
     from rich.markdown import Markdown
 
+    root = ctx.find_root()
+    group: Any = root.command
+    commands = [name for name in group.list_commands(root) if name != "help"]
+    listed = f"topics: {', '.join(TOPICS)}; commands: {', '.join(commands)}"
     if topic is None:
-        print("topics: " + ", ".join(TOPICS) + "  (ft help TOPIC)")
+        print(f"{listed} (ft help TOPIC, ft help COMMAND)")
+        return
+    if topic in commands:  # the same as `ft TOPIC --help`
+        group.main([topic, "--help"], prog_name=root.info_name, standalone_mode=False)
         return
     text = TOPICS.get(topic.lower().replace("*", "star").replace("-", ""))
     if text is None:
-        raise FreeTokenError(f"no help topic {topic!r}; topics: {', '.join(TOPICS)}")
+        raise FreeTokenError(f"no help topic or command {topic!r}; {listed}")
     Console().print(Markdown(text))

@@ -85,11 +85,11 @@ def print_models(paths: list[str], as_json: bool) -> None:
         where = ", ".join(paths) if paths else f"{hf_cache_dir()}, {models_dir()}"
         print(f"no models found in {where}", file=sys.stderr)
         return
-    table = Table()
-    for column in ("name", "format", "architecture", "size", "experts", "expert types", "runs"):
+    table = Table(caption="check: from the config or GGUF header only; `ft run` reads the weights")
+    for column in ("name", "format", "architecture", "size", "experts", "expert types", "check"):
         table.add_column(column, justify="right" if column in ("size", "experts") else "left")
     for e in entries:
-        runs = Text("yes", style="green") if e.supported else Text(f"no: {e.reason}", style="red")
+        runs = Text("header ok", style="green") if e.supported else Text(f"no: {e.reason}", style="red")
         cells = [e.name, e.format or "—", e.architecture or "—"]
         cells += [human_bytes(e.size_bytes), human_bytes(e.expert_bytes), " ".join(e.expert_types) or "—"]
         table.add_row(*(Text(c) for c in cells), runs)
@@ -102,7 +102,8 @@ def models(ctx: typer.Context, as_json: ListJsonOpt = False) -> None:
     """List the models FreeToken can run: the local Hugging Face cache and $FREETOKEN_HOME/models, or
     the PATHs given (`ft models PATH...`); for each, what to pass to `ft run`, its format,
     architecture, size, expert bytes and how they are stored (GGUF types, FTW codecs), and whether
-    FreeToken runs it (or why not)."""
+    FreeToken supports it by what its config or GGUF header says (or why not; the weights are read by
+    `ft run`)."""
     if ctx.invoked_subcommand is None:
         print_models(ctx.meta.get(PATHS, []), as_json)
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
 
 from freetoken.cli.engine_flags import EngineFlags, engine_flags
-from freetoken.cli.errors import reports_errors
+from freetoken.cli.errors import reports_errors, warning_line
 from freetoken.cli.options import ModelArg
 
 
@@ -85,7 +86,7 @@ def serve(
     """Serve a model over HTTP: /v1/chat/completions, /v1/completions, /v1/messages, /metrics."""
     from freetoken.cli.session import load_engine, save_routing
     from freetoken.runtime.batcher import Batcher
-    from freetoken.serve.lifecycle import bind_socket, serve_forever
+    from freetoken.serve.lifecycle import address_lines, bind_socket, serve_forever
     from freetoken.serve.state import ServeConfig, ServeState, host_allowlist
 
     sock = bind_socket(host, port)  # a port in use fails now, not after the model loads
@@ -118,6 +119,10 @@ def serve(
         shutdown_timeout_s=shutdown_timeout,
     )
     state = ServeState(batcher, names, config)
+    address, warning = address_lines(sock, names, api_key is not None)
+    print(address, file=sys.stderr, flush=True)
+    if warning is not None:
+        warning_line(warning)
     batcher.start()
     try:
         serve_forever(state, sock)

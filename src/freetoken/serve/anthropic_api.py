@@ -168,7 +168,7 @@ async def messages(request: Request) -> Any:
     state: ServeState = request.app.state.serve
     body = await read_json(request, state.config.max_body_bytes)
     fields.MESSAGES.check(body)
-    model = get(body, "model", str)
+    model = state.served_model(get(body, "model", str))
     params = sampling(body, state)
     stream_it = get(body, "stream", bool, default=False)
     prompt = await prompt_of(state, body)
@@ -273,5 +273,5 @@ async def count_tokens(request: Request) -> JSONResponse:
     state: ServeState = request.app.state.serve
     body = await read_json(request, state.config.max_body_bytes)
     fields.COUNT_TOKENS.check(body)
-    get(body, "model", str, default=None)
+    state.served_model(get(body, "model", str, default=None))
     return JSONResponse({"input_tokens": len((await prompt_of(state, body)).ids)})

@@ -38,7 +38,7 @@ def create_app(state: ServeState) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
-        return error_response(request.url.path, exc.status, exc.message, exc.param)
+        return error_response(request.url.path, exc.status, exc.message, exc.param, exc.code)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:

@@ -30,9 +30,9 @@ _TYPES = {
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.code = status, message, param, code
 
 
 def is_anthropic(path: str) -> bool:
@@ -48,17 +48,22 @@ def _printable(text: str, limit: int = MAX_MESSAGE) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def error_body(path: str, status: int, message: str, param: str | None = None) -> dict[str, Any]:
+def error_body(
+    path: str, status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """`code`: OpenAI's error code (e.g. model_not_found); Anthropic's errors carry none."""
     message, param = _printable(message), None if param is None else _printable(param, 200)
     fallback = _TYPES[400] if 400 <= status < 500 else _TYPES[500]
     openai_type, anthropic_type = _TYPES.get(status, fallback)
     if is_anthropic(path):
         return {"type": "error", "error": {"type": anthropic_type, "message": message}}
-    return {"error": {"message": message, "type": openai_type, "param": param, "code": None}}
+    return {"error": {"message": message, "type": openai_type, "param": param, "code": code}}
 
 
-def error_response(path: str, status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(path, status, message, param), status_code=status)
+def error_response(
+    path: str, status: int, message: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(path, status, message, param, code), status_code=status)
 
 
 def bad(field: str, message: str) -> ApiError:

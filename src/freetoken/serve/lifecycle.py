@@ -17,7 +17,7 @@ import uvicorn
 
 from freetoken.errors import FreeTokenError
 from freetoken.serve.app import create_app
-from freetoken.serve.state import ServeState
+from freetoken.serve.state import ServeState, is_loopback
 
 log = logging.getLogger("freetoken.serve")
 
@@ -37,6 +37,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise FreeTokenError(f"cannot listen on {host}:{port}: {exc.strerror}", exit_code=2) from None
     sock.set_inheritable(True)
     return sock
+
+
+def address_lines(sock: socket.socket, names: tuple[str, ...], keyed: bool) -> tuple[str, str | None]:
+    """(where the server answers, a warning or None): its base URL and the two protocols' paths; a
+    warning when it listens beyond loopback with no API key (anyone who reaches the port can use it)."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    base = f"http://{shown}:{port}"
+    served = ", ".join(repr(name) for name in names)
+    line = f"serving {served} at {base} (OpenAI: {base}/v1, Anthropic: {base}/v1/messages)"
+    if keyed or is_loopback(host):
+        return line, None
+    return line, f"listening on {host} without --api-key: anyone who can reach port {port} can use this model"
 
 
 class GracefulServer(uvicorn.Server):
@@ -67,8 +80,10 @@ class GracefulServer(uvicorn.Server):
 def serve_forever(state: ServeState, sock: socket.socket, log_level: str = "info") -> None:
     """Serve on `sock` until a signal ends it as above; returns normally (exit code 0)."""
     grace = state.config.shutdown_timeout_s + 1.0  # the drain fails what is left first; this is a backstop
+    # lifespan off: the app has no startup or shutdown hooks, and a second signal's forced exit would
+    # otherwise cancel the lifespan task and log its CancelledError as a traceback
     config = uvicorn.Config(
-        create_app(state), log_level=log_level, timeout_graceful_shutdown=int(grace + 0.999)
+        create_app(state), log_level=log_level, timeout_graceful_shutdown=int(grace + 0.999), lifespan="off"
     )
     server = GracefulServer(config, state)
     # uvicorn re-raises the signals it caught once it is done; handlers of ours take them, so the

@@ -96,7 +96,7 @@ async def chat_completions(request: Request) -> Any:
     params = sampling(body, state, state.config.default_max_tokens, requested_chat_logprobs(body))
     kwargs = get(body, "chat_template_kwargs", dict, default={})
     thinking = {k: kwargs[k] for k in ("enable_thinking",) if k in kwargs}
-    model = get(body, "model", str, default=state.model_names[0])
+    model = state.served_model(get(body, "model", str, default=None))
     stream_it = get(body, "stream", bool, default=False)
     options = get(body, "stream_options", dict, default={})
     prompt = await chat_prompt(state, messages, tools, **thinking)
@@ -158,7 +158,7 @@ async def completions(request: Request) -> Any:
     fields.COMPLETIONS.check(body)
     prompt = get(body, "prompt", (str, list))
     params = sampling(body, state, 16, requested_completion_logprobs(body))
-    model = get(body, "model", str, default=state.model_names[0])
+    model = state.served_model(get(body, "model", str, default=None))
     stream_it = get(body, "stream", bool, default=False)
     usage = bool(get(body, "stream_options", dict, default={}).get("include_usage"))
     if isinstance(prompt, list):

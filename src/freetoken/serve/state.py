@@ -59,6 +59,19 @@ class ServeState:
         self.bound = PromptBound.of(self.batcher.engine.tokenizer)
         self.pieces = TokenPieces(self.batcher.engine.tokenizer)
 
+    def served_model(self, requested: str | None) -> str:
+        """The model a request names (the first served name when it names none); a name this server does
+        not serve is a 404 in the protocol's schema (OpenAI's code model_not_found), not silently the
+        loaded model."""
+        if requested is None:
+            return self.model_names[0]
+        if requested not in self.model_names:
+            served = ", ".join(repr(name) for name in self.model_names)
+            raise ApiError(
+                404, f"model {requested!r} is not served here (served: {served})", "model", "model_not_found"
+            )
+        return requested
+
     def engine_context(self) -> int:
         return self.batcher.engine.max_seq_len
 
