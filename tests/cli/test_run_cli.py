@@ -157,3 +157,18 @@ def test_nan_weights_exit_1_naming_the_model(make_model: Any) -> None:
     assert result.exit_code == 1
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith(f"error: {folder}") and "NaN/Inf logits" in error
+
+
+def test_convert_takes_a_model_by_name_and_writes_among_freetokens_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FREETOKEN_HOME", str(tmp_path))
+    result = invoke("convert", "demo", "--json")
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "models" / "demo-ftw"
+    assert (out / "ftw.json").exists() or any(out.iterdir())
+    ran = invoke("run", "demo-ftw", "-p", "hi", "-n", "3", "-t", "0", "--device", "cpu", "--json")
+    assert ran.exit_code == 0, ran.output
+    assert json.loads(ran.stdout.strip().splitlines()[-1])["stats"]["completion_tokens"] <= 3
+    again = invoke("convert", "demo")
+    assert again.exit_code == 1 and f"{out}: exists; pass --force to replace it" in again.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -43,9 +44,19 @@ def _progress_bar(description: str, quiet: bool):
 @reports_errors
 def convert(
     src: Annotated[
-        str, typer.Argument(help="An HF safetensors model folder (with --verify: an FTW folder).")
+        str,
+        typer.Argument(
+            help="The model to convert, named as for `ft run`: 'demo', a safetensors folder or .gguf file, "
+            "one of FreeToken's models, a repo id in the Hugging Face cache (with --verify: an FTW folder)."
+        ),
     ],
-    out: Annotated[str | None, typer.Argument(help="The FTW folder to write.")] = None,
+    out: Annotated[
+        str | None,
+        typer.Argument(
+            help="The FTW folder to write (default: NAME-ftw among FreeToken's models, so `ft run NAME-ftw` "
+            "finds it)."
+        ),
+    ] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Stored dtype: bf16, fp16 or fp32.")] = "bf16",
     shard_gib: Annotated[
         float,
@@ -72,8 +83,6 @@ def convert(
     as_json: JsonOpt = False,
 ) -> None:
     """Write an FTW folder (experts pre-merged, 4096-aligned) that `run` loads with straight reads."""
-    from pathlib import Path
-
     if verify:
         from freetoken.formats.ftw_reader import FtwCheckpoint
 
@@ -92,20 +101,22 @@ def convert(
         if bad:
             raise FreeTokenError(f"{src}: checksum mismatch in {', '.join(bad[:5])}")
         return
-    if out is None:
-        raise FreeTokenError("convert needs SRC and OUT (or --verify FOLDER)")
     if dtype.lower() not in _DTYPES:
         raise flag_error("--dtype", f"expected one of bf16, fp16, fp32, got {dtype!r}")
     experts = {"stored": "stored", "dtype": "dtype", "q8_0": "Q8_0", "fp8": "FP8"}.get(expert_dtype.lower())
     if experts is None:
         raise flag_error("--expert-dtype", f"expected one of stored, dtype, q8_0, fp8, got {expert_dtype!r}")
     from freetoken.runtime.loading.convert import convert_to_ftw
+    from freetoken.runtime.loading.model_ref import resolve_model
+
+    source = resolve_model(src)
+    out = out if out is not None else str(default_out(src, source))
 
     bar, what = _progress_bar("converting", as_json)
     with bar:
         task = bar.add_task(what, total=None)
         result = convert_to_ftw(
-            Path(src),
+            source,
             Path(out),
             _DTYPES[dtype.lower()],
             int(shard_gib * 2**30),
@@ -121,3 +132,14 @@ def convert(
             f"{out}: {d['tensors']} tensors in {d['shards']} shards, {result.nbytes / 2**30:.2f} GiB, "
             f"{d['seconds']:.1f} s ({d['GBps']:.2f} GB/s); experts in {', '.join(result.expert_dtypes)}"
         )
+
+
+def default_out(ref: str, source: Path) -> Path:
+    """NAME-ftw among FreeToken's own models: NAME the folder's or file's name for a path, else the last
+    part of what was typed ('demo', a model's name, a repo id's name; a cached snapshot's folder is a
+    commit hash)."""
+    from freetoken.env import models_dir
+
+    typed = Path(ref).expanduser()
+    name = (source.stem if source.is_file() else source.name) if typed.exists() else ref.rsplit("/", 1)[-1]
+    return models_dir() / f"{name}-ftw"
