@@ -155,7 +155,8 @@ def test_out_is_kept_without_force(tiny_model: tuple[Path, Any], tmp_path: Path)
 
 def test_unreadable_input_is_one_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["convert", str(tmp_path / "nope"), str(tmp_path / "out")])
-    assert result.exit_code == 1 and "not a model folder or a .gguf file" in result.stderr
+    line = f"error: {tmp_path / 'nope'}: no such model folder or .gguf file"
+    assert result.exit_code == 1 and result.stderr.strip() == line
 
 
 def test_populating_a_mapping_in_chunks_maps_every_chunk(tmp_path: Path) -> None:
