@@ -95,10 +95,6 @@ def summary(entry: dict[str, Any]) -> list[str]:
     return lines
 
 
-def done_pairs(doc: dict[str, Any]) -> set[tuple[str, float]]:
-    return {(e["family"], e["skew"]) for e in doc["entries"] if "error" not in e}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-bench", type=Path, required=True, help="llama-bench built by build_llamacpp.sh")
@@ -124,10 +120,11 @@ def main() -> None:
     if unknown:
         ap.error(f"--families: unknown {', '.join(unknown)}; known: {', '.join(FAMILIES)}")
     doc = json.loads(args.out.read_text()) if args.out.exists() else {"entries": []}
-    doc["entries"] = [e for e in doc["entries"] if "error" not in e]
+    doc["entries"] = [e for e in doc["entries"] if "error" not in e]  # a failed file is tried again
+    done = {(e["family"], e["skew"]) for e in doc["entries"]}
     for name in names:
         for skew in (float(s) for s in args.skews.split(",")):
-            if (name, skew) in done_pairs(doc):
+            if (name, skew) in done:
                 continue
             family, gguf, start = FAMILIES[name], args.scratch / f"peer-{name}-{skew}.gguf", time.time()
             entry: dict[str, Any] = {"family": name, "skew": skew, "about": family.about}
